@@ -1,0 +1,46 @@
+"""asyncload: feed PyTorch from remote tensor stores with an asyncio pipeline on a background thread.
+
+Public API::
+
+    from asyncload import DeepLakeSource, AsyncLoader, AsyncIterableDataset
+
+    src = DeepLakeSource("file:///data/seg", columns=("images", "masks"))
+    for batch in AsyncLoader(src, batch_size=32, shuffle=True, seed=0, concurrency=256):
+        batch["images"]  # uint8 [B, H, W, 3], writable
+"""
+
+from .dataset import AsyncIterableDataset
+from .errors import (
+    AsyncLoadError,
+    ColumnNotFoundError,
+    ConfigError,
+    DatasetNotFoundError,
+    ReadError,
+    SourceError,
+    WorkerError,
+)
+from .loader import AsyncLoader, EpochIterator
+from .sampler import EpochSampler, Shard
+from .sources.base import Source
+from .sources.deeplake import DeepLakeSource
+from .synthetic import make_dataset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncIterableDataset",
+    "AsyncLoadError",
+    "AsyncLoader",
+    "ColumnNotFoundError",
+    "ConfigError",
+    "DatasetNotFoundError",
+    "DeepLakeSource",
+    "EpochIterator",
+    "EpochSampler",
+    "ReadError",
+    "Shard",
+    "Source",
+    "SourceError",
+    "WorkerError",
+    "make_dataset",
+]

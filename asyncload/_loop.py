@@ -1,0 +1,206 @@
+"""The background thread that owns an asyncio event loop: all thread/loop plumbing lives here.
+
+Why a module of its own: every subtle rule about threads and loops is in one place, so the loader can be
+written as if it were plain asyncio code.
+
+- The loop is created inside the thread that runs it, lazily, in the process that iterates. A
+  ``LoopThread`` carried into a child by ``fork`` is seen as *not started* there (the pid differs), so a
+  forked DataLoader worker starts its own loop instead of talking to a thread that does not exist.
+- Blocking calls that would wait on the loop (``submit(...).result()``) are refused from the loop's own
+  thread: that is a self-deadlock, not a slow call.
+- CPU work (collation, transforms, decoding) goes to a small thread pool owned by the same object, so the
+  loop thread only moves requests.
+- Interpreter exit stops every live loop through ``threading._register_atexit``: those hooks run before
+  Python joins non-daemon threads and before ``atexit``, which is the window where in-flight reads can
+  still complete into a running loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, Literal, TypeVar
+
+log = logging.getLogger("asyncload")
+
+T = TypeVar("T")
+LoopKind = Literal["auto", "uvloop", "asyncio"]
+
+_live: "weakref.WeakSet[LoopThread]" = weakref.WeakSet()
+_exit_hook_pid: int | None = None
+_exit_hook_lock = threading.Lock()
+
+
+def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
+    """uvloop when asked for or importable (``auto``); plain asyncio otherwise."""
+    if kind in ("auto", "uvloop"):
+        try:
+            import uvloop
+        except ImportError:
+            if kind == "uvloop":
+                raise
+        else:
+            return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
+def _stop_all_at_exit() -> None:
+    for lt in list(_live):
+        lt.stop()
+
+
+def _register_exit_hook() -> None:
+    """Register the interpreter-exit hook once per process (a forked child registers its own)."""
+    global _exit_hook_pid
+    with _exit_hook_lock:
+        if _exit_hook_pid == os.getpid():
+            return
+        _exit_hook_pid = os.getpid()
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            try:
+                register(_stop_all_at_exit)
+                return
+            except RuntimeError:  # already shutting down
+                return
+        import atexit
+
+        atexit.register(_stop_all_at_exit)
+
+
+class LoopThread:
+    """One event loop on one daemon thread, plus a CPU thread pool, started lazily and stopped once.
+
+    ``cpu_workers`` sizes the pool for work that must not run on the loop thread.
+    """
+
+    def __init__(self, name: str = "asyncload-loop", *, loop: LoopKind = "auto", cpu_workers: int = 2) -> None:
+        self._name = name
+        self._kind: LoopKind = loop
+        self._cpu_workers = max(1, cpu_workers)
+        self._lock = threading.Lock()
+        self._pid: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        """True when this process's loop thread is alive (False in a forked child)."""
+        return self._pid == os.getpid() and self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the thread and its loop if this process has none yet; returns once the loop runs."""
+        with self._lock:
+            if self.running:
+                return
+            # Anything inherited through fork belongs to the parent: forget it, never touch it.
+            self._loop = self._thread = self._pool = None
+            self._pid = os.getpid()
+            ready = threading.Event()
+            failure: list[BaseException] = []
+
+            def main() -> None:
+                try:
+                    loop = _new_event_loop(self._kind)
+                except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
+                    failure.append(exc)
+                    ready.set()
+                    return
+                asyncio.set_event_loop(loop)
+                self._loop = loop
+                loop.call_soon(ready.set)
+                try:
+                    loop.run_forever()
+                finally:
+                    self._close_loop(loop)
+
+            self._pool = concurrent.futures.ThreadPoolExecutor(self._cpu_workers, thread_name_prefix=f"{self._name}-cpu")
+            self._thread = threading.Thread(target=main, name=self._name, daemon=True)
+            self._thread.start()
+            ready.wait()
+            if failure:
+                self._thread.join()
+                self._pool.shutdown()
+                raise failure[0]
+            _register_exit_hook()
+            _live.add(self)
+
+    @staticmethod
+    def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+        """Runs on the loop thread after ``run_forever`` returns: cancel leftovers, then close."""
+        try:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``.
+
+        Safe to call many times, from any thread but the loop's own, and in a forked child (no-op).
+        """
+        with self._lock:
+            if self._pid != os.getpid() or self._thread is None:
+                return True
+            thread, loop, pool = self._thread, self._loop, self._pool
+            if threading.current_thread() is thread:
+                raise RuntimeError("LoopThread.stop() called from its own loop thread")
+            if loop is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(loop.stop)
+                except RuntimeError:  # closed between the check and the call
+                    pass
+            thread.join(timeout)
+            ok = not thread.is_alive()
+            if pool is not None:
+                pool.shutdown(wait=ok, cancel_futures=True)
+            if ok:
+                self._thread = self._loop = self._pool = None
+                _live.discard(self)
+            else:
+                log.warning("asyncload: loop thread %s did not stop within %.1fs", self._name, timeout)
+            return ok
+
+    # -- calls into the loop ---------------------------------------------------------------------
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if not self.running or self._loop is None:
+            raise RuntimeError("the asyncload loop thread is not running in this process")
+        return self._loop
+
+    def in_loop_thread(self) -> bool:
+        return self._thread is not None and threading.current_thread() is self._thread
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; the returned future may be waited on from any other thread."""
+        if self.in_loop_thread():
+            coro.close()
+            raise RuntimeError("refusing to submit to the asyncload loop from its own thread (it would deadlock)")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop thread soon; silently dropped once the loop is closed."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or self._pid != os.getpid():
+            return
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            pass
+
+    async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await ``fn(*args)`` run on the CPU pool, keeping the loop thread free (call from the loop)."""
+        assert self._pool is not None
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

@@ -1,0 +1,109 @@
+"""Which indices, in what order: seeded shuffling, rank × worker sharding, equal batches per rank.
+
+The plan for an epoch is a pure function of ``(n, batch_size, shuffle, seed, epoch, drop_last,
+remainder, shard)``. No state is shared between processes: every rank and every DataLoader worker
+computes the same global order and keeps its own share, which is what makes epochs exact without any
+coordination.
+
+How an epoch is cut:
+1. a global order of ``range(n)``: identity, or a permutation seeded by ``(seed, epoch)``;
+2. ranks get equal, contiguous blocks of it (contiguous keeps neighbouring rows, which share storage
+   chunks, in one rank). When ``world_size`` does not divide ``n`` the ``remainder`` policy decides:
+   ``"pad"`` repeats the first samples of the order so every sample is seen at least once,
+   ``"drop"`` leaves the last ones out of this epoch (a different few each shuffled epoch);
+3. a rank's block is cut into batches (the last one short unless ``drop_last``), so every rank has the
+   same number of batches, which is what collective ops in DistributedDataParallel need;
+4. DataLoader workers of a rank take its batches round-robin (batch ``k`` to worker ``k % W``). PyTorch's
+   DataLoader reads its workers round-robin too, so the rank's batch sequence comes out unchanged and
+   the batches are the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Remainder = Literal["pad", "drop"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The share of an epoch one iterator serves: a distributed rank and a DataLoader worker within it."""
+
+    rank: int = 0
+    world_size: int = 1
+    worker: int = 0
+    num_workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"shard rank={self.rank} must be in [0, world_size={self.world_size})")
+        if self.num_workers < 1 or not 0 <= self.worker < self.num_workers:
+            raise ValueError(f"shard worker={self.worker} must be in [0, num_workers={self.num_workers})")
+
+
+@dataclass(frozen=True)
+class EpochSampler:
+    """Computes the batches of indices that one shard reads in one epoch."""
+
+    n: int
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    remainder: Remainder = "pad"
+    shard: Shard = Shard()
+
+    def __post_init__(self) -> None:
+        if self.n < 0:
+            raise ValueError(f"dataset length must be >= 0, got {self.n}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.remainder not in ("pad", "drop"):
+            raise ValueError(f"remainder must be 'pad' or 'drop', got {self.remainder!r}")
+
+    # -- sizes -----------------------------------------------------------------------------------
+    @property
+    def rank_samples(self) -> int:
+        """Samples per rank per epoch (equal on every rank)."""
+        w = self.shard.world_size
+        if self.remainder == "pad":
+            return -(-self.n // w) if self.n else 0
+        return self.n // w
+
+    @property
+    def rank_batches(self) -> int:
+        """Batches per rank per epoch (equal on every rank)."""
+        s, b = self.rank_samples, self.batch_size
+        return s // b if self.drop_last else -(-s // b)
+
+    def __len__(self) -> int:
+        """Batches this shard (rank and worker) yields per epoch."""
+        total, w, k = self.rank_batches, self.shard.num_workers, self.shard.worker
+        return len(range(k, total, w))
+
+    # -- order -----------------------------------------------------------------------------------
+    def order(self, epoch: int) -> np.ndarray:
+        """The global order of all ``n`` indices in ``epoch`` (the same on every rank and worker)."""
+        if not self.shuffle:
+            return np.arange(self.n, dtype=np.int64)
+        rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
+        return rng.permutation(self.n).astype(np.int64)
+
+    def rank_indices(self, epoch: int) -> np.ndarray:
+        """This rank's samples for ``epoch``, in order, padded or truncated by ``remainder``."""
+        order = self.order(epoch)
+        per_rank, w = self.rank_samples, self.shard.world_size
+        total = per_rank * w
+        if total > self.n:  # pad, cycling when there are fewer samples than ranks
+            order = np.resize(order, total)
+        start = self.shard.rank * per_rank
+        return order[start : start + per_rank]
+
+    def batches(self, epoch: int) -> list[list[int]]:
+        """This shard's batches for ``epoch``: lists of dataset indices, in the order to yield them."""
+        idx = self.rank_indices(epoch)
+        b, w, k = self.batch_size, self.shard.num_workers, self.shard.worker
+        return [idx[i * b : (i + 1) * b].tolist() for i in range(k, self.rank_batches, w)]

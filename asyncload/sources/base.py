@@ -1,0 +1,119 @@
+"""The ``Source`` contract: what the loader needs from a store, and the per-process handle rule.
+
+A source is a small, picklable *description* of a dataset (URL, columns, credentials). The live handle
+(a Deep Lake dataset, an HTTP session) is opened lazily in the process that reads and is never carried
+across a fork or a pickle: ``__getstate__`` drops it and a changed pid makes the next read reopen. This
+is what lets a source be handed to DataLoader workers under fork, spawn and forkserver alike.
+"""
+
+from __future__ import annotations
+
+import abc
+import atexit
+import gc
+import os
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+H = TypeVar("H")
+
+#: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
+#: ndarray stacked on its first axis.
+Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
+
+_open_sources: "weakref.WeakSet[Source[Any]]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all_sources() -> None:
+    """Release store handles before interpreter teardown; loop threads are stopped before this runs."""
+    for src in list(_open_sources):
+        try:
+            src.close()
+        except Exception:  # noqa: BLE001 - best effort at exit
+            pass
+    gc.collect()
+
+
+class Source(abc.ABC, Generic[H]):
+    """A readable dataset. Subclasses implement ``_open``, ``_length`` and ``read``."""
+
+    def __init__(self, url: str, columns: Sequence[str]) -> None:
+        if isinstance(columns, str):
+            columns = (columns,)
+        if not columns:
+            raise ValueError(f"{type(self).__name__}({url!r}): columns must name at least one column")
+        self.url = url
+        self.columns: tuple[str, ...] = tuple(columns)
+        self._handle_pid: int | None = None
+        self._handle_obj: H | None = None
+        self._handle_lock = threading.Lock()
+        self._len: int | None = None
+
+    # -- the per-process handle ------------------------------------------------------------------
+    def handle(self) -> H:
+        """The live handle for this process, opened (and validated) on first use."""
+        if self._handle_pid != os.getpid() or self._handle_obj is None:
+            with self._handle_lock:
+                if self._handle_pid != os.getpid() or self._handle_obj is None:
+                    self._handle_obj = None  # inherited through fork: never used here
+                    obj = self._open()
+                    self._handle_obj, self._handle_pid = obj, os.getpid()
+                    _open_sources.add(self)
+        return self._handle_obj
+
+    def open(self) -> "Source[H]":
+        """Open and validate now (for errors at construction time rather than at first read)."""
+        self.handle()
+        return self
+
+    def close(self) -> None:
+        """Drop this process's handle. Only call when no read is in flight (the loader ensures it)."""
+        with self._handle_lock:
+            if self._handle_pid == os.getpid():
+                obj, self._handle_obj = self._handle_obj, None
+                self._close_handle(obj)
+                del obj
+        _open_sources.discard(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_handle_pid"] = None
+        state["_handle_obj"] = None
+        del state["_handle_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._handle_lock = threading.Lock()
+
+    # -- what the loader calls -------------------------------------------------------------------
+    def __len__(self) -> int:
+        if self._len is None:
+            self._len = self._length(self.handle())
+        return self._len
+
+    def configure(self, requests_in_flight: int) -> None:
+        """Hint from the loader: how many read requests it will keep in flight (size pools from it)."""
+
+    @abc.abstractmethod
+    async def read(self, indices: list[int]) -> Columns:
+        """Read ``indices`` (valid, in range) on the running loop; raise ``ReadError`` on failure."""
+
+    # -- what subclasses implement ---------------------------------------------------------------
+    @abc.abstractmethod
+    def _open(self) -> H:
+        """Open the store in this process; raise a ``SourceError`` naming what is wrong."""
+
+    @abc.abstractmethod
+    def _length(self, handle: H) -> int: ...
+
+    def _close_handle(self, handle: H | None) -> None:
+        """Release ``handle`` (default: drop the reference)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r}, columns={self.columns!r})"

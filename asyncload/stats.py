@@ -1,0 +1,50 @@
+"""Counters that make every sample's journey countable: issued, in flight, ready, yielded.
+
+Written by the loop thread, read from any thread. Each field is a plain number updated by one writer, so
+a snapshot needs no lock; percentiles come from a bounded window of recent read latencies.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Stats:
+    """Live counters of one epoch's pipeline."""
+
+    started: float = field(default_factory=time.perf_counter)
+    requests: int = 0
+    samples_read: int = 0
+    in_flight: int = 0
+    batches_ready: int = 0
+    batches_yielded: int = 0
+    samples_yielded: int = 0
+    wait_s: float = 0.0
+    first_batch_s: float | None = None
+    finished: float | None = None
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+
+    def snapshot(self) -> dict[str, Any]:
+        """A plain dict of the current figures (safe to log or serialise)."""
+        elapsed = max((self.finished or time.perf_counter()) - self.started, 1e-9)
+        lat = np.fromiter(self.latencies, float) if self.latencies else None
+        pct = {f"read_p{q}_ms": (float(np.percentile(lat, q)) * 1e3 if lat is not None else None) for q in (50, 90, 99)}
+        return {
+            "elapsed_s": elapsed,
+            "samples_per_s": self.samples_yielded / elapsed,
+            "requests": self.requests,
+            "samples_read": self.samples_read,
+            "in_flight": self.in_flight,
+            "ready_batches": self.batches_ready - self.batches_yielded,
+            "batches_yielded": self.batches_yielded,
+            "samples_yielded": self.samples_yielded,
+            "consumer_wait_s": self.wait_s,
+            "time_to_first_batch_s": self.first_batch_s,
+            **pct,
+        }

@@ -1,0 +1,55 @@
+"""Shared fixtures: real Deep Lake datasets written by the project's own synthetic maker."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import deeplake
+import numpy as np
+import pytest
+
+from asyncload import make_dataset
+
+ROWS = 203  # prime-ish: exercises short last batches and uneven shards
+HEIGHT, WIDTH = 40, 56  # not square, so a swapped axis shows
+
+
+@pytest.fixture(scope="session")
+def seg_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A 203-row PNG segmentation dataset on local disk (read-only for tests)."""
+    path = tmp_path_factory.mktemp("data") / "seg"
+    return make_dataset(str(path), ROWS, height=HEIGHT, width=WIDTH, progress=False)
+
+
+@pytest.fixture(scope="session")
+def seg_arrays(seg_url: str) -> dict[str, np.ndarray]:
+    """The whole dataset read synchronously, to compare loader output against."""
+    ds = deeplake.open_read_only(seg_url)
+    return {c: np.stack([np.array(ds[i][c]) for i in range(len(ds))]) for c in ("images", "masks")}
+
+
+def loop_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("asyncload")]
+
+
+def wait_no_loop_threads(deadline_s: float = 5.0) -> None:
+    """Poll until no asyncload thread is alive; fail with their names after the deadline."""
+    end = time.monotonic() + deadline_s
+    while loop_threads() and time.monotonic() < end:
+        time.sleep(0.02)
+    assert not loop_threads(), f"threads left behind: {[t.name for t in loop_threads()]}"
+
+
+@pytest.fixture
+def copy_of(tmp_path: Path, seg_url: str):
+    """A writable copy of the test dataset (for tests that damage it)."""
+    import shutil
+
+    def make() -> Path:
+        dst = tmp_path / "copy"
+        shutil.copytree(seg_url.removeprefix("file://"), dst)
+        return dst
+
+    return make
