@@ -12,7 +12,9 @@ written as if it were plain asyncio code.
   loop thread only moves requests.
 - Interpreter exit stops every live loop through ``threading._register_atexit``: those hooks run before
   Python joins non-daemon threads and before ``atexit``, which is the window where in-flight reads can
-  still complete into a running loop.
+  still complete into a running loop. A loop must never be closed while a store's C++ thread may still
+  complete a future into it (Deep Lake aborts the process with "Event loop is closed"), so the exit hook
+  asks the loop's *owner* (``owner_close``) to stop its work and wait for reads in flight first.
 """
 
 from __future__ import annotations
@@ -51,7 +53,11 @@ def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
 
 def _stop_all_at_exit() -> None:
     for lt in list(_live):
-        lt.stop()
+        owner_close = lt.owner_close() if lt.owner_close is not None else None
+        if owner_close is not None:
+            owner_close()  # the owner stops its work first, then the loop
+        else:
+            lt.stop()
 
 
 def _register_exit_hook() -> None:
@@ -79,8 +85,19 @@ class LoopThread:
     ``cpu_workers`` sizes the pool for work that must not run on the loop thread.
     """
 
-    def __init__(self, name: str = "asyncload-loop", *, loop: LoopKind = "auto", cpu_workers: int = 2) -> None:
+    def __init__(
+        self,
+        name: str = "asyncload-loop",
+        *,
+        loop: LoopKind = "auto",
+        cpu_workers: int = 2,
+        owner_close: Callable[[], None] | None = None,
+    ) -> None:
         self._name = name
+        # Weak, so that the owner (an epoch iterator) can still be garbage-collected while its loop runs.
+        self.owner_close: weakref.WeakMethod[Callable[[], None]] | None = (
+            weakref.WeakMethod(owner_close) if owner_close is not None else None  # type: ignore[arg-type]
+        )
         self._kind: LoopKind = loop
         self._cpu_workers = max(1, cpu_workers)
         self._lock = threading.Lock()

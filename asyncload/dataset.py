@@ -8,7 +8,8 @@ rank from ``torch.distributed`` when a process group is initialised, worker from
 ``get_worker_info()``. Batch ``k`` of a rank goes to worker ``k % num_workers``, and DataLoader reads
 workers round-robin, so a rank sees the same batch sequence with 0, 1 or 8 workers.
 
-The source is pickled as a description (URL, columns, credentials); each worker opens the store itself.
+A spawned worker has no process group: the rank is pinned when DataLoader pickles the dataset in the
+rank's main process. The source is pickled as a description (URL, columns, credentials); each worker opens the store itself.
 Call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``: the copy in each worker is made
 when DataLoader starts iterating, so the epoch must be set on this object before that.
 """
@@ -70,6 +71,17 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch that the next iteration yields (call before creating the DataLoader iterator)."""
         self.epoch = epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        # DataLoader pickles the dataset in the main process for spawn/forkserver workers, where no
+        # process group exists: pin this rank's place in the world now. (Forked workers inherit it.)
+        state = self.__dict__.copy()
+        rank, world = _distributed_rank_world()
+        if state["rank"] is None:
+            state["rank"] = rank
+        if state["world_size"] is None:
+            state["world_size"] = world
+        return state
 
     def shard(self) -> Shard:
         """The share of the epoch this process serves: rank × DataLoader worker."""

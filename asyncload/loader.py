@@ -23,6 +23,8 @@ One epoch, as it runs::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import logging
 import math
 import os
 import queue
@@ -38,6 +40,8 @@ from .errors import AsyncLoadError, ConfigError, ReadError, WorkerError, read_er
 from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
 from .stats import Stats
+
+log = logging.getLogger("asyncload")
 
 ReadMode = Literal["row", "column"]
 
@@ -212,7 +216,7 @@ class EpochIterator(Iterator[Any]):
         self._timeout = shutdown_timeout
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stats = Stats()
-        self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers)
+        self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers, owner_close=self.close)
         self._lt.start()
         self._pipeline = _Pipeline(plan, self._out, self._lt, self.stats)
         self._future = self._lt.submit(self._pipeline.run())
@@ -270,6 +274,14 @@ class EpochIterator(Iterator[Any]):
             self._lt.call_soon(self._pipeline.stop)
             try:
                 self._future.result(self._timeout)
+            except concurrent.futures.TimeoutError:
+                # Reads are still in flight: closing the loop now would let the store complete a future
+                # into a closed loop (Deep Lake aborts the process). Leave the daemon thread to finish.
+                log.warning(
+                    "asyncload: reads from %s still in flight after %.1fs; leaving the loop thread to finish them",
+                    self._plan.source.url, self._timeout,
+                )  # fmt: skip
+                return
             except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
                 pass
         self._lt.stop(self._timeout)

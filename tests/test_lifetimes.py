@@ -1,0 +1,103 @@
+"""Threads and processes end when they should: epoch end, break, close, GC, errors, interpreter exit."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from asyncload import AsyncLoader, DeepLakeSource
+
+from .conftest import loop_threads, wait_no_loop_threads
+from .sources import DelayedSource
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_break_out_of_a_for_loop_stops_the_thread(seg_url) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4, concurrency=64)
+    for n, _ in enumerate(loader):
+        if n == 2:
+            break
+    wait_no_loop_threads()
+
+
+def test_close_mid_epoch_with_reads_in_flight(seg_url) -> None:
+    src = DelayedSource(seg_url, lambda idx: 0.2)
+    loader = AsyncLoader(src, batch_size=4, concurrency=32)
+    it = iter(loader)
+    next(it)
+    assert src.in_flight > 0
+    it.close()
+    assert src.in_flight == 0  # in-flight reads were awaited, not abandoned
+    wait_no_loop_threads()
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_garbage_collected_iterator_stops_the_thread(seg_url) -> None:
+    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=4))
+    next(it)
+    assert loop_threads()
+    del it
+    gc.collect()
+    wait_no_loop_threads()
+
+
+def test_context_manager_and_new_epoch_close_the_previous_one(seg_url) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4)
+    first = iter(loader)
+    next(first)
+    second = iter(loader)  # a loader runs one epoch at a time
+    with pytest.raises(StopIteration):
+        next(first)
+    with second:
+        assert next(second)["index"].tolist() == [0, 1, 2, 3]
+    wait_no_loop_threads()
+
+
+def test_an_error_stops_the_thread(seg_url) -> None:
+    def boom(sample):
+        if sample["index"] == 37:
+            raise ValueError("bad pixel")
+        return sample
+
+    with pytest.raises(ValueError, match="bad pixel"):
+        list(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, transform=boom))
+    wait_no_loop_threads()
+
+
+EXIT_SCRIPT = """
+import sys
+from asyncload import AsyncLoader, DeepLakeSource
+src = DeepLakeSource(sys.argv[1])
+loader = AsyncLoader(src, batch_size=8, concurrency=128, read_mode=sys.argv[2])
+n = sum(len(b["index"]) for b in loader)
+assert n == int(sys.argv[3]), n
+loader.set_epoch(1)
+left_open = iter(loader)   # a second epoch abandoned with reads in flight at exit
+next(left_open)
+print("ok", n)
+"""
+
+
+def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
+    """Deep Lake 4.7.4 can crash at interpreter exit after get_async (rc 134/139); asyncload must not."""
+    script = tmp_path / "load.py"
+    script.write_text(textwrap.dedent(EXIT_SCRIPT))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def run(k: int) -> tuple[int, str]:
+        mode = "column" if k % 2 else "row"
+        p = subprocess.run([sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=60, env=env)
+        return p.returncode, p.stdout + p.stderr[-2000:]
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, range(20)))
+    bad = [(rc, out) for rc, out in results if rc != 0 or "ok 203" not in out]
+    assert not bad, f"{len(bad)} of 20 runs failed; first: rc={bad[0][0]}\n{bad[0][1]}"
