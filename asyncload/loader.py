@@ -211,16 +211,20 @@ class EpochIterator(Iterator[Any]):
     """
 
     def __init__(self, plan: _Plan, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float) -> None:
-        self._closed = True  # until fully started, so __del__ of a half-built object is harmless
         self._plan = plan
         self._timeout = shutdown_timeout
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stats = Stats()
         self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers, owner_close=self.close)
-        self._lt.start()
         self._pipeline = _Pipeline(plan, self._out, self._lt, self.stats)
-        self._future = self._lt.submit(self._pipeline.run())
+        self._future: concurrent.futures.Future[None] | None = None
         self._closed = False
+
+    def _start(self) -> None:
+        """Start the loop thread and the pipeline: on the first ``next()``, in the process that iterates."""
+        self.stats.started = time.perf_counter()
+        self._lt.start()
+        self._future = self._lt.submit(self._pipeline.run())
 
     def __iter__(self) -> "EpochIterator":
         return self
@@ -231,6 +235,9 @@ class EpochIterator(Iterator[Any]):
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
+        if self._future is None:
+            self._start()
+        assert self._future is not None
         t0 = time.perf_counter()
         while True:
             try:
@@ -259,7 +266,7 @@ class EpochIterator(Iterator[Any]):
     def _die(self) -> None:
         """The pipeline ended without saying so: report why instead of waiting forever."""
         cause: BaseException | None = None
-        if self._future.done() and not self._future.cancelled():
+        if self._future is not None and self._future.done() and not self._future.cancelled():
             cause = self._future.exception()
         self.close()
         raise WorkerError(f"asyncload's loop thread for {self._plan.source.url} ended unexpectedly") from cause
@@ -270,7 +277,7 @@ class EpochIterator(Iterator[Any]):
             return
         self._closed = True
         self.stats.finished = time.perf_counter()
-        if self._lt.running:
+        if self._future is not None and self._lt.running:
             self._lt.call_soon(self._pipeline.stop)
             try:
                 self._future.result(self._timeout)

@@ -152,10 +152,11 @@ def test_without_index_and_with_one_column(seg_url) -> None:
     assert set(b) == {"masks"}
 
 
-def test_loop_thread_starts_on_iteration_and_ends_with_the_epoch(seg_url) -> None:
+def test_loop_thread_starts_on_first_next_and_ends_with_the_epoch(seg_url) -> None:
     loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=64)
-    assert not loop_threads()
     it = iter(loader)
+    assert not loop_threads()
+    next(it)
     assert [t.name for t in loop_threads() if t.name == "asyncload-loop"] == ["asyncload-loop"]
     assert threading.current_thread().name not in {t.name for t in loop_threads()}
     list(it)
