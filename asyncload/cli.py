@@ -15,7 +15,7 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=64, help="samples read at once")
     p.add_argument("--prefetch", type=int, default=4, help="ready batches kept ahead")
-    p.add_argument("--read-mode", choices=("column", "row"), default="column")
+    p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto")
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
 

@@ -43,7 +43,7 @@ from .stats import Stats
 
 log = logging.getLogger("asyncload")
 
-ReadMode = Literal["row", "column"]
+ReadMode = Literal["auto", "row", "column"]
 
 _END = object()
 
@@ -313,8 +313,10 @@ class AsyncLoader:
     Parameters that matter most:
       concurrency   samples being read at once (hundreds are fine for remote stores)
       prefetch      ready batches kept ahead of the consumer
-      read_mode     "column": one request per column for a group of indices (default, faster);
-                    "row": one request per sample and column
+      read_mode     "column": one request per column for a group of ``request_size`` indices;
+                    "row": one request per sample and column; "auto" (default): what the source
+                    measured faster (``Source.preferred_read_mode``)
+      request_size  indices per column request in "column" mode (default: the batch size)
       in_order      True: batches in sampler order (reorder buffer); False: as they complete
       shuffle, seed the order of an epoch; ``set_epoch(e)`` selects the epoch (like DistributedSampler)
       shard         which rank/worker share of each epoch this loader serves
@@ -337,7 +339,8 @@ class AsyncLoader:
         drop_last: bool = False,
         transform: Transform | None = None,
         collate_fn: CollateFn | None = None,
-        read_mode: ReadMode = "column",
+        read_mode: ReadMode = "auto",
+        request_size: int | None = None,
         with_index: bool = True,
         remainder: Remainder = "pad",
         shard: Shard | None = None,
@@ -350,7 +353,8 @@ class AsyncLoader:
         _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an int >= 1")
         _check("concurrency", concurrency, isinstance(concurrency, int) and concurrency >= 1, "an int >= 1")
         _check("prefetch", prefetch, isinstance(prefetch, int) and prefetch >= 1, "an int >= 1")
-        _check("read_mode", read_mode, read_mode in ("row", "column"), "'row' or 'column'")
+        _check("read_mode", read_mode, read_mode in ("auto", "row", "column"), "'auto', 'row' or 'column'")
+        _check("request_size", request_size, request_size is None or (isinstance(request_size, int) and request_size >= 1), "None or an int >= 1")
         _check("remainder", remainder, remainder in ("pad", "drop"), "'pad' or 'drop'")
         _check("loop", loop, loop in ("auto", "uvloop", "asyncio"), "'auto', 'uvloop' or 'asyncio'")
         _check("shutdown_timeout", shutdown_timeout, shutdown_timeout > 0, "a number of seconds > 0")
@@ -368,7 +372,8 @@ class AsyncLoader:
         self.in_order = in_order
         self.transform = transform
         self.collate_fn = collate_fn
-        self.read_mode: ReadMode = read_mode
+        self.read_mode: ReadMode = source.preferred_read_mode if read_mode == "auto" else read_mode
+        self.request_size = request_size
         self.with_index = with_index
         self.cpu_workers = cpu_workers
         self.loop: LoopKind = loop
@@ -391,7 +396,10 @@ class AsyncLoader:
         self.epoch = epoch
 
     def _plan(self) -> _Plan:
-        group = 1 if self.read_mode == "row" else min(self.batch_size, self.concurrency)
+        if self.read_mode == "row":
+            group = 1
+        else:
+            group = min(self.request_size or self.batch_size, self.batch_size, self.concurrency)
         fetchers = max(1, self.concurrency // group)
         slots = self.prefetch + math.ceil(self.concurrency / self.batch_size) + 1
         self.source.configure(fetchers)

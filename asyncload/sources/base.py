@@ -97,6 +97,12 @@ class Source(abc.ABC, Generic[H]):
             self._len = self._length(self.handle())
         return self._len
 
+    @property
+    def preferred_read_mode(self) -> str:
+        """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a
+        source measured otherwise."""
+        return "column"
+
     def configure(self, requests_in_flight: int) -> None:
         """Hint from the loader: how many read requests it will keep in flight (size pools from it)."""
 

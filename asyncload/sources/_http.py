@@ -1,0 +1,136 @@
+"""The HTTP client side shared by the remote sources: session settings, one request, its error.
+
+Why these settings:
+
+- **One pool, sized to the fan-out.** aiohttp's ``TCPConnector`` defaults to 100 connections, which
+  silently queues requests beyond that inside the client; the pool is sized from the loader's hint so
+  every request the loader issues gets a connection. Keep-alive reuses them across requests.
+- **Three timeouts.** ``connect`` bounds the TCP (and TLS) handshake, ``read`` bounds the wait for the
+  first byte and any stall between chunks, ``total`` bounds one attempt end to end. A dead peer is
+  noticed within ``connect`` or ``read`` seconds instead of hanging a read forever.
+- **TLS verified by default.** Turning verification off takes an explicit ``verify_tls=False``; a path
+  gives a CA bundle instead.
+- **Errors keep the server's word.** A non-2xx answer becomes :class:`HTTPStatusError` with the status,
+  S3's error ``Code``/``Message`` when the body is S3's XML, and ``Retry-After`` parsed, which is what the
+  retry policy and the error messages need.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from yarl import URL
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds: ``connect`` (TCP+TLS handshake), ``read`` (first byte, and any stall), ``total`` (one attempt)."""
+
+    connect: float = 3.0
+    read: float = 10.0
+    total: float = 60.0
+
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        # ``connect`` in aiohttp also counts waiting for a pooled connection; ``sock_connect`` is the
+        # handshake alone, which is what a dead endpoint should be judged on.
+        return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect, sock_read=self.read)
+
+
+class HTTPStatusError(Exception):
+    """A non-2xx answer. ``status``, S3's ``code`` and ``message`` when given, ``retry_after`` seconds."""
+
+    def __init__(self, status: int, reason: str = "", code: str | None = None, message: str = "", retry_after: float | None = None) -> None:
+        self.status = status
+        self.reason = reason
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after
+        text = f"HTTP {status}"
+        if code:
+            text += f" {code}"
+        elif reason:
+            text += f" {reason}"
+        if message:
+            text += f": {message}"
+        super().__init__(text)
+
+    @classmethod
+    def from_response(cls, status: int, reason: str, headers: Mapping[str, str], body: bytes) -> "HTTPStatusError":
+        code, message = parse_s3_error(body)
+        return cls(status, reason, code, message, parse_retry_after(headers.get("Retry-After")))
+
+
+_CODE = re.compile(rb"<Code>([^<]{1,200})</Code>")
+_MESSAGE = re.compile(rb"<Message>([^<]{0,500})</Message>")
+
+
+def parse_s3_error(body: bytes) -> tuple[str | None, str]:
+    """``(Code, Message)`` from S3's XML error body; ``(None, "")`` for anything else."""
+    head = body[:4096]
+    code = _CODE.search(head)
+    if code is None:
+        return None, ""
+    msg = _MESSAGE.search(head)
+    return code.group(1).decode(errors="replace"), (msg.group(1).decode(errors="replace") if msg else "")
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """``Retry-After`` as seconds from now (delta-seconds or an HTTP date); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def ssl_option(verify_tls: bool | str) -> ssl.SSLContext | bool:
+    """aiohttp's ``ssl=``: True verifies (system CAs), a path verifies against that CA bundle, False does not."""
+    if verify_tls is True:
+        return True
+    if verify_tls is False:
+        return False
+    return ssl.create_default_context(cafile=str(verify_tls))
+
+
+def new_session(connections: int, timeouts: Timeouts, verify_tls: bool | str, keepalive_s: float = 30.0) -> aiohttp.ClientSession:
+    """A session with one pool of ``connections`` (no per-host cap), keep-alive, timeouts, TLS policy.
+
+    Must be called on the loop that will use it.
+    """
+    connector = aiohttp.TCPConnector(
+        limit=max(1, connections), limit_per_host=0, keepalive_timeout=keepalive_s,
+        ssl=ssl_option(verify_tls), ttl_dns_cache=300,
+    )  # fmt: skip
+    return aiohttp.ClientSession(connector=connector, timeout=timeouts.client_timeout(), auto_decompress=False)
+
+
+async def request_bytes(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    data: bytes | None = None,
+    allow_redirects: bool = True,
+) -> bytes:
+    """One request; the body of a 2xx answer, else :class:`HTTPStatusError`. ``url`` is sent as encoded."""
+    async with session.request(
+        method, URL(url, encoded=True), headers=headers, data=data, allow_redirects=allow_redirects
+    ) as resp:
+        body = await resp.read()
+        if resp.status >= 300:
+            raise HTTPStatusError.from_response(resp.status, resp.reason or "", resp.headers, body)
+        return body
