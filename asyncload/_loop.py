@@ -33,7 +33,7 @@ log = logging.getLogger("asyncload")
 T = TypeVar("T")
 LoopKind = Literal["auto", "uvloop", "asyncio"]
 
-_live: "weakref.WeakSet[LoopThread]" = weakref.WeakSet()
+_live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
 _exit_hook_pid: int | None = None
 _exit_hook_lock = threading.Lock()
 

@@ -58,10 +58,10 @@ def _cmd_load(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import deeplake
+
     from .sources.deeplake import normalize_url
     from .synthetic import make_dataset
-
-    import deeplake
 
     url = normalize_url(args.data)
     if not deeplake.exists(url) or len(deeplake.open_read_only(url)) != args.rows:

@@ -91,6 +91,6 @@ def rows(columns: Sequence[str], parts: Sequence[Mapping[str, Any]], indices: Se
         n = len(part[columns[0]])
         for j in range(n):
             samples.append({c: part[c][j] for c in columns})
-    for s, i in zip(samples, indices):
+    for s, i in zip(samples, indices, strict=True):
         s["index"] = i
     return samples

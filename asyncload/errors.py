@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Sequence
-from functools import lru_cache
 
 
 class AsyncLoadError(Exception):
@@ -52,9 +51,17 @@ class WorkerError(AsyncLoadError):
     """A worker (thread or process) of the loader died; the message names it and what it held."""
 
 
-@lru_cache(maxsize=None)
+_typed_cache: dict[type[BaseException], type[ReadError]] = {}
+
+
 def _typed(cause: type[BaseException]) -> type[ReadError]:
-    """A ``ReadError`` subclass that is also ``cause`` (for built-in exception types only)."""
+    """A ``ReadError`` subclass that is also ``cause`` (for built-in exception types only); cached."""
+    if cause not in _typed_cache:
+        _typed_cache[cause] = _make_typed(cause)
+    return _typed_cache[cause]
+
+
+def _make_typed(cause: type[BaseException]) -> type[ReadError]:
     if cause.__module__ != "builtins" or not issubclass(cause, Exception) or issubclass(cause, AsyncLoadError):
         return ReadError
     if getattr(builtins, cause.__name__, None) is not cause:

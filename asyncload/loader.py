@@ -85,7 +85,7 @@ def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
 class _Pipeline:
     """The coroutines of one epoch. Everything here runs on the loop thread."""
 
-    def __init__(self, plan: _Plan, out: "queue.SimpleQueue[Any]", lt: LoopThread, stats: Stats) -> None:
+    def __init__(self, plan: _Plan, out: queue.SimpleQueue[Any], lt: LoopThread, stats: Stats) -> None:
         self.plan = plan
         self.out = out
         self.lt = lt
@@ -226,7 +226,7 @@ class EpochIterator(Iterator[Any]):
         self._lt.start()
         self._future = self._lt.submit(self._pipeline.run())
 
-    def __iter__(self) -> "EpochIterator":
+    def __iter__(self) -> EpochIterator:
         return self
 
     def __len__(self) -> int:
@@ -293,7 +293,7 @@ class EpochIterator(Iterator[Any]):
                 pass
         self._lt.stop(self._timeout)
 
-    def __enter__(self) -> "EpochIterator":
+    def __enter__(self) -> EpochIterator:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -428,7 +428,7 @@ class AsyncLoader:
         if it is not None:
             it.close()
 
-    def __enter__(self) -> "AsyncLoader":
+    def __enter__(self) -> AsyncLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:

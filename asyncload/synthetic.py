@@ -78,10 +78,10 @@ def make_dataset(
     if image_format not in ("png", "jpg"):
         raise ValueError(f"image_format must be 'png' or 'jpg', got {image_format!r}")
     url = normalize_url(url)
-    kwargs = {"creds": dict(creds)} if creds else {}
-    if overwrite and deeplake.exists(url, **kwargs):
-        deeplake.delete(url, **kwargs)
-    ds = deeplake.create(url, **kwargs)
+    cr = dict(creds) if creds else None
+    if overwrite and deeplake.exists(url, creds=cr):
+        deeplake.delete(url, creds=cr)
+    ds = deeplake.create(url, creds=cr)
     ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression=image_format))
     ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
     ds.metadata["classes"] = list(CLASSES)

@@ -15,7 +15,7 @@ import os
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -25,7 +25,7 @@ H = TypeVar("H")
 #: ndarray stacked on its first axis.
 Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
 
-_open_sources: "weakref.WeakSet[Source[Any]]" = weakref.WeakSet()
+_open_sources: weakref.WeakSet[Source[Any]] = weakref.WeakSet()
 
 
 @atexit.register
@@ -66,7 +66,7 @@ class Source(abc.ABC, Generic[H]):
                     _open_sources.add(self)
         return self._handle_obj
 
-    def open(self) -> "Source[H]":
+    def open(self) -> Source[H]:
         """Open and validate now (for errors at construction time rather than at first read)."""
         self.handle()
         return self
@@ -98,7 +98,7 @@ class Source(abc.ABC, Generic[H]):
         return self._len
 
     @property
-    def preferred_read_mode(self) -> str:
+    def preferred_read_mode(self) -> Literal["row", "column"]:
         """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a
         source measured otherwise."""
         return "column"
