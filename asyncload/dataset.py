@@ -12,6 +12,12 @@ A spawned worker has no process group: the rank is pinned when DataLoader pickle
 rank's main process. The source is pickled as a description (URL, columns, credentials); each worker opens the store itself.
 Call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``: the copy in each worker is made
 when DataLoader starts iterating, so the epoch must be set on this object before that.
+
+Resume: the batches a DataLoader yielded are only seen by the training loop, which counts its steps
+anyway. ``state_dict(batches_consumed=k)`` records the epoch and that count; after
+``load_state_dict``, the rank's remaining batches are dealt to the workers from worker 0 again, so the
+resumed DataLoader yields exactly the batches the interrupted one had not, in the same order (with
+DataLoader's default ``in_order=True``).
 """
 
 from __future__ import annotations
@@ -65,12 +71,35 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self.world_size = world_size
         self.loader_options = loader_options
         self.epoch = 0
+        self._start = 0  # rank batches of ``epoch`` already consumed (resume)
         # Validate every option now, in the constructing process, so mistakes surface before workers start.
         AsyncLoader(source, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder, **loader_options)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch that the next iteration yields (call before creating the DataLoader iterator)."""
+        """Select the epoch that the next iteration yields (call before creating the DataLoader iterator).
+        A resume point survives only ``set_epoch`` of its own epoch."""
+        if epoch != self.epoch:
+            self._start = 0
         self.epoch = epoch
+
+    def state_dict(self, batches_consumed: int) -> dict[str, Any]:
+        """The resume point after this rank's training loop took ``batches_consumed`` batches of the
+        current epoch (counted from the epoch's start, including those before an earlier resume)."""
+        total = self._rank_batches()
+        if not 0 <= batches_consumed <= total:
+            raise ValueError(f"batches_consumed={batches_consumed} is not allowed: 0..{total} (batches in this rank's epoch)")
+        return {"version": 1, "epoch": self.epoch, "batches_consumed": batches_consumed, "rank_batches": total}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue ``state``'s epoch after the batches it had consumed (next DataLoader iterator)."""
+        total = self._rank_batches()
+        if state.get("rank_batches") != total:
+            raise ValueError(
+                f"state has rank_batches={state.get('rank_batches')!r}, this dataset {total}: it was saved "
+                f"with other options, dataset length or world size"
+            )
+        self.epoch = int(state["epoch"])
+        self._start = int(state["batches_consumed"])
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader pickles the dataset in the main process for spawn/forkserver workers, where no
@@ -98,15 +127,19 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             drop_last=self.drop_last, remainder=self.remainder, shard=shard,
         )  # fmt: skip
 
-    def __len__(self) -> int:
-        """Batches this rank yields per epoch, summed over its DataLoader workers."""
+    def _rank_batches(self) -> int:
         s = self.shard()
         return self._sampler(Shard(s.rank, s.world_size)).rank_batches
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the next iteration, summed over its DataLoader workers (the
+        whole epoch, or its rest after ``load_state_dict``)."""
+        return self._rank_batches() - self._start
 
     def __iter__(self) -> EpochIterator:
         loader = AsyncLoader(
             self.source, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
-            remainder=self.remainder, shard=self.shard(), **self.loader_options,
+            remainder=self.remainder, shard=self.shard(), start_batch=self._start, **self.loader_options,
         )  # fmt: skip
         loader.set_epoch(self.epoch)
         return iter(loader)

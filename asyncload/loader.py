@@ -1,28 +1,20 @@
-"""``AsyncLoader``: coroutine fetchers on a background loop, a bounded ready queue, exact epochs.
+"""``AsyncLoader``: the public loader, and ``EpochIterator``, the consumer side of one epoch.
 
-One epoch, as it runs::
+The coroutines that read and assemble batches are in ``pipeline``; this module owns what the user
+touches: options and their validation, epochs, resume state, and the lifetime of the loop thread.
 
-    sampler ─▶ producer ──(batch slot)──▶ work queue ─▶ N fetchers ─await source.read─▶ parts
-                  ▲                                                                       │
-                  └──── slot released when the consumer takes a batch ◀── ready queue ◀── assemble (CPU pool)
-
-- **Bounded memory.** A batch takes a *slot* before its reads are issued and gives it back only when the
-  consumer takes it, so batches in flight + assembling + waiting for order + ready never exceed
-  ``prefetch + ceil(concurrency / batch_size) + 1``. Samples in flight never exceed ``concurrency``.
-  The producer waits for a slot by awaiting on the loop; nothing on the loop thread blocks.
 - **No spinning.** The consumer blocks on a thread-safe queue (waking once a second only to notice a dead
-  loop thread); the loop thread sleeps in the selector until a read completes.
-- **Exact epochs.** Each index of the shard's plan is issued once; a batch is delivered once, in sampler
-  order through a reorder buffer (``in_order=True``) or as it completes.
-- **Lifetimes.** The loop thread lives for one epoch's iterator: it stops and is joined when the epoch
-  ends, on ``break`` (iterator close or garbage collection), on an error, and at interpreter exit. On a
-  stop no new read is issued and the reads in flight are awaited (never cancelled: a cancelled Deep Lake
-  future hangs forever), bounded by ``shutdown_timeout``.
+  loop thread); the loop thread sleeps in its selector until a read completes.
+- **Exact epochs.** Each batch of the shard's plan is read once and yielded once; the consumed ones are
+  recorded (``state_dict``) so that a resumed epoch yields exactly the rest.
+- **Lifetimes.** The loop thread lives for one epoch's iterator: it starts on the first ``next()`` in the
+  process that iterates, and stops and is joined when the epoch ends, on ``break`` (iterator close or
+  garbage collection), on an error, and at interpreter exit. Reads in flight are awaited first, bounded
+  by ``shutdown_timeout``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import math
@@ -31,177 +23,25 @@ import queue
 import time
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._loop import LoopKind, LoopThread
-from .collate import CollateFn, Transform, collate_columns, default_collate, rows
-from .errors import AsyncLoadError, ConfigError, ReadError, WorkerError, read_error
+from .collate import CollateFn, Transform
+from .errors import AsyncLoadError, ConfigError, WorkerError
+from .pipeline import EMPTY, END, Failure, OnError, Pipeline, Plan
 from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
+from .state import EpochProgress
 from .stats import Stats
 
 log = logging.getLogger("asyncload")
 
 ReadMode = Literal["auto", "row", "column"]
 
-_END = object()
-
-
-@dataclass
-class _Failure:
-    exc: BaseException
-
-
-@dataclass
-class _Batch:
-    seq: int
-    indices: list[int]
-    pending: int
-    parts: dict[int, Any] = field(default_factory=dict)
-    failed: bool = False
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Everything an epoch's pipeline needs, fixed at ``iter()`` time."""
-
-    source: Source[Any]
-    batches: list[list[int]]
-    group: int
-    fetchers: int
-    slots: int
-    in_order: bool
-    transform: Transform | None
-    collate_fn: CollateFn | None
-    with_index: bool
-
 
 def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
-
-
-class _Pipeline:
-    """The coroutines of one epoch. Everything here runs on the loop thread."""
-
-    def __init__(self, plan: _Plan, out: queue.SimpleQueue[Any], lt: LoopThread, stats: Stats) -> None:
-        self.plan = plan
-        self.out = out
-        self.lt = lt
-        self.stats = stats
-        self.stopping = False
-        self._next_seq = 0
-        self._reorder: dict[int, Any] = {}
-        self._assembling: set[asyncio.Task[None]] = set()
-
-    async def run(self) -> None:
-        plan = self.plan
-        self._slots = asyncio.Semaphore(plan.slots)
-        self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
-        fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
-        for seq, indices in enumerate(plan.batches):
-            await self._slots.acquire()
-            if self.stopping:
-                break
-            starts = range(0, len(indices), plan.group)
-            batch = _Batch(seq, indices, pending=len(starts))
-            for s in starts:
-                self._work.put_nowait((batch, s, min(s + plan.group, len(indices))))
-        for _ in fetchers:
-            self._work.put_nowait(None)
-        await asyncio.gather(*fetchers)
-        while self._assembling:
-            await asyncio.gather(*list(self._assembling))
-        if not self.stopping:
-            self.out.put(_END)
-
-    # -- called from the consumer thread through LoopThread.call_soon --------------------------
-    def release_slot(self) -> None:
-        self._slots.release()
-
-    def stop(self) -> None:
-        """Issue no more reads; let the ones in flight finish; wake the producer so it can exit."""
-        if self.stopping:
-            return
-        self.stopping = True
-        while not self._work.empty():
-            self._work.get_nowait()
-        self._slots.release()
-
-    # -- fetch, assemble, deliver ----------------------------------------------------------------
-    async def _fetch(self) -> None:
-        source, stats = self.plan.source, self.stats
-        while (item := await self._work.get()) is not None:
-            batch, start, end = item
-            if batch.failed or self.stopping:
-                continue
-            idx = batch.indices[start:end]
-            stats.requests += 1
-            stats.in_flight += len(idx)
-            t0 = time.perf_counter()
-            try:
-                part = await source.read(idx)
-            except Exception as exc:  # noqa: BLE001 - delivered to the consumer
-                err = exc if isinstance(exc, ReadError) else read_error(source.url, None, idx, exc)
-                self._fail(batch, err)
-                continue
-            finally:
-                stats.in_flight -= len(idx)
-            stats.latencies.append(time.perf_counter() - t0)
-            stats.samples_read += len(idx)
-            batch.parts[start] = part
-            batch.pending -= 1
-            if batch.pending == 0 and not self.stopping:
-                task = asyncio.create_task(self._finish(batch))
-                self._assembling.add(task)
-                task.add_done_callback(self._assembling.discard)
-
-    async def _finish(self, batch: _Batch) -> None:
-        try:
-            out = await self.lt.run_cpu(self._assemble, batch)
-        except Exception as exc:  # noqa: BLE001 - delivered to the consumer
-            exc.add_note(f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}")
-            self._fail(batch, exc)
-            return
-        self._deliver(batch.seq, (len(batch.indices), out))
-
-    def _assemble(self, batch: _Batch) -> Any:
-        """On the CPU pool: parts in position order → transform → collate."""
-        plan = self.plan
-        parts = [batch.parts[s] for s in sorted(batch.parts)]
-        cols = plan.source.columns
-        if plan.transform is None and plan.collate_fn is None:
-            return collate_columns(cols, parts, batch.indices, plan.with_index)
-        samples: list[Any] = rows(cols, parts, batch.indices)
-        if plan.transform is not None:
-            out = []
-            for s in samples:
-                t = plan.transform(s)
-                if plan.with_index and isinstance(t, dict) and "index" not in t:
-                    t["index"] = s["index"]
-                out.append(t)
-            samples = out
-        elif not plan.with_index:
-            for s in samples:
-                del s["index"]
-        return (plan.collate_fn or default_collate)(samples)
-
-    def _fail(self, batch: _Batch, exc: BaseException) -> None:
-        if batch.failed:
-            return
-        batch.failed = True
-        self._deliver(batch.seq, _Failure(exc))
-
-    def _deliver(self, seq: int, item: Any) -> None:
-        self.stats.batches_ready += 1
-        if not self.plan.in_order:
-            self.out.put(item)
-            return
-        self._reorder[seq] = item
-        while self._next_seq in self._reorder:
-            self.out.put(self._reorder.pop(self._next_seq))
-            self._next_seq += 1
 
 
 class EpochIterator(Iterator[Any]):
@@ -210,13 +50,16 @@ class EpochIterator(Iterator[Any]):
     Use it as a context manager, or rely on ``break`` + garbage collection; both stop every thread.
     """
 
-    def __init__(self, plan: _Plan, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float) -> None:
+    def __init__(
+        self, plan: Plan, progress: EpochProgress, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float
+    ) -> None:
         self._plan = plan
+        self.progress = progress
         self._timeout = shutdown_timeout
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.stats = Stats()
         self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers, owner_close=self.close)
-        self._pipeline = _Pipeline(plan, self._out, self._lt, self.stats)
+        self._pipeline = Pipeline(plan, self._out, self._lt, self.stats)
         self._future: concurrent.futures.Future[None] | None = None
         self._closed = False
 
@@ -238,30 +81,43 @@ class EpochIterator(Iterator[Any]):
         if self._future is None:
             self._start()
         assert self._future is not None
+        st = self.stats
         t0 = time.perf_counter()
         while True:
             try:
                 item = self._out.get(timeout=1.0)
-                break
             except queue.Empty:
                 if self._future.done() or not self._lt.running:
                     self._die()
-        waited = time.perf_counter() - t0
-        st = self.stats
-        st.wait_s += waited
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self.close()
-            raise item.exc
-        self._lt.call_soon(self._pipeline.release_slot)
-        count, batch = item
+                continue
+            if item is END:
+                st.wait_s += time.perf_counter() - t0
+                self._report_skipped()
+                self.close()
+                raise StopIteration
+            if isinstance(item, Failure):
+                self.close()
+                raise item.exc
+            self._lt.call_soon(self._pipeline.release_slot)
+            seq, count, batch = item
+            self.progress.mark(seq)
+            if batch is not EMPTY:
+                break
+        st.wait_s += time.perf_counter() - t0
         st.batches_yielded += 1
         st.samples_yielded += count
         if st.first_batch_s is None:
             st.first_batch_s = time.perf_counter() - st.started
         return batch
+
+    def _report_skipped(self) -> None:
+        st = self.stats
+        if st.skipped:
+            shown = ", ".join(f"{i} ({why})" for i, why in st.skipped_samples[:5])
+            log.warning(
+                "asyncload: skipped %d samples in epoch %d of %s (on_error='skip'): %s%s",
+                st.skipped, self.progress.epoch, self._plan.source.url, shown, ", ..." if st.skipped > 5 else "",
+            )  # fmt: skip
 
     def _die(self) -> None:
         """The pipeline ended without saying so: report why instead of waiting forever."""
@@ -320,10 +176,15 @@ class AsyncLoader:
       in_order      True: batches in sampler order (reorder buffer); False: as they complete
       shuffle, seed the order of an epoch; ``set_epoch(e)`` selects the epoch (like DistributedSampler)
       shard         which rank/worker share of each epoch this loader serves
+      start_batch   leave out the rank's first N batches of every epoch this loader runs (how
+                    ``AsyncIterableDataset`` resumes DataLoader workers; see ``sampler``)
       remainder     "pad" or "drop" when ranks do not divide the dataset (see ``sampler``)
       transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only views)
       collate_fn    turns the list of (transformed) samples into a batch
       with_index    add an ``"index"`` int64 tensor of dataset indices to default batches
+      on_error      "raise" (default): a failed read or transform raises in the consumer;
+                    "skip": the bad samples are left out, counted in ``stats()`` and reported at
+                    the end of the epoch (a failed group is re-read sample by sample first)
     """
 
     def __init__(
@@ -342,8 +203,10 @@ class AsyncLoader:
         read_mode: ReadMode = "auto",
         request_size: int | None = None,
         with_index: bool = True,
+        on_error: OnError = "raise",
         remainder: Remainder = "pad",
         shard: Shard | None = None,
+        start_batch: int = 0,
         cpu_workers: int | None = None,
         loop: LoopKind = "auto",
         shutdown_timeout: float = 10.0,
@@ -356,6 +219,8 @@ class AsyncLoader:
         _check("read_mode", read_mode, read_mode in ("auto", "row", "column"), "'auto', 'row' or 'column'")
         _check("request_size", request_size, request_size is None or (isinstance(request_size, int) and request_size >= 1), "None or an int >= 1")
         _check("remainder", remainder, remainder in ("pad", "drop"), "'pad' or 'drop'")
+        _check("start_batch", start_batch, isinstance(start_batch, int) and start_batch >= 0, "an int >= 0")
+        _check("on_error", on_error, on_error in ("raise", "skip"), "'raise' or 'skip'")
         _check("loop", loop, loop in ("auto", "uvloop", "asyncio"), "'auto', 'uvloop' or 'asyncio'")
         _check("shutdown_timeout", shutdown_timeout, shutdown_timeout > 0, "a number of seconds > 0")
         for name, fn in (("transform", transform), ("collate_fn", collate_fn)):
@@ -375,27 +240,65 @@ class AsyncLoader:
         self.read_mode: ReadMode = source.preferred_read_mode if read_mode == "auto" else read_mode
         self.request_size = request_size
         self.with_index = with_index
+        self.on_error: OnError = on_error
         self.cpu_workers = cpu_workers
         self.loop: LoopKind = loop
         self.shutdown_timeout = shutdown_timeout
         self.sampler = EpochSampler(
             len(self.source), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            remainder=remainder, shard=shard or Shard(),
+            remainder=remainder, shard=shard or Shard(), start=start_batch,
         )  # fmt: skip
         self.epoch = 0
         self._live: Callable[[], EpochIterator | None] = lambda: None
         self._stats = Stats()
+        self._progress = EpochProgress(0, len(self.sampler))  # of the live or last epoch
+        self._resume: EpochProgress | None = None  # loaded by load_state_dict, used by the next iter()
 
     def __len__(self) -> int:
         """Batches per epoch for this loader's shard."""
         return len(self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next ``iter()`` yields (reshuffles with ``shuffle=True``)."""
+        """Select the epoch whose order the next ``iter()`` yields (reshuffles with ``shuffle=True``).
+
+        A resume point loaded with ``load_state_dict`` survives only ``set_epoch`` of its own epoch, so
+        a training loop can call ``set_epoch(epoch)`` unconditionally after loading a checkpoint.
+        """
         _check("epoch", epoch, isinstance(epoch, int) and epoch >= 0, "an int >= 0")
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None
         self.epoch = epoch
 
-    def _plan(self) -> _Plan:
+    # -- resume ----------------------------------------------------------------------------------
+    def _fingerprint(self) -> dict[str, Any]:
+        """What must match for a saved state to mean the same batches in this loader."""
+        s = self.sampler
+        return {
+            "n": s.n, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
+            "drop_last": s.drop_last, "remainder": s.remainder, "start": s.start,
+            "shard": [s.shard.rank, s.shard.world_size, s.shard.worker, s.shard.num_workers],
+        }  # fmt: skip
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the current epoch stands: the epoch and the batches the consumer has taken.
+
+        Save it with the model's checkpoint; ``load_state_dict`` makes the next ``iter()`` yield exactly
+        the batches not yet taken (in the same order when ``in_order``). Batches read ahead but not
+        taken are not in the state: they are read again after a resume, never lost or repeated.
+        """
+        progress = self._resume if self._resume is not None else self._progress
+        if progress.epoch != self.epoch and self._live() is None:
+            progress = EpochProgress(self.epoch, len(self.sampler))
+        return progress.to_dict(self._fingerprint())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` continues that epoch where it stood."""
+        self.close()
+        self._resume = EpochProgress.from_dict(state, self._fingerprint(), len(self.sampler))
+        self.epoch = self._resume.epoch
+
+    # -- epochs ----------------------------------------------------------------------------------
+    def _plan(self, progress: EpochProgress) -> Plan:
         if self.read_mode == "row":
             group = 1
         else:
@@ -403,23 +306,35 @@ class AsyncLoader:
         fetchers = max(1, self.concurrency // group)
         slots = self.prefetch + math.ceil(self.concurrency / self.batch_size) + 1
         self.source.configure(fetchers)
-        return _Plan(
-            self.source, self.sampler.batches(self.epoch), group, fetchers, slots, self.in_order,
-            self.transform, self.collate_fn, self.with_index,
+        batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(self.epoch)) if not progress.done(seq)]
+        return Plan(
+            self.source, batches, group, fetchers, slots, self.in_order,
+            self.transform, self.collate_fn, self.with_index, self.on_error,
         )  # fmt: skip
 
     def __iter__(self) -> EpochIterator:
-        """Start the current epoch. A loader runs one epoch at a time: a previous iterator is closed."""
+        """Start the current epoch (or its rest, after ``load_state_dict``). A loader runs one epoch at
+        a time: a previous iterator of it is closed."""
         self.close()
-        it = EpochIterator(self._plan(), loop=self.loop, cpu_workers=self.cpu_workers, shutdown_timeout=self.shutdown_timeout)
+        progress = self._resume if self._resume is not None else EpochProgress(self.epoch, len(self.sampler))
+        self._resume = None
+        it = EpochIterator(
+            self._plan(progress), progress, loop=self.loop, cpu_workers=self.cpu_workers,
+            shutdown_timeout=self.shutdown_timeout,
+        )  # fmt: skip
         self._live = weakref.ref(it)
         self._stats = it.stats
+        self._progress = progress
         return it
 
     def stats(self) -> dict[str, Any]:
-        """Figures of the current (or last) epoch: throughput, reads in flight, latency percentiles."""
+        """Figures of the current (or last) epoch: throughput, reads in flight, latency percentiles,
+        skipped samples (with ``skipped_samples``: the first of them, index and cause)."""
         snap = self._stats.snapshot()
-        snap.update(concurrency=self.concurrency, read_mode=self.read_mode, epoch=self.epoch)
+        snap.update(
+            concurrency=self.concurrency, read_mode=self.read_mode, epoch=self.epoch,
+            skipped_samples=list(self._stats.skipped_samples),
+        )  # fmt: skip
         return snap
 
     def close(self) -> None:

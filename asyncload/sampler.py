@@ -16,6 +16,9 @@ How an epoch is cut:
 4. DataLoader workers of a rank take its batches round-robin (batch ``k`` to worker ``k % W``). PyTorch's
    DataLoader reads its workers round-robin too, so the rank's batch sequence comes out unchanged and
    the batches are the same whatever the number of workers.
+5. ``start`` resumes a rank mid-epoch: its first ``start`` batches are left out and the rest are dealt
+   to workers from worker 0 again (batch ``k`` to worker ``(k - start) % W``), because a new DataLoader
+   iterator also starts its round-robin at worker 0.
 """
 
 from __future__ import annotations
@@ -55,8 +58,11 @@ class EpochSampler:
     drop_last: bool = False
     remainder: Remainder = "pad"
     shard: Shard = Shard()
+    start: int = 0
 
     def __post_init__(self) -> None:
+        if self.start < 0:
+            raise ValueError(f"start must be >= 0, got {self.start}")
         if self.n < 0:
             raise ValueError(f"dataset length must be >= 0, got {self.n}")
         if self.batch_size < 1:
@@ -82,7 +88,7 @@ class EpochSampler:
     def __len__(self) -> int:
         """Batches this shard (rank and worker) yields per epoch."""
         total, w, k = self.rank_batches, self.shard.num_workers, self.shard.worker
-        return len(range(k, total, w))
+        return len(range(self.start + k, total, w))
 
     # -- order -----------------------------------------------------------------------------------
     def order(self, epoch: int) -> np.ndarray:
@@ -106,4 +112,4 @@ class EpochSampler:
         """This shard's batches for ``epoch``: lists of dataset indices, in the order to yield them."""
         idx = self.rank_indices(epoch)
         b, w, k = self.batch_size, self.shard.num_workers, self.shard.worker
-        return [idx[i * b : (i + 1) * b].tolist() for i in range(k, self.rank_batches, w)]
+        return [idx[i * b : (i + 1) * b].tolist() for i in range(self.start + k, self.rank_batches, w)]

@@ -28,7 +28,17 @@ class Stats:
     wait_s: float = 0.0
     first_batch_s: float | None = None
     finished: float | None = None
+    skipped: int = 0
+    skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
+
+    MAX_SKIP_RECORDS = 1000
+
+    def record_skipped(self, items: list[tuple[int, str]]) -> None:
+        self.skipped += len(items)
+        room = self.MAX_SKIP_RECORDS - len(self.skipped_samples)
+        if room > 0:
+            self.skipped_samples.extend(items[:room])
 
     def snapshot(self) -> dict[str, Any]:
         """A plain dict of the current figures (safe to log or serialise)."""
@@ -45,6 +55,7 @@ class Stats:
             "batches_yielded": self.batches_yielded,
             "samples_yielded": self.samples_yielded,
             "consumer_wait_s": self.wait_s,
+            "skipped": self.skipped,
             "time_to_first_batch_s": self.first_batch_s,
             **pct,
         }

@@ -34,3 +34,18 @@ class DelayedSource(DeepLakeSource):
         finally:
             self.in_flight -= 1
             self._samples -= len(indices)
+
+
+class FailingSource(DeepLakeSource):
+    """A store where some samples cannot be read: a request containing any of ``bad`` fails with
+    ``OSError``, as a real store fails a whole ranged GET when part of it is unreadable."""
+
+    def __init__(self, url: str, bad: set[int], **kw) -> None:
+        super().__init__(url, **kw)
+        self.bad = set(bad)
+
+    async def read(self, indices: list[int]) -> Columns:
+        hit = sorted(self.bad.intersection(indices))
+        if hit:
+            raise OSError(f"unreadable object for sample {hit[0]}")
+        return await super().read(indices)

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -38,6 +39,18 @@ def test_close_mid_epoch_with_reads_in_flight(seg_url) -> None:
     wait_no_loop_threads()
     with pytest.raises(StopIteration):
         next(it)
+
+
+def test_close_after_the_last_batch_was_issued_is_prompt(seg_url) -> None:
+    """Regression: stop() drained the producer's end markers and close() waited its full timeout."""
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shutdown_timeout=30)
+    it = iter(loader)
+    for _ in range(len(loader) - 1):
+        next(it)
+    t0 = time.perf_counter()
+    it.close()
+    assert time.perf_counter() - t0 < 2.0
+    wait_no_loop_threads(2.0)
 
 
 def test_garbage_collected_iterator_stops_the_thread(seg_url) -> None:
@@ -73,7 +86,8 @@ def test_an_error_stops_the_thread(seg_url) -> None:
 
 
 EXIT_SCRIPT = """
-import sys
+import faulthandler, sys
+faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stacks instead of a bare timeout
 from asyncload import AsyncLoader, DeepLakeSource
 src = DeepLakeSource(sys.argv[1])
 loader = AsyncLoader(src, batch_size=8, concurrency=128, read_mode=sys.argv[2])
@@ -86,6 +100,7 @@ print("ok", n)
 """
 
 
+@pytest.mark.timeout(300)
 def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
     """Deep Lake 4.7.4 can crash at interpreter exit after get_async (rc 134/139); asyncload must not."""
     script = tmp_path / "load.py"
@@ -94,8 +109,8 @@ def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
 
     def run(k: int) -> tuple[int, str]:
         mode = "column" if k % 2 else "row"
-        p = subprocess.run([sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=60, env=env)
-        return p.returncode, p.stdout + p.stderr[-2000:]
+        p = subprocess.run([sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=90, env=env)
+        return p.returncode, p.stdout + p.stderr[-6000:]
 
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(run, range(20)))

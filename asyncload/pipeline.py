@@ -1,0 +1,236 @@
+"""The coroutines of one epoch: producer, fetchers, assembly, ordered delivery. All on the loop thread.
+
+::
+
+    plan ─▶ producer ──(batch slot)──▶ work queue ─▶ N fetchers ─await source.read─▶ parts
+               ▲                                                                       │
+               └──── slot released when the consumer takes a batch ◀── ready queue ◀── assemble (CPU pool)
+
+- A batch takes a *slot* before its reads are issued and gives it back only when the consumer takes it,
+  so everything held (in flight, assembling, waiting for its turn, ready) is bounded by the slot count.
+  The producer waits for a slot by awaiting; nothing on the loop thread blocks.
+- ``N`` fetchers each keep one request of ``group`` indices in flight, so at most ``N * group`` samples
+  (the loader's ``concurrency``) are being read.
+- Reads are never cancelled (a cancelled Deep Lake future hangs forever): ``stop()`` drains the work
+  queue and lets the requests in flight finish.
+- With ``on_error="skip"``, a failed group is re-read sample by sample so that only the bad samples are
+  left out; each is recorded (index and cause) in the stats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._loop import LoopThread
+from .collate import CollateFn, Transform, collate_columns, default_collate, rows
+from .errors import ReadError, read_error
+from .sources.base import Source
+from .stats import Stats
+
+OnError = Literal["raise", "skip"]
+
+END = object()
+EMPTY = object()  # every sample of a batch was skipped: the consumer records the batch and moves on
+
+
+@dataclass
+class Failure:
+    """An error to raise in the consumer, at the failed batch's place in the order."""
+
+    exc: BaseException
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything an epoch's pipeline needs, fixed when the epoch starts."""
+
+    source: Source[Any]
+    batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
+    group: int
+    fetchers: int
+    slots: int
+    in_order: bool
+    transform: Transform | None
+    collate_fn: CollateFn | None
+    with_index: bool
+    on_error: OnError
+
+
+@dataclass
+class _Batch:
+    pos: int  # position in this run's plan (drives the reorder buffer)
+    seq: int  # sequence number in the shard's epoch plan (what resume state names)
+    indices: list[int]
+    pending: int
+    parts: dict[int, tuple[list[int], Any]] = field(default_factory=dict)
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    failed: bool = False
+
+
+class Pipeline:
+    """One epoch's coroutines. ``run()`` is submitted to the loop; ``stop``/``release_slot`` are
+    scheduled onto the loop by the consumer."""
+
+    def __init__(self, plan: Plan, out: queue.SimpleQueue[Any], lt: LoopThread, stats: Stats) -> None:
+        self.plan = plan
+        self.out = out
+        self.lt = lt
+        self.stats = stats
+        self.stopping = False
+        self._next_pos = 0
+        self._reorder: dict[int, Any] = {}
+        self._assembling: set[asyncio.Task[None]] = set()
+        # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
+        # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
+        self._slots = asyncio.Semaphore(plan.slots)
+        self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
+
+    async def run(self) -> None:
+        plan = self.plan
+        fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
+        for pos, (seq, indices) in enumerate(plan.batches):
+            await self._slots.acquire()
+            if self.stopping:
+                break
+            starts = range(0, len(indices), plan.group)
+            batch = _Batch(pos, seq, indices, pending=len(starts))
+            for s in starts:
+                self._work.put_nowait((batch, s, min(s + plan.group, len(indices))))
+        for _ in fetchers:
+            self._work.put_nowait(None)
+        await asyncio.gather(*fetchers)
+        while self._assembling:
+            await asyncio.gather(*list(self._assembling))
+        if not self.stopping:
+            self.out.put(END)
+
+    # -- scheduled by the consumer ---------------------------------------------------------------
+    def release_slot(self) -> None:
+        self._slots.release()
+
+    def stop(self) -> None:
+        """Issue no more reads; let the ones in flight finish; wake the producer so it can exit."""
+        if self.stopping:
+            return
+        self.stopping = True
+        while not self._work.empty():
+            self._work.get_nowait()
+        for _ in range(self.plan.fetchers):  # the drain may have taken the producer's end markers
+            self._work.put_nowait(None)
+        self._slots.release()
+
+    # -- fetch -----------------------------------------------------------------------------------
+    async def _read(self, idx: list[int]) -> Any:
+        stats = self.stats
+        stats.requests += 1
+        stats.in_flight += len(idx)
+        t0 = time.perf_counter()
+        try:
+            part = await self.plan.source.read(idx)
+        except ReadError:
+            raise
+        except Exception as exc:
+            raise read_error(self.plan.source.url, None, idx, exc) from None
+        finally:
+            stats.in_flight -= len(idx)
+        stats.latencies.append(time.perf_counter() - t0)
+        stats.samples_read += len(idx)
+        return part
+
+    async def _fetch(self) -> None:
+        while (item := await self._work.get()) is not None:
+            batch, start, end = item
+            if batch.failed or self.stopping:
+                continue
+            idx = batch.indices[start:end]
+            try:
+                batch.parts[start] = (idx, await self._read(idx))
+            except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
+                if self.plan.on_error == "raise":
+                    self._fail(batch, exc)
+                    continue
+                await self._salvage(batch, start, idx, exc)
+            batch.pending -= 1
+            if batch.pending == 0 and not self.stopping:
+                task = asyncio.create_task(self._finish(batch))
+                self._assembling.add(task)
+                task.add_done_callback(self._assembling.discard)
+
+    async def _salvage(self, batch: _Batch, start: int, idx: list[int], exc: Exception) -> None:
+        """``on_error="skip"``: keep the good samples of a failed group, record the bad ones."""
+        if len(idx) == 1:
+            batch.skipped.append((idx[0], f"{type(exc).__name__}: {exc}"))
+            return
+        for k, i in enumerate(idx):
+            if self.stopping:
+                return
+            try:
+                batch.parts[start + k] = ([i], await self._read([i]))
+            except Exception as one:  # noqa: BLE001 - recorded
+                batch.skipped.append((i, f"{type(one).__name__}: {one}"))
+
+    # -- assemble and deliver --------------------------------------------------------------------
+    async def _finish(self, batch: _Batch) -> None:
+        try:
+            count, out, skipped = await self.lt.run_cpu(self._assemble, batch)
+        except Exception as exc:  # noqa: BLE001 - delivered to the consumer
+            exc.add_note(f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}")
+            self._fail(batch, exc)
+            return
+        self.stats.record_skipped(batch.skipped + skipped)
+        self._deliver(batch.pos, (batch.seq, count, out))
+
+    def _assemble(self, batch: _Batch) -> tuple[int, Any, list[tuple[int, str]]]:
+        """On the CPU pool: parts in position order → transform → collate. Returns the sample count,
+        the batch (``EMPTY`` if every sample was skipped) and samples skipped by the transform."""
+        plan = self.plan
+        ordered = [batch.parts[s] for s in sorted(batch.parts)]
+        indices = [i for idx, _ in ordered for i in idx]
+        parts = [p for _, p in ordered]
+        cols = plan.source.columns
+        if not indices:
+            return 0, EMPTY, []
+        if plan.transform is None and plan.collate_fn is None:
+            return len(indices), collate_columns(cols, parts, indices, plan.with_index), []
+        samples: list[Any] = rows(cols, parts, indices)
+        skipped: list[tuple[int, str]] = []
+        if plan.transform is not None:
+            out = []
+            for s in samples:
+                try:
+                    t = plan.transform(s)
+                except Exception as exc:
+                    if plan.on_error == "raise":
+                        raise
+                    skipped.append((s["index"], f"{type(exc).__name__} in transform: {exc}"))
+                    continue
+                if plan.with_index and isinstance(t, dict) and "index" not in t:
+                    t["index"] = s["index"]
+                out.append(t)
+            samples = out
+        elif not plan.with_index:
+            for s in samples:
+                del s["index"]
+        if not samples:
+            return 0, EMPTY, skipped
+        return len(samples), (plan.collate_fn or default_collate)(samples), skipped
+
+    def _fail(self, batch: _Batch, exc: BaseException) -> None:
+        if batch.failed:
+            return
+        batch.failed = True
+        self._deliver(batch.pos, Failure(exc))
+
+    def _deliver(self, pos: int, item: Any) -> None:
+        self.stats.batches_ready += 1
+        if not self.plan.in_order:
+            self.out.put(item)
+            return
+        self._reorder[pos] = item
+        while self._next_pos in self._reorder:
+            self.out.put(self._reorder.pop(self._next_pos))
+            self._next_pos += 1

@@ -1,0 +1,72 @@
+"""Where an epoch stands: which of a shard's batches the consumer has taken, for exact resume.
+
+Only batches the *consumer* took count. Batches read ahead (in flight, being assembled, waiting in the
+reorder buffer or the ready queue) are not in the state, so a resumed run reads them again: nothing is
+lost and nothing is yielded twice.
+
+Batches are named by their sequence number in the shard's plan for the epoch (``EpochSampler.batches``).
+In order, the consumed set is a prefix (``next``); out of order, a prefix plus a few later ones
+(``extra``), which keeps the state small either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+STATE_VERSION = 1
+
+
+@dataclass
+class EpochProgress:
+    """The consumed batches of one epoch of one shard."""
+
+    epoch: int
+    total: int
+    next: int = 0
+    extra: set[int] = field(default_factory=set)
+
+    def mark(self, seq: int) -> None:
+        """Record that the consumer took batch ``seq``."""
+        self.extra.add(seq)
+        while self.next in self.extra:
+            self.extra.discard(self.next)
+            self.next += 1
+
+    def done(self, seq: int) -> bool:
+        return seq < self.next or seq in self.extra
+
+    @property
+    def finished(self) -> bool:
+        return self.next >= self.total
+
+    def copy(self) -> EpochProgress:
+        return EpochProgress(self.epoch, self.total, self.next, set(self.extra))
+
+    def to_dict(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "total": self.total,
+            "next": self.next,
+            "extra": sorted(self.extra),
+            "plan": fingerprint,
+        }
+
+    @classmethod
+    def from_dict(cls, state: dict[str, Any], fingerprint: dict[str, Any], total: int) -> EpochProgress:
+        """Validate a saved state against the loader it is loaded into; errors name the mismatch."""
+        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+            raise ConfigError(f"state version {state.get('version') if isinstance(state, dict) else state!r} is not allowed: {STATE_VERSION}")
+        saved = state.get("plan", {})
+        for key, value in fingerprint.items():
+            if saved.get(key) != value:
+                raise ConfigError(
+                    f"state was saved with {key}={saved.get(key)!r}, but this loader has {key}={value!r}; "
+                    f"a resumed epoch must be cut the same way"
+                )
+        if state["total"] != total:
+            raise ConfigError(f"state has {state['total']} batches in epoch {state['epoch']}, this loader {total}")
+        return cls(int(state["epoch"]), total, int(state["next"]), set(map(int, state["extra"])))

@@ -1,0 +1,77 @@
+"""Exact mid-epoch resume: AsyncLoader (in and out of order, shards, skips) and DataLoader workers."""
+
+from __future__ import annotations
+
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, Shard
+
+from .conftest import ROWS
+from .resume import check_resume, ids
+from .sources import DelayedSource
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_in_order_resume_is_exact(seg_url, shuffle) -> None:
+    src = DeepLakeSource(seg_url)
+    check_resume(lambda: AsyncLoader(src, batch_size=16, shuffle=shuffle, seed=4, concurrency=64, prefetch=3), in_order=True)
+
+
+def test_out_of_order_resume_loses_and_repeats_nothing(seg_url) -> None:
+    src = DelayedSource(seg_url, lambda idx: 0.05 if idx[0] % 48 == 0 else 0.0)
+    check_resume(lambda: AsyncLoader(src, batch_size=16, shuffle=True, concurrency=64, in_order=False), in_order=False)
+
+
+def test_sharded_resume(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    shard = Shard(rank=1, world_size=2, worker=0, num_workers=2)
+    check_resume(lambda: AsyncLoader(src, batch_size=8, shuffle=True, seed=1, shard=shard), in_order=True, epochs=1)
+
+
+def test_state_from_other_options_is_refused_naming_the_option(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    state = AsyncLoader(src, batch_size=16, seed=1).state_dict()
+    with pytest.raises(ConfigError, match="state was saved with batch_size=16, but this loader has batch_size=8"):
+        AsyncLoader(src, batch_size=8, seed=1).load_state_dict(state)
+    with pytest.raises(ConfigError, match="state was saved with seed=1, but this loader has seed=2"):
+        AsyncLoader(src, batch_size=16, seed=2).load_state_dict(state)
+
+
+def test_set_epoch_to_another_epoch_drops_the_resume_point(seg_url) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=50)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    loader.load_state_dict(state)
+    loader.set_epoch(3)
+    assert sum(len(b) for b in ids(list(loader))) == ROWS
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dataloader_workers_resume_by_batch_count(seg_url, workers) -> None:
+    src = DeepLakeSource(seg_url)
+
+    def make() -> AsyncIterableDataset:
+        return AsyncIterableDataset(src, batch_size=16, shuffle=True, seed=9)
+
+    ref = EpochSampler(ROWS, 16, shuffle=True, seed=9).batches(1)
+    for k in (0, 5, 13):
+        ds = make()
+        ds.set_epoch(1)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+        taken = []
+        for b in dl:
+            if len(taken) == k:
+                break
+            taken.append(b["index"].tolist())
+        state = ds.state_dict(batches_consumed=k)
+        resumed = make()
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)
+        dl = DataLoader(resumed, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+        assert len(dl) == len(ref) - k
+        assert taken + [b["index"].tolist() for b in dl] == ref, f"resumed after {k} batches"
