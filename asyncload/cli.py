@@ -57,6 +57,37 @@ def _cmd_load(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    import deeplake
+    import numpy as np
+
+    from .sources.deeplake import normalize_url
+
+    url = normalize_url(args.url)
+    try:
+        ds = deeplake.open_read_only(url)
+    except Exception as exc:  # noqa: BLE001 - shown as a one-line error
+        print(f"asyncload inspect: cannot open {url}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{url}: {len(ds)} rows")
+    sample = min(len(ds), args.sample)
+    for col in ds.schema.columns:
+        shapes, dtypes = set(), set()
+        for i in range(sample):
+            a = np.asarray(ds[i][col.name])
+            shapes.add(a.shape)
+            dtypes.add(str(a.dtype))
+        shown = ", ".join(map(str, sorted(shapes)[:4])) + (" ..." if len(shapes) > 4 else "")
+        print(f"  {col.name:<12} {col.dtype}  numpy {'/'.join(sorted(dtypes)) or '-'}  shapes (first {sample} rows) {shown or '-'}")
+    files = getattr(ds, "_datafiles", None) or []  # Deep Lake 4.7: (path, bytes) of each data chunk
+    if files:
+        sizes = np.array([b for _, b in files], dtype=float)
+        print(f"  chunks: {len(files)} files, {sizes.sum() / 2**20:.1f} MiB, median {np.median(sizes) / 2**20:.2f} MiB, max {sizes.max() / 2**20:.2f} MiB")
+    if ds.metadata.keys():
+        print("  metadata: " + ", ".join(f"{k}={ds.metadata[k]!r}" for k in ds.metadata.keys()))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     import deeplake
 
@@ -90,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(ld)
     ld.add_argument("--sequential-rows", type=int, default=500, help="rows the sequential baseline reads")
     ld.set_defaults(func=_cmd_load)
+
+    i = sub.add_parser("inspect", help="rows, columns, dtypes, shapes and chunk sizes of a Deep Lake dataset")
+    i.add_argument("url")
+    i.add_argument("--sample", type=int, default=16, help="rows whose shapes are read (default 16)")
+    i.set_defaults(func=_cmd_inspect)
 
     d = sub.add_parser("demo", help="the main job on the embedded default: make a small dataset, load it, print throughput")
     d.add_argument("--data", default=DEFAULT_DATA, help=f"where the synthetic dataset lives (default {DEFAULT_DATA})")
