@@ -23,6 +23,7 @@ from .loader import AsyncLoader, EpochIterator
 from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .sources.deeplake import DeepLakeSource
+from .sources.objectstore import ObjectStoreSource
 from .synthetic import make_dataset
 
 __version__ = "0.1.0"
@@ -37,6 +38,7 @@ __all__ = [
     "DeepLakeSource",
     "EpochIterator",
     "EpochSampler",
+    "ObjectStoreSource",
     "ReadError",
     "Shard",
     "Source",

@@ -305,7 +305,7 @@ class AsyncLoader:
             group = min(self.request_size or self.batch_size, self.batch_size, self.concurrency)
         fetchers = max(1, self.concurrency // group)
         slots = self.prefetch + math.ceil(self.concurrency / self.batch_size) + 1
-        self.source.configure(fetchers)
+        self.source.configure(fetchers, fetchers * group)
         batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(self.epoch)) if not progress.done(seq)]
         return Plan(
             self.source, batches, group, fetchers, slots, self.in_order,

@@ -3,15 +3,27 @@
 The demo, the ``load`` command and the benchmarks all report through ``measure`` so their figures are
 comparable, and the plain sequential ``ds[i][col]`` loop lives here as the baseline every run measures
 alongside the loader.
+
+- Throughput is taken over the steady state: the last ``1 - warmup`` of the time between the first
+  batch and the last. A DataLoader's worker start-up is reported as time to first batch instead of
+  diluting samples/s, and a prefetching loader's initial read-ahead (batches that arrive at once after
+  the first) does not inflate it. Stream several epochs so the window is long against the read-ahead.
+- CPU time counts this process and its children (DataLoader workers, fan-out processes) once they have
+  been reaped, which is why the iterator is closed before the clock stops.
+- Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only,
+  so runs measured one after another in one process each get their own peak.
 """
 
 from __future__ import annotations
 
-import resource
+import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass
@@ -24,9 +36,13 @@ class Measurement:
     cpu_seconds: float
     first_batch_s: float | None
     peak_rss_mb: float
+    steady_samples: int = 0
+    steady_seconds: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
+        if self.steady_seconds > 0 and self.steady_samples > 0:
+            return self.steady_samples / self.steady_seconds
         return self.samples / self.seconds if self.seconds > 0 else 0.0
 
     @property
@@ -37,27 +53,116 @@ class Measurement:
         return {**asdict(self), "samples_per_s": self.samples_per_s, "cpu_per_sample_ms": self.cpu_per_sample_ms}
 
 
-def _count(batch: Any) -> int:
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def tree_rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (Linux ``/proc``; 0 elsewhere)."""
+    pid = os.getpid() if pid is None else pid
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _rss_bytes(p)
+        todo += _children(p)
+    return total
+
+
+class PeakRSS:
+    """Samples ``tree_rss_bytes`` on a thread while active; ``peak_mb`` after ``stop``."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        self.every_s = every_s
+        self.peak = tree_rss_bytes()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, tree_rss_bytes())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss_bytes())
+        return self.peak / 2**20
+
+
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: a dict of tensors, a list/tuple of them, or a sized object."""
     if isinstance(batch, dict):
-        first = next(iter(batch.values()))
-        return len(first)
+        return len(next(iter(batch.values())))
     if isinstance(batch, (list, tuple)):
         return len(batch[0]) if batch and hasattr(batch[0], "__len__") else len(batch)
     return len(batch)
 
 
-def measure(name: str, batches: Iterable[Any], count: Callable[[Any], int] = _count) -> Measurement:
-    """Iterate ``batches`` to the end, counting samples; CPU time covers every thread of this process."""
-    t0, c0 = time.perf_counter(), time.process_time()
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def measure(
+    name: str,
+    batches: Iterable[Any],
+    count: Callable[[Any], int] = count_samples,
+    *,
+    max_samples: int | None = None,
+    max_seconds: float | None = None,
+    warmup: float = 0.25,
+    on_batch: Callable[[Any], None] | None = None,
+) -> Measurement:
+    """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it."""
+    rss = PeakRSS()
+    t0, c0 = time.perf_counter(), _cpu()
     first: float | None = None
     n = 0
-    for b in batches:
-        if first is None:
-            first = time.perf_counter() - t0
-        n += count(b)
-    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return Measurement(name, n, seconds, cpu, first, peak)
+    marks: list[tuple[float, int]] = []  # (time, samples so far) after each batch
+    it = iter(batches)
+    try:
+        for b in it:
+            n += count(b)
+            now = time.perf_counter() - t0
+            marks.append((now, n))
+            if first is None:
+                first = now
+            if on_batch is not None:
+                on_batch(b)
+            if max_samples is not None and n >= max_samples:
+                break
+            if max_seconds is not None and first is not None and now - first >= max_seconds:
+                break  # counted from the first batch: start-up is not part of the budget
+    finally:
+        end = time.perf_counter()
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        del it  # DataLoader workers are joined here, so their CPU time is counted
+    cpu = _cpu() - c0
+    steady_n, steady_s = 0, 0.0
+    if len(marks) >= 3:
+        t_last, n_last = marks[-1]
+        t_w = marks[0][0] + warmup * (t_last - marks[0][0])
+        t_a, n_a = next((t, k) for t, k in marks if t >= t_w)
+        if t_last > t_a:
+            steady_n, steady_s = n_last - n_a, t_last - t_a
+    return Measurement(name, n, end - t0, cpu, first, rss.stop(), steady_n, steady_s)
 
 
 def sequential(url: str, columns: Sequence[str], limit: int | None = None, creds: dict[str, str] | None = None) -> Iterable[int]:

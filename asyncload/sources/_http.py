@@ -45,7 +45,14 @@ class Timeouts:
 class HTTPStatusError(Exception):
     """A non-2xx answer. ``status``, S3's ``code`` and ``message`` when given, ``retry_after`` seconds."""
 
-    def __init__(self, status: int, reason: str = "", code: str | None = None, message: str = "", retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str = "",
+        code: str | None = None,
+        message: str = "",
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.reason = reason
         self.code = code
@@ -61,7 +68,7 @@ class HTTPStatusError(Exception):
         super().__init__(text)
 
     @classmethod
-    def from_response(cls, status: int, reason: str, headers: Mapping[str, str], body: bytes) -> "HTTPStatusError":
+    def from_response(cls, status: int, reason: str, headers: Mapping[str, str], body: bytes) -> HTTPStatusError:
         code, message = parse_s3_error(body)
         return cls(status, reason, code, message, parse_retry_after(headers.get("Retry-After")))
 
@@ -105,7 +112,9 @@ def ssl_option(verify_tls: bool | str) -> ssl.SSLContext | bool:
     return ssl.create_default_context(cafile=str(verify_tls))
 
 
-def new_session(connections: int, timeouts: Timeouts, verify_tls: bool | str, keepalive_s: float = 30.0) -> aiohttp.ClientSession:
+def new_session(
+    connections: int, timeouts: Timeouts, verify_tls: bool | str, keepalive_s: float = 30.0
+) -> aiohttp.ClientSession:
     """A session with one pool of ``connections`` (no per-host cap), keep-alive, timeouts, TLS policy.
 
     Must be called on the loop that will use it.

@@ -25,7 +25,9 @@ T = TypeVar("T")
 class LoopLocal(Generic[T]):
     """A value per running event loop, made by ``make()`` on first use, finalised by ``close(value)``."""
 
-    def __init__(self, make: Callable[[], T], close: Callable[[T], Awaitable[None]], name: str = "asyncload-looplocal") -> None:
+    def __init__(
+        self, make: Callable[[], T], close: Callable[[T], Awaitable[None]], name: str = "asyncload-looplocal"
+    ) -> None:
         self._make = make
         self._close = close
         self._name = name
@@ -79,12 +81,13 @@ class LoopLocal(Generic[T]):
         return len(self._values) if self._pid == os.getpid() else 0
 
 
-def run_blocking(make: Callable[[], Coroutine[Any, Any, T]], timeout: float, what: str) -> T:
+def run_blocking(make: Callable[[], Coroutine[Any, Any, T]], timeout: float | None, what: str) -> T:
     """Run ``make()`` to the end on a private event loop in a helper thread, from synchronous code.
 
     For the few blocking steps of a source (probe, listing) that must work from any thread, including
     from inside a running loop, without a second HTTP client. Raises ``TimeoutError`` naming ``what``
-    if it has not finished within ``timeout`` seconds (the coroutine's own deadlines end it soon after).
+    if it has not finished within ``timeout`` seconds (the coroutine's own deadlines end it soon after);
+    ``None`` waits for the coroutine, whose every request is bounded by its own deadlines.
     """
     box: list[Any] = []
 
@@ -98,7 +101,7 @@ def run_blocking(make: Callable[[], Coroutine[Any, Any, T]], timeout: float, wha
     t.start()
     t.join(timeout)
     if not box:
-        raise TimeoutError(f"{what} did not finish within {timeout:.1f}s")
+        raise TimeoutError(f"{what} did not finish within {timeout or 0:.1f}s")
     ok, value = box[0]
     if ok:
         return value

@@ -103,8 +103,9 @@ class Source(abc.ABC, Generic[H]):
         source measured otherwise."""
         return "column"
 
-    def configure(self, requests_in_flight: int) -> None:
-        """Hint from the loader: how many read requests it will keep in flight (size pools from it)."""
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
+        """Hint from the loader: how many read requests, covering how many samples, it will keep in
+        flight at most (size connection and thread pools from it)."""
 
     @abc.abstractmethod
     async def read(self, indices: list[int]) -> Columns:

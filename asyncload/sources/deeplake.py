@@ -118,16 +118,22 @@ class DeepLakeSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """Local stores: "row". Deep Lake decodes each request on its own threads, so one request per
-        sample spreads decoding widest (1.3-2x faster than 32-index column reads on local PNG, measured
-        with ``benchmarks/local_read_paths.py``). Remote stores: "column", which folds many samples of a
-        chunk into one ranged GET, so fewer round trips."""
-        return "row" if self.url.startswith(("file://", "mem://")) else "column"
+        """"row", on every store. Deep Lake decodes each request on its own threads, so one request per
+        sample spreads decoding widest: 1.3-2x faster than 32-index column reads on local PNG, and
+        faster on SeaweedFS at 0, 20 and 50 ms RTT in every run (benchmarks/local_read_paths.py,
+        benchmarks/remote_throughput.py and the bench suite's concurrency sweep)."""
+        return "row"
 
-    def configure(self, requests_in_flight: int) -> None:
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
+        """Raise Deep Lake's storage threads to one per sample and column in flight (at most 512).
+
+        A column request for many indices fans out into ranged GETs inside Deep Lake, so what bounds
+        its storage I/O is samples, not requests; with the default 16 threads, column reads of a
+        32-sample batch at 50 ms RTT were capped at a third of per-row reads (measured in the bench).
+        """
         want = self.storage_concurrency
         if want == "auto":
-            want = min(512, requests_in_flight * len(self.columns))
+            want = min(512, max(16, (samples_in_flight or requests_in_flight) * len(self.columns)))
             if want <= deeplake.storage.concurrency():
                 return
         if want is not None:

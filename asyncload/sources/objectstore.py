@@ -17,14 +17,11 @@ Design, and why:
 - **Decoding off the loop.** PNG/JPEG bytes are decoded with Pillow in a thread pool sized to the cores
   (Pillow releases the GIL while decoding), so the loop thread only moves bytes. Images come out
   ``H×W×3`` uint8, masks ``H×W`` uint8 (palette/grey values as stored).
-- **SigV4 with our own signer** (:mod:`asyncload.sigv4`), over the same aiohttp session. Measured on
-  this machine against botocore's ``S3SigV4Auth`` and aiobotocore (``benchmarks/remote_throughput.py``
-  records the end-to-end figures): our signature ~13 µs vs ~95 µs for botocore's (``AWSRequest`` +
-  ``add_auth``), whose import alone costs ~0.1 s and ~15 MB per process; aiobotocore's ``get_object``
-  costs ~1 ms of CPU per object against a fraction of that for a signed aiohttp GET, brings its own
-  session, pool, retries and a pinned botocore, and would have to be configured around ours. On 2 cores
-  the client's CPU per GET is what caps throughput, so the small signer wins; it is checked against
-  AWS's published example and a real server that verifies signatures.
+- **SigV4 with our own signer** (:mod:`asyncload.sigv4`) over the same aiohttp session, chosen by
+  measurement over botocore's signer and aiobotocore: client CPU per signed GET ~330 µs (ours) vs
+  ~470 µs (botocore's ``S3SigV4Auth`` on aiohttp) vs ~1,500-1,900 µs (aiobotocore ``get_object``), and
+  no botocore import (~0.1 s, ~15 MB per process). On 2 cores the client's CPU per GET caps throughput,
+  so this matters; details in the signer's docstring.
 - **Retries by policy** (:mod:`asyncload.retry`): transient failures are retried with full-jitter
   backoff within per-request attempts and a per-source-per-process budget; 403/404 fail at once with the
   key named. ``retry_stats()`` shows what it took.
@@ -96,7 +93,8 @@ def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data)) as opened:
+            img: Image.Image = opened
             if mode == "rgb":
                 if img.mode != "RGB":
                     img = img.convert("RGB")
@@ -172,6 +170,8 @@ class ObjectStoreSource(Source[_Index]):
     ``retry``: a :class:`~asyncload.retry.RetryPolicy`; ``timeouts``: a :class:`Timeouts`.
     ``connections``: fix the pool size instead of deriving it from the loader (capped by
     ``max_connections``). ``verify_tls``: False turns certificate checks off, a path names a CA bundle.
+    ``open_deadline``: seconds the bucket probe may take. ``list_page_size``: keys per listing page (S3
+    caps it at 1,000).
     """
 
     def __init__(
@@ -190,6 +190,7 @@ class ObjectStoreSource(Source[_Index]):
         verify_tls: bool | str = True,
         decode_workers: int | None = None,
         open_deadline: float = 5.0,
+        list_page_size: int = 1000,
     ) -> None:
         url = str(url).rstrip("/")
         super().__init__(url, columns)
@@ -217,6 +218,7 @@ class ObjectStoreSource(Source[_Index]):
         self.verify_tls = verify_tls
         self._decode_workers = decode_workers or _cores()
         self.open_deadline = open_deadline
+        self.list_page_size = list_page_size
         self._s3: S3Endpoint | None = None
         self._bucket = self._prefix = ""
         if scheme == "s3":
@@ -234,7 +236,9 @@ class ObjectStoreSource(Source[_Index]):
         self._state_pid = os.getpid()
         self._budget: RetryBudget = self.retry.new_budget()
         self._stats = RetryStats()
-        self._loops: LoopLocal[_LoopState] = LoopLocal(self._new_loop_state, _close_state, "asyncload-objectstore-session")
+        self._loops: LoopLocal[_LoopState] = LoopLocal(
+            self._new_loop_state, _close_state, "asyncload-objectstore-session"
+        )
 
     def _process_state(self) -> tuple[RetryBudget, RetryStats, LoopLocal[_LoopState]]:
         if self._state_pid != os.getpid():
@@ -257,14 +261,23 @@ class ObjectStoreSource(Source[_Index]):
         return stats.snapshot() | {"budget_left": budget.tokens, "budget": budget.capacity}
 
     # -- Source contract -----------------------------------------------------------------------------
-    def configure(self, requests_in_flight: int) -> None:
+    @property
+    def preferred_read_mode(self) -> Literal["row", "column"]:
+        """Per-row reads: every object is its own GET whatever the mode, so column reads fold nothing,
+        and a column read holds its fetcher until its slowest object arrives; one read per sample keeps
+        ``concurrency`` samples in flight all the time (measured: ``benchmarks/remote_throughput.py``)."""
+        return "row"
+
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         self._requests_in_flight = max(1, int(requests_in_flight))
 
     def _length(self, handle: _Index) -> int:
         return handle.rows
 
     def _open(self) -> _Index:
-        return run_blocking(self._open_async, timeout=max(60.0, self.open_deadline * 4), what=f"opening {self.url}")
+        # No overall limit: listing a large prefix takes one request per 1,000 keys, each bounded by the
+        # probe's deadline or the retry policy.
+        return run_blocking(self._open_async, timeout=None, what=f"opening {self.url}")
 
     def _close_handle(self, handle: _Index | None) -> None:
         _, _, loops = self._process_state()
@@ -274,7 +287,12 @@ class ObjectStoreSource(Source[_Index]):
         budget, stats, _ = self._process_state()
         if self._s3 is not None:
             await probe_bucket_async(
-                self._s3, self._bucket, self._prefix, deadline=self.open_deadline, verify_tls=self.verify_tls, what=self.url
+                self._s3,
+                self._bucket,
+                self._prefix,
+                deadline=self.open_deadline,
+                verify_tls=self.verify_tls,
+                what=self.url,
             )
         async with new_session(len(self.columns), self.timeouts, self.verify_tls) as session:
             if self._manifest is not None:
@@ -299,7 +317,9 @@ class ObjectStoreSource(Source[_Index]):
             return self._s3.url(self._bucket, self._full_key(rel))
         return f"{self.url}/{quote_key(rel)}"
 
-    async def _get(self, session: aiohttp.ClientSession, url: str, what: str, budget: RetryBudget, stats: RetryStats) -> bytes:
+    async def _get(
+        self, session: aiohttp.ClientSession, url: str, what: str, budget: RetryBudget, stats: RetryStats
+    ) -> bytes:
         s3 = self._s3
 
         async def attempt() -> bytes:
@@ -308,13 +328,15 @@ class ObjectStoreSource(Source[_Index]):
 
         return await self.retry.call(attempt, what=what, budget=budget, stats=stats)
 
-    async def _list(self, session: aiohttp.ClientSession, prefix: str, budget: RetryBudget, stats: RetryStats) -> list[str]:
+    async def _list(
+        self, session: aiohttp.ClientSession, prefix: str, budget: RetryBudget, stats: RetryStats
+    ) -> list[str]:
         """Every key under ``prefix`` (ListObjectsV2, 1,000 per page, following continuation tokens)."""
         assert self._s3 is not None
         keys: list[str] = []
         token: str | None = None
         while True:
-            query = {"list-type": "2", "prefix": prefix, "max-keys": "1000"}
+            query = {"list-type": "2", "prefix": prefix, "max-keys": str(self.list_page_size)}
             if token:
                 query["continuation-token"] = token
             url = self._s3.url(self._bucket, query=query)
@@ -330,7 +352,9 @@ class ObjectStoreSource(Source[_Index]):
             if not truncated or not token:
                 return keys
 
-    async def _keys_from_listing(self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats) -> dict[str, tuple[str, ...]]:
+    async def _keys_from_listing(
+        self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats
+    ) -> dict[str, tuple[str, ...]]:
         by_col: dict[str, dict[str, str]] = {}
         for col in self.columns:
             base = self._full_key(f"{col}/")
@@ -358,7 +382,9 @@ class ObjectStoreSource(Source[_Index]):
         order = sorted(common)
         return {col: tuple(by_col[col][s] for s in order) for col in self.columns}
 
-    async def _load_manifest(self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats) -> list[str | dict[str, str]]:
+    async def _load_manifest(
+        self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats
+    ) -> list[str | dict[str, str]]:
         m = self._manifest
         if not isinstance(m, (str, os.PathLike)):
             return list(m)  # type: ignore[arg-type]
@@ -383,10 +409,14 @@ class ObjectStoreSource(Source[_Index]):
             try:
                 data = await asyncio.to_thread(_read_file, path)
             except OSError as exc:
-                raise DatasetNotFoundError(f"cannot read the manifest of {self.url} at {path}: {describe(exc)}") from None
+                raise DatasetNotFoundError(
+                    f"cannot read the manifest of {self.url} at {path}: {describe(exc)}"
+                ) from None
         return parse_manifest(data, where)
 
-    async def _get_plain(self, session: aiohttp.ClientSession, url: str, what: str, budget: RetryBudget, stats: RetryStats) -> bytes:
+    async def _get_plain(
+        self, session: aiohttp.ClientSession, url: str, what: str, budget: RetryBudget, stats: RetryStats
+    ) -> bytes:
         async def attempt() -> bytes:
             return await request_bytes(session, "GET", url)
 
@@ -434,13 +464,19 @@ class ObjectStoreSource(Source[_Index]):
                 t.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
-        for t in tasks:
-            if not t.cancelled() and t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+        first: BaseException | None = None
+        for t in tasks:  # retrieve every failure (else asyncio logs "exception was never retrieved")
+            exc = None if t.cancelled() else t.exception()
+            if exc is not None and first is None:
+                first = exc
+        if first is not None:
+            raise first
         n = len(indices)
         return {col: [t.result() for t in tasks[k * n : (k + 1) * n]] for k, col in enumerate(self.columns)}
 
-    async def _read_one(self, state: _LoopState, budget: RetryBudget, stats: RetryStats, col: str, rel: str, i: int) -> np.ndarray:
+    async def _read_one(
+        self, state: _LoopState, budget: RetryBudget, stats: RetryStats, col: str, rel: str, i: int
+    ) -> np.ndarray:
         url = self._object_url(rel)
         where = f"{self.url}/{rel}"
         try:
@@ -448,7 +484,9 @@ class ObjectStoreSource(Source[_Index]):
         except GiveUp as g:
             raise read_error(self.url, col, [i], _final_cause(g))  # noqa: B904 - read_error sets __cause__
         try:
-            return await asyncio.get_running_loop().run_in_executor(state.pool, decode_image, data, self._decode[col], where)
+            return await asyncio.get_running_loop().run_in_executor(
+                state.pool, decode_image, data, self._decode[col], where
+            )
         except ValueError as exc:
             raise read_error(self.url, col, [i], exc)  # noqa: B904 - read_error sets __cause__
 

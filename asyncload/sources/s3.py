@@ -39,7 +39,7 @@ class S3Endpoint:
         self._signer = SigV4Signer(credentials, region) if credentials else None
 
     @classmethod
-    def resolve(cls, creds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> "S3Endpoint":
+    def resolve(cls, creds: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None) -> S3Endpoint:
         """From Deep Lake-style ``creds`` (``aws_access_key_id``, ``aws_secret_access_key``,
         ``aws_session_token``, ``endpoint_url``, ``aws_region``), falling back to ``AWS_*`` variables."""
         env = os.environ if env is None else env
@@ -54,7 +54,9 @@ class S3Endpoint:
             return None
 
         region = pick("aws_region", "AWS_REGION", "AWS_DEFAULT_REGION") or DEFAULT_REGION
-        endpoint = pick("endpoint_url", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") or f"https://s3.{region}.amazonaws.com"
+        endpoint = (
+            pick("endpoint_url", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL") or f"https://s3.{region}.amazonaws.com"
+        )
         access = pick("aws_access_key_id", "AWS_ACCESS_KEY_ID")
         secret = pick("aws_secret_access_key", "AWS_SECRET_ACCESS_KEY")
         token = pick("aws_session_token", "AWS_SESSION_TOKEN")

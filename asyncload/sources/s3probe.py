@@ -26,7 +26,14 @@ from .s3 import S3Endpoint, split_s3_url
 
 #: Error codes that mean "these credentials are not accepted" rather than "this is forbidden".
 _CREDENTIAL_CODES = frozenset(
-    {"SignatureDoesNotMatch", "InvalidAccessKeyId", "InvalidToken", "ExpiredToken", "TokenRefreshRequired", "InvalidClientTokenId"}
+    {
+        "SignatureDoesNotMatch",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "ExpiredToken",
+        "TokenRefreshRequired",
+        "InvalidClientTokenId",
+    }
 )
 
 
@@ -48,7 +55,13 @@ def _probe_policy(deadline: float) -> RetryPolicy:
 
 
 async def probe_bucket_async(
-    s3: S3Endpoint, bucket: str, prefix: str = "", *, deadline: float = 5.0, verify_tls: bool | str = True, what: str = ""
+    s3: S3Endpoint,
+    bucket: str,
+    prefix: str = "",
+    *,
+    deadline: float = 5.0,
+    verify_tls: bool | str = True,
+    what: str = "",
 ) -> None:
     """Raise a :class:`SourceError` subclass unless the bucket answers a (signed) list within ``deadline`` s."""
     where = f"bucket {bucket!r} at S3 endpoint {s3.endpoint_url}" + (f" (for {what})" if what else "")
@@ -92,7 +105,13 @@ def _classify(g: GiveUp, s3: S3Endpoint, bucket: str, where: str, deadline: floa
 
 
 def probe_bucket(
-    s3: S3Endpoint, bucket: str, prefix: str = "", *, deadline: float = 5.0, verify_tls: bool | str = True, what: str = ""
+    s3: S3Endpoint,
+    bucket: str,
+    prefix: str = "",
+    *,
+    deadline: float = 5.0,
+    verify_tls: bool | str = True,
+    what: str = "",
 ) -> None:
     """Blocking :func:`probe_bucket_async`, usable from any thread (runs on a private loop)."""
     err: SourceError | None = None
@@ -110,7 +129,9 @@ def probe_bucket(
         raise err
 
 
-def probe_s3_url(url: str, creds: Mapping[str, str] | None = None, *, deadline: float = 5.0, verify_tls: bool | str = True) -> None:
+def probe_s3_url(
+    url: str, creds: Mapping[str, str] | None = None, *, deadline: float = 5.0, verify_tls: bool | str = True
+) -> None:
     """Probe the bucket of ``s3://bucket/prefix`` with ``creds`` (or ``AWS_*``); see the module docstring."""
     bucket, prefix = split_s3_url(url)
     try:
