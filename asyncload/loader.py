@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import os
 import queue
 import time
@@ -33,6 +32,7 @@ from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
 from .state import EpochProgress
 from .stats import Stats
+from .tuning import ConcurrencyTuner
 
 log = logging.getLogger("asyncload")
 
@@ -82,7 +82,7 @@ class EpochIterator(Iterator[Any]):
             self._start()
         assert self._future is not None
         st = self.stats
-        t0 = time.perf_counter()
+        t0 = st.waiting_since = time.perf_counter()
         while True:
             try:
                 item = self._out.get(timeout=1.0)
@@ -92,10 +92,12 @@ class EpochIterator(Iterator[Any]):
                 continue
             if item is END:
                 st.wait_s += time.perf_counter() - t0
+                st.waiting_since = None
                 self._report_skipped()
                 self.close()
                 raise StopIteration
             if isinstance(item, Failure):
+                st.waiting_since = None
                 self.close()
                 raise item.exc
             self._lt.call_soon(self._pipeline.release_slot)
@@ -104,6 +106,7 @@ class EpochIterator(Iterator[Any]):
             if batch is not EMPTY:
                 break
         st.wait_s += time.perf_counter() - t0
+        st.waiting_since = None
         st.batches_yielded += 1
         st.samples_yielded += count
         if st.first_batch_s is None:
@@ -167,7 +170,9 @@ class AsyncLoader:
     """Batches from a ``Source``, read by coroutines on a background event loop.
 
     Parameters that matter most:
-      concurrency   samples being read at once (hundreds are fine for remote stores)
+      concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"
+                    (default): tuned online between 1 and ``max_concurrency`` (see ``tuning``)
+      max_concurrency  the most samples in flight "auto" may choose (bounds memory)
       prefetch      ready batches kept ahead of the consumer
       read_mode     "column": one request per column for a group of ``request_size`` indices;
                     "row": one request per sample and column; "auto" (default): what the source
@@ -182,6 +187,7 @@ class AsyncLoader:
       transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only views)
       collate_fn    turns the list of (transformed) samples into a batch
       with_index    add an ``"index"`` int64 tensor of dataset indices to default batches
+      log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
                     the end of the epoch (a failed group is re-read sample by sample first)
@@ -194,7 +200,8 @@ class AsyncLoader:
         *,
         shuffle: bool = False,
         seed: int = 0,
-        concurrency: int = 64,
+        concurrency: int | Literal["auto"] = "auto",
+        max_concurrency: int = 512,
         prefetch: int = 4,
         in_order: bool = True,
         drop_last: bool = False,
@@ -210,11 +217,14 @@ class AsyncLoader:
         cpu_workers: int | None = None,
         loop: LoopKind = "auto",
         shutdown_timeout: float = 10.0,
+        log_every: float | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise ConfigError(f"source={source!r} is not allowed: pass a Source such as DeepLakeSource(url)")
         _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an int >= 1")
-        _check("concurrency", concurrency, isinstance(concurrency, int) and concurrency >= 1, "an int >= 1")
+        _check("concurrency", concurrency, concurrency == "auto" or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1), "'auto' or an int >= 1")
+        _check("max_concurrency", max_concurrency, isinstance(max_concurrency, int) and max_concurrency >= 1, "an int >= 1")
+        _check("log_every", log_every, log_every is None or (isinstance(log_every, (int, float)) and log_every > 0), "None or seconds > 0")
         _check("prefetch", prefetch, isinstance(prefetch, int) and prefetch >= 1, "an int >= 1")
         _check("read_mode", read_mode, read_mode in ("auto", "row", "column"), "'auto', 'row' or 'column'")
         _check("request_size", request_size, request_size is None or (isinstance(request_size, int) and request_size >= 1), "None or an int >= 1")
@@ -232,7 +242,9 @@ class AsyncLoader:
             raise ConfigError("with_index=True is not allowed with a column named 'index': pass with_index=False")
         self.source = source.open()
         self.batch_size = batch_size
-        self.concurrency = concurrency
+        self.concurrency: int | Literal["auto"] = concurrency
+        self.max_concurrency = max_concurrency
+        self.log_every = log_every
         self.prefetch = prefetch
         self.in_order = in_order
         self.transform = transform
@@ -253,6 +265,7 @@ class AsyncLoader:
         self._stats = Stats()
         self._progress = EpochProgress(0, len(self.sampler))  # of the live or last epoch
         self._resume: EpochProgress | None = None  # loaded by load_state_dict, used by the next iter()
+        self._tuner: ConcurrencyTuner | None = None
 
     def __len__(self) -> int:
         """Batches per epoch for this loader's shard."""
@@ -299,17 +312,24 @@ class AsyncLoader:
 
     # -- epochs ----------------------------------------------------------------------------------
     def _plan(self, progress: EpochProgress) -> Plan:
+        auto = self.concurrency == "auto"
+        most = self.max_concurrency if auto else int(self.concurrency)
         if self.read_mode == "row":
             group = 1
         else:
-            group = min(self.request_size or self.batch_size, self.batch_size, self.concurrency)
-        fetchers = max(1, self.concurrency // group)
-        slots = self.prefetch + math.ceil(self.concurrency / self.batch_size) + 1
+            group = min(self.request_size or self.batch_size, self.batch_size, most)
+        fetchers = max(1, most // group)
+        tuner = None
+        if auto:  # one tuner for the loader's life: a new epoch starts where the last one settled
+            if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
+                self._tuner = ConcurrencyTuner(start=max(16, group), low=group, high=fetchers * group)
+            tuner = self._tuner
+        limit = max(1, tuner.limit // group) if tuner else fetchers
         self.source.configure(fetchers, fetchers * group)
         batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(self.epoch)) if not progress.done(seq)]
         return Plan(
-            self.source, batches, group, fetchers, slots, self.in_order,
-            self.transform, self.collate_fn, self.with_index, self.on_error,
+            self.source, batches, group, fetchers, limit, self.batch_size, self.prefetch, self.in_order,
+            self.transform, self.collate_fn, self.with_index, self.on_error, tuner, self.log_every,
         )  # fmt: skip
 
     def __iter__(self) -> EpochIterator:
@@ -332,7 +352,8 @@ class AsyncLoader:
         skipped samples (with ``skipped_samples``: the first of them, index and cause)."""
         snap = self._stats.snapshot()
         snap.update(
-            concurrency=self.concurrency, read_mode=self.read_mode, epoch=self.epoch,
+            concurrency_setting=self.concurrency, read_mode=self.read_mode, epoch=self.epoch,
+            retries=self.source.retry_count(),
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip
         return snap

@@ -20,6 +20,9 @@
 from __future__ import annotations
 
 import asyncio
+import collections
+import logging
+import math
 import queue
 import time
 from dataclasses import dataclass, field
@@ -30,6 +33,9 @@ from .collate import CollateFn, Transform, collate_columns, default_collate, row
 from .errors import ReadError, read_error
 from .sources.base import Source
 from .stats import Stats
+from .tuning import ConcurrencyTuner, Observation
+
+log = logging.getLogger("asyncload")
 
 OnError = Literal["raise", "skip"]
 
@@ -50,14 +56,54 @@ class Plan:
 
     source: Source[Any]
     batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
-    group: int
-    fetchers: int
-    slots: int
+    group: int  # indices per request
+    fetchers: int  # fetcher tasks (the most requests that can ever be in flight)
+    limit: int  # requests allowed in flight at the start
+    batch_size: int
+    prefetch: int
     in_order: bool
     transform: Transform | None
     collate_fn: CollateFn | None
     with_index: bool
     on_error: OnError
+    tuner: ConcurrencyTuner | None = None
+    log_every: float | None = None
+
+    def slots(self, limit: int) -> int:
+        """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
+        return self.prefetch + math.ceil(limit * self.group / self.batch_size) + 1
+
+
+class _Limiter:
+    """Requests in flight, with a limit the tuner can move while fetchers wait on it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> None:
+        while self.active >= self.limit:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+        self.active += 1
+
+    def release(self) -> None:
+        self.active -= 1
+        self._wake()
+
+    def set_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.limit - self.active
+        while free > 0 and self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                free -= 1
 
 
 @dataclass
@@ -86,12 +132,17 @@ class Pipeline:
         self._assembling: set[asyncio.Task[None]] = set()
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
-        self._slots = asyncio.Semaphore(plan.slots)
+        self._slots = asyncio.Semaphore(plan.slots(plan.limit))
+        self._slot_count = plan.slots(plan.limit)
+        self._slot_debt = 0  # slots to swallow on release after the limit went down
+        self._limiter = _Limiter(plan.limit)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
+        self.stats.concurrency = plan.limit * plan.group
 
     async def run(self) -> None:
         plan = self.plan
         fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
+        watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
         for pos, (seq, indices) in enumerate(plan.batches):
             await self._slots.acquire()
             if self.stopping:
@@ -105,11 +156,53 @@ class Pipeline:
         await asyncio.gather(*fetchers)
         while self._assembling:
             await asyncio.gather(*list(self._assembling))
+        if watcher is not None:
+            watcher.cancel()  # it only sleeps and reads counters: safe to cancel
         if not self.stopping:
             self.out.put(END)
 
+    # -- concurrency tuning and the periodic stats line -----------------------------------------
+    def set_limit(self, requests: int) -> None:
+        """Move the requests-in-flight limit, and the batch slots with it (memory follows the limit)."""
+        self._limiter.set_limit(requests)
+        self.stats.concurrency = requests * self.plan.group
+        want = self.plan.slots(requests)
+        delta, self._slot_count = want - self._slot_count, want
+        if delta < 0:
+            self._slot_debt -= delta
+            return
+        paid = min(delta, self._slot_debt)
+        self._slot_debt -= paid
+        for _ in range(delta - paid):
+            self._slots.release()
+
+    async def _watch(self) -> None:
+        plan, st, tuner = self.plan, self.stats, self.plan.tuner
+        last_log = t0 = time.perf_counter()
+        n0, w0, thr0 = st.samples_read, st.wait_s, plan.source.throttle_count()
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.perf_counter()
+            if plan.log_every and now - last_log >= plan.log_every:
+                last_log = now
+                log.info("asyncload %s: %s", plan.source.url, st.line())
+            if tuner is None:
+                continue
+            done = st.samples_read - n0
+            if now - t0 < 0.3 or (done < max(4, 2 * st.concurrency) and now - t0 < 2.0):
+                continue
+            waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
+            throttled = plan.source.throttle_count() - thr0
+            obs = Observation(done / (now - t0), consumer_bound=waited < 0.02 * (now - t0) and st.batches_yielded > 0, throttled=throttled)
+            samples = tuner.observe(obs)
+            self.set_limit(max(1, samples // plan.group))
+            t0, n0, w0, thr0 = now, st.samples_read, st.wait_s + (now - st.waiting_since if st.waiting_since else 0.0), plan.source.throttle_count()
+
     # -- scheduled by the consumer ---------------------------------------------------------------
     def release_slot(self) -> None:
+        if self._slot_debt:
+            self._slot_debt -= 1
+            return
         self._slots.release()
 
     def stop(self) -> None:
@@ -126,6 +219,7 @@ class Pipeline:
     # -- fetch -----------------------------------------------------------------------------------
     async def _read(self, idx: list[int]) -> Any:
         stats = self.stats
+        await self._limiter.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
         t0 = time.perf_counter()
@@ -137,8 +231,10 @@ class Pipeline:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
             stats.in_flight -= len(idx)
+            self._limiter.release()
         stats.latencies.append(time.perf_counter() - t0)
         stats.samples_read += len(idx)
+        stats.bytes_read += _nbytes(part)
         return part
 
     async def _fetch(self) -> None:
@@ -234,3 +330,14 @@ class Pipeline:
         while self._next_pos in self._reorder:
             self.out.put(self._reorder.pop(self._next_pos))
             self._next_pos += 1
+
+
+def _nbytes(part: Any) -> int:
+    """Decoded bytes in a read result (``{column: ndarray or list of ndarrays}``)."""
+    total = 0
+    for value in part.values():
+        if hasattr(value, "nbytes"):
+            total += int(value.nbytes)
+        else:
+            total += sum(int(getattr(v, "nbytes", 0)) for v in value)
+    return total

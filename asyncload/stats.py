@@ -28,6 +28,9 @@ class Stats:
     wait_s: float = 0.0
     first_batch_s: float | None = None
     finished: float | None = None
+    bytes_read: int = 0
+    concurrency: int = 0  # samples allowed in flight now (moves with concurrency="auto")
+    waiting_since: float | None = None  # set while the consumer is blocked waiting for a batch
     skipped: int = 0
     skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
@@ -48,6 +51,8 @@ class Stats:
         return {
             "elapsed_s": elapsed,
             "samples_per_s": self.samples_yielded / elapsed,
+            "bytes_per_s": self.bytes_read / elapsed,
+            "concurrency": self.concurrency,
             "requests": self.requests,
             "samples_read": self.samples_read,
             "in_flight": self.in_flight,
@@ -59,3 +64,13 @@ class Stats:
             "time_to_first_batch_s": self.first_batch_s,
             **pct,
         }
+
+    def line(self) -> str:
+        """One log line of the figures that matter while a run is going."""
+        s = self.snapshot()
+        p = " ".join(f"p{q}={s[f'read_p{q}_ms']:.0f}ms" for q in (50, 90, 99) if s[f"read_p{q}_ms"] is not None)
+        return (
+            f"{s['samples_per_s']:,.0f} samples/s {s['bytes_per_s'] / 2**20:,.1f} MiB/s, {s['in_flight']} in flight "
+            f"(limit {s['concurrency']}), {s['ready_batches']} ready, read {p}, consumer waited "
+            f"{s['consumer_wait_s']:.1f}s, skipped {s['skipped']}"
+        )

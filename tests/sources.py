@@ -49,3 +49,38 @@ class FailingSource(DeepLakeSource):
         if hit:
             raise OSError(f"unreadable object for sample {hit[0]}")
         return await super().read(indices)
+
+
+class CapacitySource(DeepLakeSource):
+    """A store that serves ``slots`` requests at a time, each taking ``latency`` seconds: throughput
+    grows with concurrency up to ``slots / latency`` and is flat beyond (Little's law). Above
+    ``throttle_above`` requests in flight it answers like S3's 503 SlowDown: counted as throttling,
+    and the request is served late."""
+
+    def __init__(self, url: str, slots: int, latency: float, throttle_above: int | None = None, **kw) -> None:
+        super().__init__(url, **kw)
+        self.slots, self.latency, self.throttle_above = slots, latency, throttle_above
+        self.throttled = 0
+        self.in_flight = 0
+        self._sem = None
+
+    def __getstate__(self):
+        return {**super().__getstate__(), "_sem": None}
+
+    def throttle_count(self) -> int:
+        return self.throttled
+
+    async def read(self, indices: list[int]) -> Columns:
+        loop = asyncio.get_running_loop()
+        if self._sem is None or self._sem[0] is not loop:  # one loop per epoch
+            self._sem = (loop, asyncio.Semaphore(self.slots))
+        self.in_flight += 1
+        try:
+            if self.throttle_above is not None and self.in_flight > self.throttle_above:
+                self.throttled += 1
+                await asyncio.sleep(4 * self.latency)
+            async with self._sem[1]:
+                await asyncio.sleep(self.latency)
+            return await super().read(indices)
+        finally:
+            self.in_flight -= 1

@@ -42,7 +42,7 @@ def test_wrong_column_fails_at_construction_naming_column_and_dataset(seg_url) -
     "kwargs,message",
     [
         ({"batch_size": 0}, "batch_size=0 is not allowed: an int >= 1"),
-        ({"concurrency": -4}, "concurrency=-4 is not allowed: an int >= 1"),
+        ({"concurrency": -4}, "concurrency=-4 is not allowed: 'auto' or an int >= 1"),
         ({"prefetch": 0}, "prefetch=0 is not allowed: an int >= 1"),
         ({"read_mode": "chunk"}, "read_mode='chunk' is not allowed: 'auto', 'row' or 'column'"),
         ({"remainder": "wrap"}, "remainder='wrap' is not allowed: 'pad' or 'drop'"),

@@ -107,6 +107,15 @@ class Source(abc.ABC, Generic[H]):
         """Hint from the loader: how many read requests, covering how many samples, it will keep in
         flight at most (size connection and thread pools from it)."""
 
+    def throttle_count(self) -> int:
+        """Throttling answers (503 SlowDown, 429) seen so far in this process; the concurrency tuner
+        backs off when it grows. Sources that cannot see them return 0."""
+        return 0
+
+    def retry_count(self) -> int:
+        """Requests retried so far in this process (for the loader's stats)."""
+        return 0
+
     @abc.abstractmethod
     async def read(self, indices: list[int]) -> Columns:
         """Read ``indices`` (valid, in range) on the running loop; raise ``ReadError`` on failure."""

@@ -260,6 +260,14 @@ class ObjectStoreSource(Source[_Index]):
         budget, stats, _ = self._process_state()
         return stats.snapshot() | {"budget_left": budget.tokens, "budget": budget.capacity}
 
+    def throttle_count(self) -> int:
+        """503 and 429 answers seen in this process (the concurrency tuner backs off on them)."""
+        causes = self.retry_stats()["causes"]
+        return sum(n for cause, n in causes.items() if cause.startswith(("HTTP 503", "HTTP 429")))
+
+    def retry_count(self) -> int:
+        return int(self.retry_stats()["retries"])
+
     # -- Source contract -----------------------------------------------------------------------------
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:

@@ -1,0 +1,84 @@
+"""``concurrency="auto"``: how many samples to keep in flight, found online from what the loader measures.
+
+Why not a fixed number: the best concurrency is roughly throughput × latency (Little's law), and both
+change with the store, the network, the decoder and the consumer. Too few reads in flight leave the
+network idle; too many cost memory and, on a throttling store, provoke 503/429s.
+
+The tuner is a small hill-climber with a slow start, in the spirit of TCP congestion control and
+tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
+
+- **Slow start:** double while each doubling still raises throughput by more than ``gain``.
+- **Plateau:** when a step up does not pay, step back to the last level that did, and hold. Every
+  ``probe_every`` intervals it probes one step (×1.25) up, so it follows a store that got faster.
+- **Consumer-bound:** when the consumer is the bottleneck (every batch slot is taken, nothing waits
+  on reads), more concurrency cannot help: hold.
+- **Back-off:** a throttling answer (503 SlowDown, 429) halves the limit at once (multiplicative
+  decrease), and the climb restarts from there more carefully.
+
+The decisions are a pure function of the observations, so they are tested without timing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class Observation:
+    """What the pipeline measured over one interval at the current limit."""
+
+    samples_per_s: float
+    consumer_bound: bool = False
+    throttled: int = 0
+
+
+class ConcurrencyTuner:
+    """Chooses the number of samples in flight between ``low`` and ``high``."""
+
+    def __init__(self, start: int = 16, low: int = 1, high: int = 512, gain: float = 0.08, probe_every: int = 8) -> None:
+        self.low, self.high = max(1, low), max(1, high)
+        self.limit = min(max(start, self.low), self.high)
+        self.gain = gain
+        self.probe_every = probe_every
+        self.slow_start = True
+        self._prev_limit: int | None = None  # the level before the last step up
+        self._prev_rate = 0.0  # its throughput
+        self._best: dict[int, float] = {}
+        self._held = 0
+        self.history: list[tuple[int, float, str]] = []
+
+    def _set(self, limit: int, why: str, rate: float) -> int:
+        self.limit = min(max(int(limit), self.low), self.high)
+        self.history.append((self.limit, rate, why))
+        return self.limit
+
+    def observe(self, obs: Observation) -> int:
+        """Feed one interval's figures; returns the limit for the next interval."""
+        rate, limit = obs.samples_per_s, self.limit
+        self._best[limit] = max(self._best.get(limit, 0.0), rate)
+        if obs.throttled:
+            self.slow_start = False
+            self._prev_limit, self._held = None, 0
+            return self._set(limit // 2, "throttled: halve", rate)
+        if obs.consumer_bound:
+            self._prev_limit, self._held = None, 0
+            return self._set(limit, "consumer-bound: hold", rate)
+        if self._prev_limit is not None:
+            # Judge the last step up: did it pay?
+            if rate > self._prev_rate * (1 + self.gain):
+                self._prev_limit, self._prev_rate = limit, rate
+                step = limit * 2 if self.slow_start else math.ceil(limit * 1.25)
+                return self._set(step, "step paid: up", rate)
+            back = self._prev_limit
+            self.slow_start = False
+            self._prev_limit, self._held = None, 0
+            return self._set(back, "step did not pay: back", rate)
+        self._held += 1
+        if self.slow_start or self._held >= self.probe_every:
+            if limit >= self.high:
+                return self._set(limit, "at the upper bound", rate)
+            self._prev_limit, self._prev_rate, self._held = limit, rate, 0
+            step = limit * 2 if self.slow_start else math.ceil(limit * 1.25)
+            return self._set(step, "probe up" if not self.slow_start else "slow start: up", rate)
+        return self._set(limit, "hold", rate)

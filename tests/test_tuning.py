@@ -1,0 +1,75 @@
+"""concurrency="auto": the tuner's decisions (pure) and its behaviour against stores of known shape."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncload import AsyncLoader
+from asyncload.tuning import ConcurrencyTuner, Observation
+
+from .conftest import ROWS
+from .sources import CapacitySource
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def little(limit: int, latency: float = 0.05, capacity: float = 400.0) -> float:
+    """Throughput of a store with fixed latency and a capacity ceiling."""
+    return min(limit / latency, capacity)
+
+
+def test_slow_start_finds_the_knee_and_stops_climbing() -> None:
+    t = ConcurrencyTuner(start=4, high=512)
+    for _ in range(30):
+        t.observe(Observation(little(t.limit)))
+    assert little(t.limit) >= 0.9 * 400  # within 10% of the best fixed setting
+    assert t.limit <= 4 * 20  # ... without taking 512 slots of memory to get there
+    assert any(why == "step did not pay: back" for _, _, why in t.history)
+
+
+def test_it_follows_a_store_that_gets_faster() -> None:
+    t = ConcurrencyTuner(start=4, high=512, probe_every=3)
+    for _ in range(20):
+        t.observe(Observation(little(t.limit, capacity=200)))
+    low = t.limit
+    for _ in range(40):
+        t.observe(Observation(little(t.limit, capacity=1600)))
+    assert t.limit > low and little(t.limit, capacity=1600) >= 0.8 * 1600
+
+
+def test_throttling_halves_and_consumer_bound_holds() -> None:
+    t = ConcurrencyTuner(start=64, high=512)
+    assert t.observe(Observation(500, throttled=3)) == 32
+    assert not t.slow_start
+    assert t.observe(Observation(500, consumer_bound=True)) == 32
+    assert t.observe(Observation(500, consumer_bound=True)) == 32
+
+
+def test_limits_are_respected() -> None:
+    t = ConcurrencyTuner(start=1000, low=8, high=64)
+    assert t.limit == 64
+    for _ in range(10):
+        t.observe(Observation(1.0, throttled=1))
+    assert t.limit == 8
+
+
+def test_auto_reaches_a_stores_capacity_without_running_away(seg_url) -> None:
+    src = CapacitySource(seg_url, slots=12, latency=0.05)  # knee at 12 in flight, 240 samples/s
+    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row")
+    seen = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for b in loader:
+            seen += b["index"].tolist()
+    assert len(seen) == 3 * ROWS
+    assert 12 <= loader.stats()["concurrency"] <= 128
+
+
+def test_auto_backs_off_a_throttling_store(seg_url) -> None:
+    src = CapacitySource(seg_url, slots=64, latency=0.02, throttle_above=24)
+    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row")
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(ROWS))
+    assert src.throttled > 0
+    assert loader.stats()["concurrency"] <= 48
