@@ -9,7 +9,9 @@ Public API::
         batch["images"]  # uint8 [B, H, W, 3], writable
 """
 
+from .config import load_config
 from .dataset import AsyncIterableDataset
+from .device import DeviceFeed
 from .errors import (
     AsyncLoadError,
     ColumnNotFoundError,
@@ -36,6 +38,7 @@ __all__ = [
     "ConfigError",
     "DatasetNotFoundError",
     "DeepLakeSource",
+    "DeviceFeed",
     "EpochIterator",
     "EpochSampler",
     "ObjectStoreSource",
@@ -44,5 +47,6 @@ __all__ = [
     "Source",
     "SourceError",
     "WorkerError",
+    "load_config",
     "make_dataset",
 ]

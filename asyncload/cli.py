@@ -103,6 +103,27 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import main as train_main
+
+    argv = ["--config", args.config] + [x for kv in args.set for x in ("--set", kv)]
+    return int(train_main(argv) or 0)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    """The suite lives in ``benchmarks/`` of a source checkout (it needs the test server and baselines)."""
+    import runpy
+    from pathlib import Path
+
+    suite = Path(args.suite)
+    if not suite.is_file():
+        print(f"asyncload bench: {suite} not found; run it from a source checkout of asyncload", file=sys.stderr)
+        return 2
+    sys.argv = [str(suite), "--config", args.config] + [x for kv in args.set for x in ("--set", kv)]
+    runpy.run_path(str(suite), run_name="__main__")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="asyncload", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -126,6 +147,17 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("url")
     i.add_argument("--sample", type=int, default=16, help="rows whose shapes are read (default 16)")
     i.set_defaults(func=_cmd_inspect)
+
+    t = sub.add_parser("train", help="train the compact U-Net on a segmentation dataset (works under torchrun)")
+    t.add_argument("--config", default="configs/train_unet.yaml")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    t.set_defaults(func=_cmd_train)
+
+    b = sub.add_parser("bench", help="the benchmark suite: loaders compared under emulated network latency")
+    b.add_argument("--config", default="configs/bench.yaml")
+    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    b.add_argument("--suite", default="benchmarks/suite.py", help=argparse.SUPPRESS)
+    b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser("demo", help="the main job on the embedded default: make a small dataset, load it, print throughput")
     d.add_argument("--data", default=DEFAULT_DATA, help=f"where the synthetic dataset lives (default {DEFAULT_DATA})")

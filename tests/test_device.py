@@ -1,0 +1,207 @@
+"""DeviceFeed: the CPU path everywhere, the CUDA path (pinned ring, side stream) where a GPU exists."""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import OrderedDict, namedtuple
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource
+from asyncload.device import DeviceFeed
+
+from .conftest import ROWS, wait_no_loop_threads
+
+Pair = namedtuple("Pair", ["left", "right"])
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def nested_batch(k: int) -> dict:
+    g = torch.Generator().manual_seed(k)
+    return {
+        "images": torch.randint(0, 256, (4, 8, 6, 3), dtype=torch.uint8, generator=g),
+        "meta": OrderedDict(index=torch.arange(4) + 4 * k, name=f"batch{k}", weight=0.5),
+        "pair": (torch.randn(4, 2, generator=g), [torch.randn(3, generator=g), 7]),
+        "named": Pair(torch.full((2,), k), None),
+    }
+
+
+def assert_same(a, b) -> None:
+    """Same nesting, same container types, equal tensors; non-tensor leaves unchanged."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.cpu(), b.cpu())
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("depth", [0, 1, 2, 5])
+def test_cpu_yields_the_same_nested_batches_unchanged(depth: int) -> None:
+    batches = [nested_batch(k) for k in range(4)]
+    feed = DeviceFeed(batches, "cpu", depth=depth)
+    got = list(feed)
+    assert len(got) == feed.batches == 4
+    for src, out in zip(batches, got, strict=True):
+        assert_same(src, out)
+        assert out["images"] is src["images"]  # already contiguous on the device: handed over as is
+        assert out["meta"]["name"] == src["meta"]["name"] and out["named"].right is None
+    assert feed.pin_memory is False and feed.pinned_allocations == 0
+
+
+@pytest.mark.timeout(20)
+def test_cpu_makes_non_contiguous_tensors_contiguous_with_the_same_values() -> None:
+    t = torch.arange(24).reshape(4, 6).t()
+    assert not t.is_contiguous()
+    (out,) = list(DeviceFeed([[t]], torch.device("cpu")))
+    assert out[0].is_contiguous() and torch.equal(out[0], t)
+
+
+@pytest.mark.timeout(20)
+def test_pin_memory_is_skipped_off_cuda() -> None:
+    feed = DeviceFeed([{"x": torch.ones(3)}], "cpu", pin_memory=True)
+    assert feed.pin_memory is False  # pinned staging only serves copies to CUDA
+    (out,) = list(feed)
+    assert not out["x"].is_pinned() and torch.equal(out["x"], torch.ones(3))
+
+
+@pytest.mark.timeout(20)
+def test_wait_s_counts_the_time_the_consumer_waited_for_data() -> None:
+    def slow() -> Iterator[dict]:
+        for k in range(4):
+            time.sleep(0.05)
+            yield {"x": torch.tensor([k])}
+
+    feed = DeviceFeed(slow(), "cpu", depth=1)
+    t0 = time.perf_counter()
+    for _ in feed:
+        time.sleep(0.02)  # the "step": not waiting for data
+    total = time.perf_counter() - t0
+    assert 0.2 <= feed.wait_s < total - 0.07
+    assert feed.batches == 4
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("depth", [0, 2])
+def test_depth_stages_that_many_batches_ahead(depth: int) -> None:
+    pulled = []
+
+    def source() -> Iterator[int]:
+        for k in range(6):
+            pulled.append(k)
+            yield k
+
+    feed = DeviceFeed(source(), "cpu", depth=depth)
+    for k, item in enumerate(feed):
+        assert item == k
+        assert len(pulled) == min(k + 1 + depth, 6)
+
+
+@pytest.mark.timeout(20)
+def test_close_and_del_close_the_upstream_iterator() -> None:
+    closed = []
+
+    def source() -> Iterator[int]:
+        try:
+            yield from range(100)
+        finally:
+            closed.append(True)
+
+    feed = DeviceFeed(source(), "cpu")
+    assert next(feed) == 0
+    feed.close()
+    assert closed == [True]
+    assert list(feed) == []
+
+    feed = DeviceFeed(source(), "cpu")
+    next(feed)
+    del feed
+    gc.collect()
+    assert closed == [True, True]
+
+    with DeviceFeed(source(), "cpu") as feed:
+        next(feed)
+    assert closed == [True, True, True]
+
+
+@pytest.mark.timeout(20)
+def test_bad_settings_name_the_setting() -> None:
+    with pytest.raises(ConfigError, match=r"^depth=-1 is not allowed: an int >= 0$"):
+        DeviceFeed([], "cpu", depth=-1)
+    with pytest.raises(ConfigError, match=r"^device='gpu' is not allowed: a torch device"):
+        DeviceFeed([], "gpu")
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+def test_cuda_without_cuda_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"^device='cuda' is not allowed: CUDA is not available here; use 'cpu'$"):
+        DeviceFeed([], "cuda")
+
+
+@pytest.mark.timeout(60)
+def test_feeds_an_asyncload_epoch_and_stops_its_thread_on_close(seg_url: str, seg_arrays) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=1, concurrency=32)
+    seen = []
+    with DeviceFeed(loader, "cpu") as feed:
+        for b in feed:
+            idx = b["index"]
+            seen.extend(idx.tolist())
+            assert torch.equal(b["images"], torch.from_numpy(seg_arrays["images"][idx.numpy()]))
+    assert sorted(seen) == list(range(ROWS))
+    assert feed.wait_s > 0
+
+    feed = DeviceFeed(loader, "cpu")
+    next(feed)
+    feed.close()  # closes the epoch iterator: its loop thread stops now, not at garbage collection
+    wait_no_loop_threads()
+
+
+# -- CUDA --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("pin", [None, False])
+def test_cuda_values_devices_and_pinned_ring_reuse(pin: bool | None) -> None:
+    batches = [nested_batch(k) for k in range(20)]
+    feed = DeviceFeed(batches, "cuda", depth=2, pin_memory=pin)
+    got = list(feed)
+    for src, out in zip(batches, got, strict=True):
+        assert_same(src, out)
+        assert out["images"].device.type == "cuda" and out["meta"]["name"] == src["meta"]["name"]
+    tensors_per_batch = 5
+    if pin is None:
+        assert feed.pin_memory
+        # shapes repeat: the ring stops growing at depth + 2 buffers per tensor position
+        assert 0 < feed.pinned_allocations <= (2 + 2) * tensors_per_batch
+    else:
+        assert feed.pinned_allocations == 0
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_consumer_on_its_own_stream_never_reads_a_half_copied_batch() -> None:
+    # Large batches make each copy take long enough that a missing stream wait would show as wrong sums.
+    batches = [{"x": torch.full((16, 1024, 1024), k, dtype=torch.int32)} for k in range(8)]  # 64 MiB each
+    consumer = torch.cuda.Stream()
+    sums = []
+    with torch.cuda.stream(consumer):
+        for b in DeviceFeed(batches, "cuda", depth=2):
+            sums.append(b["x"].sum())  # queued on the consumer stream, right after the hand-off
+        torch.cuda.synchronize()
+    assert [int(s) for s in sums] == [k * 16 * 1024 * 1024 for k in range(8)]  # int sums: exact

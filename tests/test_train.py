@@ -1,0 +1,264 @@
+"""The training job: config validation, a tiny in-process run, resume, and two ranks under torchrun."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, make_dataset
+from asyncload.config import load_config, parse_overrides, setting, validate
+from asyncload.synthetic import CLASSES
+from asyncload.train import RangeSource, TrainConfig, UNet, main, train
+
+from .conftest import wait_no_loop_threads
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS, SIZE = 64, 32
+KEYS = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """64 rows of 32x32: train rows [0, 48), validation rows [48, 64) with holdout 0.25."""
+    return make_dataset(str(tmp_path_factory.mktemp("train") / "tiny"), ROWS, height=SIZE, width=SIZE, progress=False)
+
+
+def tiny(url: str, tmp: Path, **kw: Any) -> TrainConfig:
+    base: dict[str, Any] = dict(
+        data=url, make_data=False, rows=0, batch_size=8, epochs=1, holdout=0.25, width=8, lr=3e-3,
+        concurrency=16, checkpoint=str(tmp / "ck.pt"), progress=False, threads=1,
+    )  # fmt: skip
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# -- configuration -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_unknown_key_names_the_key_the_value_and_the_known_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config({"epoch": 3}, TrainConfig)
+    assert (
+        str(e.value) == f"TrainConfig: epoch=3 is not allowed: unknown key (did you mean 'epochs'?); known keys: {KEYS}"
+    )
+
+    path = tmp_path / "c.yaml"
+    path.write_text("zzz_unrelated: yes\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path, TrainConfig)
+    assert str(e.value) == f"{path}: zzz_unrelated=True is not allowed: unknown key; known keys: {KEYS}"
+
+
+@pytest.mark.timeout(20)
+def test_wrong_types_name_the_key_the_value_and_what_is_allowed(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    cases = {
+        "lr: fast": "lr='fast' is not allowed: a number > 0",
+        "batch_size: true": "batch_size=True is not allowed: an int >= 1",
+        "epochs: 2.5": "epochs=2.5 is not allowed: an int >= 1",
+        "loader: threads": "loader='threads' is not allowed: one of 'asyncload', 'sync'",
+        "resume: 1": "resume=1 is not allowed: true or false",
+        "checkpoint: 5": "checkpoint=5 is not allowed: a string or null",
+        "device: gpu": "device='gpu' is not allowed: 'auto', 'cpu', 'cuda' or 'cuda:N'",
+    }
+    for text, message in cases.items():
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(path, TrainConfig)
+        assert str(e.value) == f"{path}: {message}"
+
+
+@pytest.mark.timeout(20)
+def test_impossible_values_name_the_key_the_value_and_the_range() -> None:
+    cases = {
+        "epochs": (-1, "epochs=-1 is not allowed: an int >= 1"),
+        "lr": (-0.5, "lr=-0.5 is not allowed: a number > 0"),
+        "num_workers": (-2, "num_workers=-2 is not allowed: an int >= 0 (DataLoader worker processes)"),
+        "holdout": (1.0, "holdout=1.0 is not allowed: a number > 0 and < 1 (fraction of rows held out for validation)"),
+        "image_size": (4, "image_size=4 is not allowed: an int >= 8 (height and width of made images)"),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_config({key: value}, TrainConfig)
+        assert str(e.value) == f"TrainConfig: {message}"
+        with pytest.raises(ConfigError) as e:
+            TrainConfig(**{key: value})  # built in Python: checked the same way
+        assert str(e.value) == message
+
+
+@pytest.mark.timeout(20)
+def test_the_shipped_yaml_is_the_defaults_and_overrides_are_typed() -> None:
+    path = REPO / "configs" / "train_unet.yaml"
+    assert load_config(path, TrainConfig) == TrainConfig()
+    over = parse_overrides(["lr=0.01", "loader=sync", "checkpoint=null", "epochs=2"])
+    assert over == {"lr": 0.01, "loader": "sync", "checkpoint": None, "epochs": 2}
+    cfg = load_config(path, TrainConfig, over)
+    assert (cfg.lr, cfg.loader, cfg.checkpoint, cfg.epochs) == (0.01, "sync", None, 2)
+    assert load_config(path, TrainConfig, {"lr": 1}).lr == 1.0 and isinstance(
+        load_config(None, TrainConfig, {"lr": 1}).lr, float
+    )
+    with pytest.raises(ConfigError) as e:
+        parse_overrides(["epochs"])
+    assert str(e.value) == "--set='epochs' is not allowed: KEY=VALUE, e.g. --set epochs=3"
+
+
+@pytest.mark.timeout(20)
+def test_command_line_reports_a_bad_setting_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--config", str(REPO / "configs" / "train_unet.yaml"), "--set", "epochs=-1"]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"asyncload train: {REPO / 'configs' / 'train_unet.yaml'}: epochs=-1 is not allowed: an int >= 1\n"
+    )
+
+
+@dataclass(frozen=True)
+class _Other:
+    """Another config, as another engineer would write one: the helper is not tied to training."""
+
+    name: str
+    sizes: tuple[int, ...] = (1, 2)
+    mode: Literal["a", "b"] = "a"
+    limit: float | None = setting(None, "null or a number >= 0", lambda v: v is None or v >= 0)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@pytest.mark.timeout(20)
+def test_the_helper_serves_other_dataclasses(tmp_path: Path) -> None:
+    path = tmp_path / "o.yaml"
+    path.write_text("name: x\nsizes: [3, 4]\nlimit: 2\n")
+    assert load_config(path, _Other) == _Other("x", (3, 4), "a", 2.0)
+    with pytest.raises(ConfigError) as e:
+        load_config({"sizes": [1]}, _Other)
+    assert str(e.value) == "_Other: name is missing: a string is required"
+    with pytest.raises(ConfigError) as e:
+        load_config({"name": "x", "sizes": [1, "two"]}, _Other)
+    assert str(e.value) == "_Other: sizes=(1, 'two') is not allowed: a list of an int"
+    with pytest.raises(ConfigError) as e:
+        load_config({"name": "x", "limit": -1}, _Other)
+    assert str(e.value) == "_Other: limit=-1.0 is not allowed: null or a number >= 0"
+
+
+# -- training ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_range_source_serves_exactly_its_rows_renumbered_from_zero(tiny_url: str) -> None:
+    import deeplake
+    import numpy as np
+
+    ds = deeplake.open_read_only(tiny_url)
+    split = RangeSource(DeepLakeSource(tiny_url), 48, 64)
+    assert len(split) == 16
+    batches = list(AsyncLoader(split, batch_size=5, shuffle=True, seed=2))
+    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(16))
+    for b in batches:
+        for i, image in zip(b["index"].tolist(), b["images"], strict=True):
+            assert np.array_equal(image.numpy(), np.array(ds[48 + i]["images"]))
+    with pytest.raises(ValueError, match=r"RangeSource: \[60, 65\) is not within the 64 rows of file://"):
+        RangeSource(DeepLakeSource(tiny_url), 60, 65)
+
+
+@pytest.mark.timeout(20)
+def test_unet_takes_uint8_batches_of_any_size_and_returns_class_logits() -> None:
+    net = UNet(classes=len(CLASSES), width=4).eval()
+    for h, w in ((32, 32), (42, 54), (9, 13)):
+        images = torch.randint(0, 256, (2, h, w, 3), dtype=torch.uint8)
+        assert net(images).shape == (2, len(CLASSES), h, w)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loader", ["asyncload", "sync"])
+def test_a_few_steps_train_evaluate_and_checkpoint(tiny_url: str, tmp_path: Path, loader: str) -> None:
+    cfg = tiny(tiny_url, tmp_path, loader=loader, max_steps_per_epoch=3)
+    steps: list[dict[str, Any]] = []
+    threads = torch.get_num_threads()
+    (row,) = train(cfg, on_step=steps.append)
+    assert torch.get_num_threads() == threads  # cfg.threads=1 held for the run only
+    assert [s["step"] for s in steps] == [1, 2, 3] and all(len(s["indices"]) == 8 for s in steps)
+    assert row["epoch"] == 0 and row["step"] == 3 and row["samples"] == 24
+    assert math.isfinite(row["loss"]) and 0.0 <= row["miou"] <= 1.0
+    assert 0.0 < row["data_wait"] < 1.0 and row["samples_per_s"] > 0
+    ck = torch.load(cfg.checkpoint, weights_only=True)
+    assert (ck["epoch"], ck["step"], ck["step_in_epoch"]) == (1, 3, 0)
+    assert set(ck) >= {"model", "optimizer", "config", "loader"}
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(60)
+def test_resume_continues_at_the_saved_epoch_and_step(tiny_url: str, tmp_path: Path) -> None:
+    (first,) = train(tiny(tiny_url, tmp_path, max_steps_per_epoch=2))
+    assert first["step"] == 2
+    steps: list[int] = []
+    rows = train(tiny(tiny_url, tmp_path, max_steps_per_epoch=2, epochs=3), on_step=lambda s: steps.append(s["step"]))
+    assert [r["epoch"] for r in rows] == [1, 2] and steps == [3, 4, 5, 6]
+    assert train(tiny(tiny_url, tmp_path, max_steps_per_epoch=2, epochs=3)) == []  # already done
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+    assert (ck["epoch"], ck["step"]) == (3, 6)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loader", ["asyncload", "sync"])
+def test_mid_epoch_resume_trains_exactly_the_rest_of_the_epoch(tiny_url: str, tmp_path: Path, loader: str) -> None:
+    """Interrupted after step 3 with a checkpoint at step 2: the resumed run trains the batches of steps
+    3..6 of the uninterrupted run, in its order (the loader's resume state, or a replayed order)."""
+    reference: list[dict[str, Any]] = []
+    train(tiny(tiny_url, tmp_path / "ref", loader=loader), on_step=reference.append)
+    assert len(reference) == 6  # 48 training rows, batches of 8
+
+    def crash_after_3(s: dict[str, Any]) -> None:
+        if s["step"] == 3:
+            raise _Crash
+
+    cfg = tiny(tiny_url, tmp_path, loader=loader, checkpoint_every=2)
+    with pytest.raises(_Crash):
+        train(cfg, on_step=crash_after_3)
+    ck = torch.load(cfg.checkpoint, weights_only=True)
+    assert (ck["epoch"], ck["step"], ck["step_in_epoch"]) == (0, 2, 2)
+    # asyncload resumes through the loader's own state when it has one; the sync baseline replays
+    assert (ck["loader"] is not None) == (loader == "asyncload" and hasattr(AsyncIterableDataset, "state_dict"))
+    resumed: list[dict[str, Any]] = []
+    (row,) = train(cfg, on_step=resumed.append)
+    assert [s["step"] for s in resumed] == [3, 4, 5, 6] and row["steps"] == 4
+    assert [s["indices"] for s in resumed] == [s["indices"] for s in reference[2:]]
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_under_torchrun_cover_each_epoch_once(tiny_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "indices"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        "-m", "asyncload.train", "--config", str(REPO / "configs" / "train_unet.yaml"),
+        "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "rows=0", "--set", "batch_size=8",
+        "--set", "epochs=2", "--set", "holdout=0.25", "--set", "width=8", "--set", "progress=false",
+        "--set", f"checkpoint={tmp_path / 'ck.pt'}", "--set", f"index_log={log}",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "2 rank(s)" in proc.stdout and proc.stdout.count("epoch 2/2") == 1  # rank 0 logs, alone
+    ranks = [[json.loads(line) for line in (log / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)]
+    for epoch in (0, 1):
+        a, b = (ranks[r][epoch]["indices"] for r in (0, 1))
+        assert ranks[0][epoch]["world_size"] == 2 and len(a) == len(b) == 24  # equal batches on every rank
+        assert sorted(a + b) == list(range(48))  # the union is the epoch, each sample once
+    assert ranks[0][0]["indices"] != ranks[0][1]["indices"]  # reshuffled per epoch
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+    assert (ck["epoch"], ck["step"]) == (2, 6)
