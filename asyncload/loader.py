@@ -187,6 +187,8 @@ class AsyncLoader:
       transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only views)
       collate_fn    turns the list of (transformed) samples into a batch
       with_index    add an ``"index"`` int64 tensor of dataset indices to default batches
+      hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
+                    first answer wins (None: never hedge). Hedges are counted in ``stats()``
       log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
@@ -218,11 +220,13 @@ class AsyncLoader:
         loop: LoopKind = "auto",
         shutdown_timeout: float = 10.0,
         log_every: float | None = None,
+        hedge: float | None = 3.0,
     ) -> None:
         if not isinstance(source, Source):
             raise ConfigError(f"source={source!r} is not allowed: pass a Source such as DeepLakeSource(url)")
         _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an int >= 1")
         _check("concurrency", concurrency, concurrency == "auto" or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1), "'auto' or an int >= 1")
+        _check("hedge", hedge, hedge is None or (isinstance(hedge, (int, float)) and hedge > 1), "None or a factor > 1")
         _check("max_concurrency", max_concurrency, isinstance(max_concurrency, int) and max_concurrency >= 1, "an int >= 1")
         _check("log_every", log_every, log_every is None or (isinstance(log_every, (int, float)) and log_every > 0), "None or seconds > 0")
         _check("prefetch", prefetch, isinstance(prefetch, int) and prefetch >= 1, "an int >= 1")
@@ -245,6 +249,7 @@ class AsyncLoader:
         self.concurrency: int | Literal["auto"] = concurrency
         self.max_concurrency = max_concurrency
         self.log_every = log_every
+        self.hedge = hedge
         self.prefetch = prefetch
         self.in_order = in_order
         self.transform = transform
@@ -329,7 +334,7 @@ class AsyncLoader:
         batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(self.epoch)) if not progress.done(seq)]
         return Plan(
             self.source, batches, group, fetchers, limit, self.batch_size, self.prefetch, self.in_order,
-            self.transform, self.collate_fn, self.with_index, self.on_error, tuner, self.log_every,
+            self.transform, self.collate_fn, self.with_index, self.on_error, tuner, self.log_every, self.hedge,
         )  # fmt: skip
 
     def __iter__(self) -> EpochIterator:

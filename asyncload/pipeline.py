@@ -68,6 +68,8 @@ class Plan:
     on_error: OnError
     tuner: ConcurrencyTuner | None = None
     log_every: float | None = None
+    hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
+    hedge_min_s: float = 0.05
 
     def slots(self, limit: int) -> int:
         """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
@@ -130,6 +132,9 @@ class Pipeline:
         self._next_pos = 0
         self._reorder: dict[int, Any] = {}
         self._assembling: set[asyncio.Task[None]] = set()
+        self._stragglers: set[asyncio.Future[Any]] = set()  # hedged-away reads still running
+        self._hedge_s: float | None = None
+        self._hedge_at = 0
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
         self._slots = asyncio.Semaphore(plan.slots(plan.limit))
@@ -156,6 +161,8 @@ class Pipeline:
         await asyncio.gather(*fetchers)
         while self._assembling:
             await asyncio.gather(*list(self._assembling))
+        while self._stragglers:  # reads lost to a hedge must end before the loop may close
+            await asyncio.gather(*list(self._stragglers), return_exceptions=True)
         if watcher is not None:
             watcher.cancel()  # it only sleeps and reads counters: safe to cancel
         if not self.stopping:
@@ -222,9 +229,8 @@ class Pipeline:
         await self._limiter.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
-        t0 = time.perf_counter()
         try:
-            part = await self.plan.source.read(idx)
+            part, seconds = await self._hedged(idx)
         except ReadError:
             raise
         except Exception as exc:
@@ -232,10 +238,59 @@ class Pipeline:
         finally:
             stats.in_flight -= len(idx)
             self._limiter.release()
-        stats.latencies.append(time.perf_counter() - t0)
+        stats.latencies.append(seconds)
         stats.samples_read += len(idx)
         stats.bytes_read += _nbytes(part)
         return part
+
+    async def _timed(self, idx: list[int]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        part = await self.plan.source.read(idx)
+        return part, time.perf_counter() - t0
+
+    def _hedge_after(self) -> float | None:
+        """Seconds after which a read is a straggler worth a second request: ``hedge`` × the recent p99
+        of read latency, once there are enough reads to know it (recomputed every 64 reads)."""
+        st, factor = self.stats, self.plan.hedge
+        if not factor or len(st.latencies) < 64:
+            return None
+        if st.requests - self._hedge_at >= 64 or self._hedge_s is None:
+            lat = sorted(st.latencies)
+            self._hedge_s = max(self.plan.hedge_min_s, factor * lat[int(0.99 * (len(lat) - 1))])
+            self._hedge_at = st.requests
+        return self._hedge_s
+
+    async def _hedged(self, idx: list[int]) -> tuple[Any, float]:
+        """Read ``idx``; if it is far slower than recent reads, race a second request for it.
+
+        The first answer wins. The loser is never cancelled (a cancelled Deep Lake future hangs): it
+        runs to its end in the background, its result dropped, and ``run()`` waits for it before the
+        epoch's loop may close.
+        """
+        after = self._hedge_after()
+        first = asyncio.ensure_future(self._timed(idx))
+        if after is None:
+            return await first
+        done, _ = await asyncio.wait({first}, timeout=after)
+        if done:
+            return first.result()
+        self.stats.hedges += 1
+        second = asyncio.ensure_future(self._timed(idx))
+        pending = {first, second}
+        error: BaseException | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    for loser in pending:  # left to finish on their own
+                        self._stragglers.add(loser)
+                        loser.add_done_callback(_forget(self._stragglers))
+                    if task is second:
+                        self.stats.hedges_won += 1
+                    return task.result()
+                error = error or task.exception()
+        assert error is not None
+        raise error
 
     async def _fetch(self) -> None:
         while (item := await self._work.get()) is not None:
@@ -341,3 +396,14 @@ def _nbytes(part: Any) -> int:
         else:
             total += sum(int(getattr(v, "nbytes", 0)) for v in value)
     return total
+
+
+def _forget(group: set[asyncio.Future[Any]]) -> Any:
+    """A done-callback that drops a finished background read and consumes its error, if any."""
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        group.discard(fut)
+        if not fut.cancelled():
+            fut.exception()
+
+    return done

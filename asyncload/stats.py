@@ -31,6 +31,8 @@ class Stats:
     bytes_read: int = 0
     concurrency: int = 0  # samples allowed in flight now (moves with concurrency="auto")
     waiting_since: float | None = None  # set while the consumer is blocked waiting for a batch
+    hedges: int = 0  # second requests sent for stragglers
+    hedges_won: int = 0  # ... that answered first
     skipped: int = 0
     skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
@@ -61,6 +63,8 @@ class Stats:
             "samples_yielded": self.samples_yielded,
             "consumer_wait_s": self.wait_s,
             "skipped": self.skipped,
+            "hedges": self.hedges,
+            "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,
             **pct,
         }
@@ -72,5 +76,5 @@ class Stats:
         return (
             f"{s['samples_per_s']:,.0f} samples/s {s['bytes_per_s'] / 2**20:,.1f} MiB/s, {s['in_flight']} in flight "
             f"(limit {s['concurrency']}), {s['ready_batches']} ready, read {p}, consumer waited "
-            f"{s['consumer_wait_s']:.1f}s, skipped {s['skipped']}"
+            f"{s['consumer_wait_s']:.1f}s, hedges {s['hedges']}, skipped {s['skipped']}"
         )

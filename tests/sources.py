@@ -84,3 +84,28 @@ class CapacitySource(DeepLakeSource):
             return await super().read(indices)
         finally:
             self.in_flight -= 1
+
+
+class StragglerSource(DeepLakeSource):
+    """Every ``every``-th request (counted in this process) stalls ``stall`` seconds: a straggler, as one
+    slow connection or overloaded server makes one request in many."""
+
+    def __init__(self, url: str, every: int, stall: float, **kw) -> None:
+        super().__init__(url, **kw)
+        self.every, self.stall = every, stall
+        self.count = 0
+        self.in_flight = 0
+        self.stalled = 0
+
+    async def read(self, indices: list[int]) -> Columns:
+        self.count += 1
+        self.in_flight += 1
+        try:
+            if self.count % self.every == 0 and self.count > 100:
+                self.stalled += 1
+                await asyncio.sleep(self.stall)
+            else:
+                await asyncio.sleep(0.005)
+            return await super().read(indices)
+        finally:
+            self.in_flight -= 1
