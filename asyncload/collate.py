@@ -3,6 +3,10 @@
 Deep Lake hands out read-only zero-copy views. ``torch.from_numpy`` on them warns, and a tensor that
 aliases the store's buffer is unsafe to modify, so the batch tensor is allocated once and every sample
 is copied into it exactly once. This runs on the loader's CPU pool, never on the loop thread.
+
+Where batch tensors are allocated is a process-wide setting (``set_allocator``): ordinary heap memory by
+default; a fan-out worker process (``fanout``) allocates them in shared memory instead, so that handing a
+batch to the parent process copies no pixel data a second time.
 """
 
 from __future__ import annotations
@@ -18,6 +22,26 @@ from .errors import AsyncLoadError
 Sample = dict[str, Any]
 Transform = Callable[[Sample], Any]
 CollateFn = Callable[[list[Any]], Any]
+#: ``(shape, dtype) -> new uninitialised tensor``: where batch tensors live.
+Allocator = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def heap_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The default allocator: ``torch.empty`` in this process's heap."""
+    return torch.empty(shape, dtype=dtype)
+
+
+_allocate: Allocator = heap_empty
+
+
+def set_allocator(allocator: Allocator | None) -> Allocator:
+    """Make ``allocator`` allocate every batch tensor this module creates in this process (``None``: the
+    heap again); returns the previous one. Process-wide on purpose: the loader calls the collate functions
+    on its CPU pool, out of reach of any argument, and only a process that exists to ship batches to
+    another one (a fan-out worker) wants anything but the heap."""
+    global _allocate
+    previous, _allocate = _allocate, allocator or heap_empty
+    return previous
 
 
 class CollateError(AsyncLoadError, ValueError):
@@ -31,9 +55,10 @@ def _stack_into(column: str, parts: Sequence[np.ndarray | Sequence[Any]], count:
         first = np.asarray(first)
     shape, dtype = first.shape, first.dtype
     try:
-        out = torch.empty((count, *shape), dtype=torch.from_numpy(np.empty(0, dtype=dtype)).dtype)
+        torch_dtype = torch.from_numpy(np.empty(0, dtype=dtype)).dtype
     except TypeError as exc:
         raise CollateError(f"column {column!r}: dtype {dtype} has no torch equivalent; pass a collate_fn") from exc
+    out = _allocate((count, *shape), torch_dtype)
     view = out.numpy()
     row = 0
     for part in parts:
@@ -75,7 +100,12 @@ def default_collate(samples: list[Any]) -> Any:
             if all(isinstance(v, np.ndarray) for v in vals):
                 out[k] = _stack_into(k, [vals], len(vals), [int(s.get("index", i)) for i, s in enumerate(samples)])
             elif all(isinstance(v, torch.Tensor) for v in vals):
-                out[k] = torch.stack(vals)
+                first = vals[0]
+                same = all(v.shape == first.shape and v.dtype == first.dtype and v.device.type == "cpu" for v in vals)
+                if _allocate is not heap_empty and same:  # stack straight into the chosen memory
+                    out[k] = torch.stack(vals, out=_allocate((len(vals), *first.shape), first.dtype))
+                else:
+                    out[k] = torch.stack(vals)
             elif all(isinstance(v, (int, float, bool, np.number)) for v in vals):
                 out[k] = torch.as_tensor(np.asarray(vals))
             else:

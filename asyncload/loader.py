@@ -190,6 +190,10 @@ class AsyncLoader:
       hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
                     first answer wins (None: never hedge). Hedges are counted in ``stats()``
       log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
+      processes     0 (default): read in this process; K: K spawned worker processes, each with its
+                    own event loop and store handle, share the epoch (CPU-heavy transforms scale);
+                    batches come back through shared memory. transform/collate_fn must be picklable
+      mp_context    "spawn" (default) or "forkserver" for the worker processes
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
                     the end of the epoch (a failed group is re-read sample by sample first)
@@ -221,11 +225,20 @@ class AsyncLoader:
         shutdown_timeout: float = 10.0,
         log_every: float | None = None,
         hedge: float | None = 3.0,
+        processes: int = 0,
+        mp_context: Literal["spawn", "forkserver"] = "spawn",
     ) -> None:
+        # What a fan-out worker needs to build the same loader for its share (everything but the
+        # source, the shard and the fan-out itself).
+        self._options: dict[str, Any] = {
+            k: v for k, v in locals().items() if k not in ("self", "source", "shard", "processes", "mp_context")
+        }
         if not isinstance(source, Source):
             raise ConfigError(f"source={source!r} is not allowed: pass a Source such as DeepLakeSource(url)")
         _check("batch_size", batch_size, isinstance(batch_size, int) and batch_size >= 1, "an int >= 1")
         _check("concurrency", concurrency, concurrency == "auto" or (isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1), "'auto' or an int >= 1")
+        _check("processes", processes, isinstance(processes, int) and not isinstance(processes, bool) and processes >= 0, "an int >= 0 (0: read in this process)")
+        _check("mp_context", mp_context, mp_context in ("spawn", "forkserver"), "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)")
         _check("hedge", hedge, hedge is None or (isinstance(hedge, (int, float)) and hedge > 1), "None or a factor > 1")
         _check("max_concurrency", max_concurrency, isinstance(max_concurrency, int) and max_concurrency >= 1, "an int >= 1")
         _check("log_every", log_every, log_every is None or (isinstance(log_every, (int, float)) and log_every > 0), "None or seconds > 0")
@@ -250,6 +263,9 @@ class AsyncLoader:
         self.max_concurrency = max_concurrency
         self.log_every = log_every
         self.hedge = hedge
+        self.processes = processes
+        self.mp_context = mp_context
+        self.shard = shard or Shard()
         self.prefetch = prefetch
         self.in_order = in_order
         self.transform = transform
@@ -337,12 +353,24 @@ class AsyncLoader:
             self.transform, self.collate_fn, self.with_index, self.on_error, tuner, self.log_every, self.hedge,
         )  # fmt: skip
 
-    def __iter__(self) -> EpochIterator:
+    def __iter__(self) -> Iterator[Any]:
         """Start the current epoch (or its rest, after ``load_state_dict``). A loader runs one epoch at
         a time: a previous iterator of it is closed."""
         self.close()
         progress = self._resume if self._resume is not None else EpochProgress(self.epoch, len(self.sampler))
         self._resume = None
+        if self.processes:
+            from .fanout import FanoutEpoch  # imports this module
+
+            done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))
+            fan = FanoutEpoch(
+                self.source, self._options, self.shard, self.epoch, self.processes, in_order=self.in_order,
+                context=self.mp_context, skip=done, timeout=self.shutdown_timeout, progress=progress,
+            )  # fmt: skip
+            self._live = weakref.ref(fan)  # type: ignore[assignment]
+            self._stats = Stats()
+            self._progress = progress
+            return fan
         it = EpochIterator(
             self._plan(progress), progress, loop=self.loop, cpu_workers=self.cpu_workers,
             shutdown_timeout=self.shutdown_timeout,

@@ -75,3 +75,22 @@ def test_dataloader_workers_resume_by_batch_count(seg_url, workers) -> None:
         dl = DataLoader(resumed, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
         assert len(dl) == len(ref) - k
         assert taken + [b["index"].tolist() for b in dl] == ref, f"resumed after {k} batches"
+
+
+@pytest.mark.timeout(180)
+def test_fanout_processes_through_asyncloader_resume_exactly(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+
+    def make() -> AsyncLoader:
+        return AsyncLoader(src, batch_size=16, shuffle=True, seed=5, processes=2)
+
+    ref = EpochSampler(ROWS, 16, shuffle=True, seed=5).batches(0)
+    first = make()
+    it = iter(first)
+    taken = ids([next(it) for _ in range(5)])
+    state = first.state_dict()
+    it.close()
+    assert state["next"] == 5
+    second = make()
+    second.load_state_dict(state)
+    assert taken + ids(list(second)) == ref

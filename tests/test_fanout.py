@@ -1,0 +1,293 @@
+"""FanoutEpoch: K worker processes yield exactly one AsyncLoader's batches; crashes, errors, ``break`` and
+interpreter exit end with every worker joined and nothing left in /dev/shm.
+
+Each worker is a spawned process that imports torch and deeplake (~2-3 s of CPU), so the tests keep K
+small and check several things per epoch. Transforms and collate functions live at module level: worker
+processes unpickle them by name.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import itertools
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, ReadError, Shard, WorkerError
+from asyncload.errors import read_error
+from asyncload.fanout import FanoutEpoch, _RemoteError, sub_shard
+
+from .conftest import ROWS
+
+OPTS: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 5}
+
+
+# -- run in the workers ----------------------------------------------------------------------------
+def heavy(sample: dict[str, Any]) -> dict[str, Any]:
+    """CPU-bound and deterministic: the same output in any process."""
+    img = sample["images"].astype(np.float32)
+    for _ in range(10):
+        img = np.sqrt(img * img + 1.0)
+    return {"images": img, "masks": sample["masks"], "index": sample["index"]}
+
+
+@dataclass
+class Pair:
+    """A custom collate output that is not a dict of tensors."""
+
+    pixels: torch.Tensor
+    masks: np.ndarray
+    indices: list[int]
+
+
+def pair_collate(samples: list[dict[str, Any]]) -> Pair:
+    return Pair(
+        torch.stack([torch.from_numpy(s["images"]) for s in samples]),
+        np.stack([s["masks"] for s in samples]),
+        [int(s["index"]) for s in samples],
+    )
+
+
+def empty_batch_5(sample: dict[str, Any]) -> dict[str, Any]:
+    """Fails every sample of batch 5 (indices 80-95 with batch_size 16, in order)."""
+    if 80 <= sample["index"] < 96:
+        raise ValueError("unreadable")
+    return sample
+
+
+def fail_at_85(sample: dict[str, Any]) -> dict[str, Any]:
+    if sample["index"] == 85:
+        raise ValueError("bad pixel at 85")
+    return sample
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def worker_shm(pids: Any) -> list[str]:
+    """/dev/shm entries made by torch in these processes (``torch_<pid>_...``)."""
+    return [e for e in os.listdir("/dev/shm") if any(e.startswith(f"torch_{pid}_") for pid in pids)]
+
+
+def assert_gone(pids: Any) -> None:
+    assert multiprocessing.active_children() == []
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert worker_shm(pids) == []
+
+
+def assert_same_batch(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert list(a) == list(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+# -- no processes ----------------------------------------------------------------------------------
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("world_size,rank,num_workers,worker", [(1, 0, 1, 0), (3, 2, 2, 1), (2, 0, 3, 2)])
+@pytest.mark.parametrize("processes", [1, 2, 3, 5])
+def test_round_robin_over_sub_shards_is_the_shard(world_size, rank, num_workers, worker, processes) -> None:
+    """The identity the fan-out rests on: worker k's sub-shard holds batches k, k+K, ... of the shard."""
+    for n, bs, drop_last, remainder in itertools.product([0, 1, 37, 203], [1, 16], [False, True], ["pad", "drop"]):
+        shard = Shard(rank, world_size, worker, num_workers)
+        opts = {"shuffle": True, "seed": 3, "drop_last": drop_last, "remainder": remainder}
+        whole = EpochSampler(n, bs, shard=shard, **opts).batches(2)
+        parts = [EpochSampler(n, bs, shard=sub_shard(shard, k, processes), **opts).batches(2) for k in range(processes)]
+        merged = [parts[j % processes][j // processes] for j in range(sum(map(len, parts)))]
+        assert merged == whole, (n, bs, drop_last, remainder)
+
+
+@pytest.mark.timeout(30)
+def test_bad_settings_are_refused_before_any_process_starts(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    with pytest.raises(ConfigError, match="context='fork' is not allowed: forking"):
+        FanoutEpoch(src, OPTS, Shard(), 0, 2, context="fork")
+    with pytest.raises(ConfigError, match="processes=0"):
+        FanoutEpoch(src, OPTS, Shard(), 0, 0)
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        FanoutEpoch(src, {"batch_size": 0}, Shard(), 0, 2)
+    with pytest.raises(ConfigError, match="pickled"):
+        FanoutEpoch(src, {"transform": lambda s: s}, Shard(), 0, 2)
+    assert multiprocessing.active_children() == []
+    # The shared-memory allocator is a worker's setting only: this process still collates on the heap.
+    assert not next(iter(AsyncLoader(src, batch_size=4)))["images"].is_shared()
+
+
+@pytest.mark.timeout(10)
+def test_a_typed_read_error_keeps_both_types_across_processes() -> None:
+    err = read_error("file:///data/seg", "images", [3, 4], KeyError("chunk 7"))
+    back = _RemoteError.capture(err).rebuild("fan-out worker 1 of 2 (pid 1)")
+    assert isinstance(back, ReadError) and isinstance(back, KeyError)
+    assert str(back) == str(err) and back.indices == [3, 4] and back.column == "images"
+    assert "fan-out worker 1 of 2" in back.__notes__[-1]
+
+
+# -- real worker processes -------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [1, 2, 3])
+def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, processes) -> None:
+    src = DeepLakeSource(seg_url)
+    ref = list(AsyncLoader(src, **OPTS))
+    with FanoutEpoch(src, OPTS, Shard(), 0, processes) as it:
+        assert len(it) == len(ref)
+        got = list(it)
+        pids = it.pids.values()
+        assert len(pids) == processes
+    assert len(got) == len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert_same_batch(a, b)
+    # Pixels arrived through shared memory (mapped, not pickled), yet writable like any batch.
+    assert all(t.is_shared() for t in got[0].values())
+    got[0]["images"][0, 0, 0, 0] = 1
+    assert_gone(pids)
+
+    with FanoutEpoch(src, OPTS, Shard(), 0, processes, in_order=False) as it:
+        any_order = [b["index"].tolist() for b in it]
+    assert sorted(i for b in any_order for i in b) == list(range(ROWS))
+    assert sorted(any_order) == sorted(b["index"].tolist() for b in ref)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(90)
+def test_cpu_heavy_transform_and_custom_collate_give_what_one_loader_gives(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    opts = {**OPTS, "transform": heavy, "collate_fn": pair_collate}
+    ref = list(AsyncLoader(src, **opts))
+    with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
+        got = list(it)
+    assert [type(b) for b in got] == [Pair] * len(ref)
+    for a, b in zip(got, ref, strict=True):
+        assert a.indices == b.indices
+        assert torch.equal(a.pixels, b.pixels) and a.pixels.dtype == torch.float32
+        assert np.array_equal(a.masks, b.masks)
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(60)
+def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    ref = [b["index"].tolist() for b in AsyncLoader(src, **OPTS)]
+    skip = frozenset({0, 1, 2, 5, len(ref) - 1})
+    with FanoutEpoch(src, OPTS, Shard(), 0, 2, skip=skip) as it:
+        assert len(it) == len(ref) - len(skip)
+        got = [b["index"].tolist() for b in it]
+    assert got == [b for j, b in enumerate(ref) if j not in skip]
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> None:
+    if "on_error" not in inspect.signature(AsyncLoader).parameters:
+        pytest.skip("AsyncLoader has no on_error option")
+    src = DeepLakeSource(seg_url)
+    opts = {"batch_size": 16, "transform": empty_batch_5, "on_error": "skip"}
+    ref = [b["index"].tolist() for b in AsyncLoader(src, **opts)]
+    assert len(ref) == 12 and [80] not in [b[:1] for b in ref]
+    with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
+        assert [b["index"].tolist() for b in it] == ref
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    opts = {"batch_size": 8}
+    plan = EpochSampler(ROWS, 8).batches(0)
+    it = FanoutEpoch(src, opts, Shard(), 0, 2)
+    assert next(it)["index"].tolist() == plan[0]
+    assert next(it)["index"].tolist() == plan[1]
+    pids = it.pids
+    assert worker_shm(pids.values()) == []  # file_descriptor sharing: shm files are unlinked at birth
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    got = []
+    with pytest.raises(WorkerError) as info:
+        for b in it:
+            got.append(b["index"].tolist())
+    assert time.monotonic() - t0 < 10  # seconds (a fraction of one when the machine is idle)
+    err = info.value
+    assert f"worker 1 of 2 (pid {pids[1]})" in str(err) and "killed by signal SIGKILL" in str(err)
+    assert err.pid == pids[1] and err.exitcode == -signal.SIGKILL
+    # Worker 1 had delivered batch 1 of its batches 1, 3, 5, ...: it held all the others.
+    assert err.indices == [i for j in range(3, len(plan), 2) for i in plan[j]]
+    assert str(plan[3][:4])[1:-1] in str(err)
+    assert got in ([], [plan[2]])  # worker 0's next batch may come first, nothing after
+    assert_gone(pids.values())
+
+
+@pytest.mark.timeout(60)
+def test_an_exception_in_a_workers_transform_surfaces_in_order_with_its_message(seg_url) -> None:
+    it = FanoutEpoch(DeepLakeSource(seg_url), {"batch_size": 16, "transform": fail_at_85}, Shard(), 0, 2)
+    got = []
+    with pytest.raises(ValueError, match="bad pixel at 85") as info:
+        for b in it:
+            got.append(b["index"][0].item())
+    assert got == [0, 16, 32, 48, 64]  # the batches before batch 5 (indices 80-95), which worker 1 failed
+    notes = "\n".join(info.value.__notes__)
+    assert f"fan-out worker 1 of 2 (pid {it.pids[1]})" in notes and "fail_at_85" in notes
+    assert_gone(it.pids.values())
+
+
+@pytest.mark.timeout(60)
+def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
+    it = FanoutEpoch(DeepLakeSource(seg_url), {"batch_size": 8}, Shard(), 0, 2, context="forkserver")
+    for n, _ in enumerate(it):
+        if n == 2:
+            break
+    pids = list(it.pids.values())
+    assert len(pids) == 2
+    del it, _
+    gc.collect()
+    assert_gone(pids)
+
+
+INTERRUPT_SCRIPT = """
+import multiprocessing, os, signal, sys, threading, time
+from asyncload import DeepLakeSource, Shard
+from asyncload.fanout import FanoutEpoch
+
+def slow(sample):
+    time.sleep(0.05)  # the epoch lasts seconds: Ctrl-C comes while the parent waits for a batch
+    return sample
+
+if __name__ == "__main__":
+    src = DeepLakeSource(sys.argv[1])
+    it = FanoutEpoch(src, {"batch_size": 4, "transform": slow}, Shard(), 0, 2)
+    next(it)
+    print("pids", *it.pids.values(), flush=True)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        for _ in it:
+            pass
+    except KeyboardInterrupt:
+        print("interrupted; children left:", len(multiprocessing.active_children()), flush=True)
+    left_open = FanoutEpoch(src, {"batch_size": 4}, Shard(), 0, 2)
+    next(left_open)
+    print("pids", *left_open.pids.values(), flush=True)
+    print("exiting with an epoch open", flush=True)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_and_interpreter_exit_stop_every_worker(seg_url, tmp_path) -> None:
+    script = tmp_path / "interrupt.py"
+    script.write_text(textwrap.dedent(INTERRUPT_SCRIPT))
+    p = subprocess.run([sys.executable, str(script), seg_url], capture_output=True, text=True, timeout=80)
+    out = p.stdout + p.stderr[-3000:]
+    assert p.returncode == 0, out
+    assert "interrupted; children left: 0" in p.stdout and "exiting with an epoch open" in p.stdout, out
+    pids = [int(x) for line in p.stdout.splitlines() if line.startswith("pids ") for x in line.split()[1:]]
+    assert len(pids) == 4
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert worker_shm(pids) == []
