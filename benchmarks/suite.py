@@ -220,13 +220,13 @@ class Suite:
         with DelayLine((server.host, server.port), rtt_s=0.0) as s3_line, DelayLine((fhost, int(fport)), rtt_s=0.0) as filer_line:
             creds = {**server.creds(), "endpoint_url": s3_line.url}
             bar = tqdm(self.plan(), desc="bench", unit="run", file=sys.stderr)
+            url = self.s3_url
             for lat, what in bar:
                 bar.set_postfix_str(f"{what} @ {lat} ms" if lat >= 0 else what)
                 if lat >= 0:
                     s3_line.set_rtt(lat / 1e3)
                     filer_line.set_rtt(lat / 1e3)
                 kind, _, arg = what.partition(":")
-                url = self.s3_url
                 if kind == "netcheck":
                     path = measure_path(filer_line.url, small_path=f"/buckets/{self.bucket}/netcheck/small", large_path=f"/buckets/{self.bucket}/netcheck/large", n=10, fresh=3)
                     self.rows.append(Row("netcheck", lat, {}, path))
