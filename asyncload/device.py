@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from ._closing import Closing
 from .errors import ConfigError
 
 __all__ = ["DeviceFeed", "map_tensors"]
@@ -121,7 +122,7 @@ class _Staged:
     event: Any  # torch.cuda.Event | None
 
 
-class DeviceFeed(Iterator[Any]):
+class DeviceFeed(Closing, Iterator[Any]):
     """Iterate ``batches`` (tensors nested in dicts/lists/tuples) with every tensor already on ``device``.
 
     ``depth``: batches whose copies are issued ahead of the one handed out (0: copy on demand).
@@ -237,14 +238,3 @@ class DeviceFeed(Iterator[Any]):
         if callable(close):
             close()
 
-    def __enter__(self) -> DeviceFeed:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass

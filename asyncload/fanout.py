@@ -71,6 +71,7 @@ from typing import Any
 
 import torch
 
+from ._closing import Closing
 from .collate import set_allocator
 from .errors import ConfigError, ReadError, WorkerError, _short, _typed
 from .loader import AsyncLoader
@@ -313,7 +314,7 @@ def _close_all_at_exit() -> None:
             pass
 
 
-class FanoutEpoch(Iterator[Any]):
+class FanoutEpoch(Closing, Iterator[Any]):
     """One epoch of ``AsyncLoader(source, shard=shard, **loader_kwargs)`` read by ``processes`` worker
     processes; yields the same batches (in the same order when ``in_order``).
 
@@ -441,17 +442,6 @@ class FanoutEpoch(Iterator[Any]):
             w.conn.close()  # also unblocks a worker stuck sending: it gets EPIPE
         _stop_processes([w.process for w in workers], self._timeout)
 
-    def __enter__(self) -> FanoutEpoch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass
 
     # -- workers ---------------------------------------------------------------------------------
     def _start(self) -> None:

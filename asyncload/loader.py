@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+from ._closing import Closing
 from ._loop import LoopKind, LoopThread
 from .collate import CollateFn, Transform
 from .errors import AsyncLoadError, ConfigError, WorkerError
@@ -44,7 +45,7 @@ def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
         raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
 
 
-class EpochIterator(Iterator[Any]):
+class EpochIterator(Closing, Iterator[Any]):
     """Iterates one epoch. Owns the loop thread of that epoch; ``close()`` (or ``del``) stops it.
 
     Use it as a context manager, or rely on ``break`` + garbage collection; both stop every thread.
@@ -152,17 +153,6 @@ class EpochIterator(Iterator[Any]):
                 pass
         self._lt.stop(self._timeout)
 
-    def __enter__(self) -> EpochIterator:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - never raise from a finaliser
-            pass
 
 
 

@@ -5,7 +5,8 @@
 What it does:
 1. starts a real S3-compatible server (SeaweedFS ``weed mini``) and writes the synthetic segmentation
    dataset to it, plus a local-disk copy (the ceiling: what a loader reaches if latency were hidden);
-2. puts a TCP delay line in front of the server and, for each round-trip latency in the config, checks
+2. puts a TCP delay line (a process of its own, so it takes no GIL time from the loaders) in front of
+   the server and, for each round-trip latency in the config, checks
    the path (connect, small GET, one large GET) and measures every loader through it:
    the synchronous map-style Dataset and Deep Lake's ``ds.pytorch()`` through DataLoader with 0/2/4
    spawn workers, the published asyncio recipe (own process), asyncload (default settings, a
@@ -43,7 +44,7 @@ from tqdm import tqdm  # noqa: E402
 
 from asyncload import AsyncLoader, DeepLakeSource, make_dataset  # noqa: E402
 from asyncload.measure import Measurement, measure  # noqa: E402
-from asyncload.testing.delayline import DelayLine  # noqa: E402
+from asyncload.testing.delayline import DelayLineProcess  # noqa: E402
 from asyncload.testing.netcheck import measure_path  # noqa: E402
 from asyncload.testing.seaweed import SeaweedServer  # noqa: E402
 
@@ -209,7 +210,8 @@ class Suite:
             steps += [(lat, f"fanout:{k}") for k in cfg.processes]
             if lat in cfg.sweep_latencies_ms:
                 steps += [(lat, f"sweep:{mode}:{c}") for mode in cfg.read_modes for c in cfg.concurrency_sweep]
-            steps += [(lat, "train:sync"), (lat, "train:asyncload")]
+            if cfg.train_batches > 0:
+                steps += [(lat, "train:sync"), (lat, "train:asyncload")]
         steps.append((-1, "ceiling"))
         return steps
 
@@ -217,7 +219,7 @@ class Suite:
         cfg = self.cfg
         filer = server.filer_url.removeprefix("http://")
         fhost, fport = filer.split(":")
-        with DelayLine((server.host, server.port), rtt_s=0.0) as s3_line, DelayLine((fhost, int(fport)), rtt_s=0.0) as filer_line:
+        with DelayLineProcess((server.host, server.port)) as s3_line, DelayLineProcess((fhost, int(fport))) as filer_line:
             creds = {**server.creds(), "endpoint_url": s3_line.url}
             bar = tqdm(self.plan(), desc="bench", unit="run", file=sys.stderr)
             url = self.s3_url

@@ -486,3 +486,86 @@ class DelayLine:
     async def __aexit__(self, *exc: object) -> None:
         await self._close(2.5)
         self._loop = None
+
+
+class DelayLineProcess:
+    """A ``DelayLine`` in a process of its own, so that forwarding bytes never competes for the GIL
+    with the loader being measured. Same ``url``/``port``/``set_rtt`` as ``DelayLine``; a context manager.
+
+    The child reads commands from its stdin (``rtt SECONDS``) and stops at end of input, so it also
+    ends when this process dies.
+    """
+
+    def __init__(self, upstream: tuple[str, int], rtt_s: float = 0.0, *, host: str = "127.0.0.1") -> None:
+        import subprocess
+        import sys
+
+        self.host = host
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "asyncload.testing.delayline", f"{upstream[0]}:{upstream[1]}", "--rtt", str(rtt_s), "--host", host],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        if not line.startswith("port "):
+            self.stop()
+            raise RuntimeError(f"delay line process did not start (said {line!r})")
+        self.port = int(line.split()[1])
+        self._rtt = rtt_s
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def rtt_s(self) -> float:
+        return self._rtt
+
+    def set_rtt(self, rtt_s: float) -> None:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(f"rtt {rtt_s}\n")
+        self._proc.stdin.flush()
+        self._proc.stdout.readline()  # "ok": applied before this returns
+        self._rtt = rtt_s
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._proc.poll() is None:
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+                self._proc.wait(timeout)
+            except Exception:  # noqa: BLE001 - fall back to a kill
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> DelayLineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m asyncload.testing.delayline HOST:PORT --rtt S``: prints ``port N``, then obeys
+    ``rtt S`` lines on stdin (answering ``ok``) until end of input."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m asyncload.testing.delayline")
+    ap.add_argument("upstream", help="HOST:PORT to forward to")
+    ap.add_argument("--rtt", type=float, default=0.0, help="added round-trip time in seconds")
+    ap.add_argument("--host", default="127.0.0.1")
+    args = ap.parse_args(argv)
+    host, _, port = args.upstream.rpartition(":")
+    with DelayLine((host, int(port)), rtt_s=args.rtt, host=args.host) as dl:
+        print(f"port {dl.port}", flush=True)
+        for line in sys.stdin:
+            cmd, _, value = line.strip().partition(" ")
+            if cmd == "rtt":
+                dl.set_rtt(float(value))
+            print("ok", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
