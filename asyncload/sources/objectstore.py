@@ -13,7 +13,12 @@ Design, and why:
   handle itself (the row → key index) is plain data, opened from any thread, never crossing a fork.
 - **Pool sized to the fan-out.** ``configure(requests_in_flight)`` from the loader × the indices per
   read × columns, capped by ``max_connections``; aiohttp's default cap of 100 would otherwise queue the
-  excess silently inside the client.
+  excess silently inside the client. Twice that, because a hedged read (the loader's second request
+  for a straggler) needs connections beyond the loader's concurrency, and the hedged-away request
+  keeps its connection until it ends: with no headroom, stalled losers filled the pool and every later
+  read waited for them (measured, tests/test_faults.py: 5 stalls of 3 s at concurrency 2 cost +5.5-5.9 s
+  without the headroom, +2.7-2.9 s with it).
+  Connections are opened lazily, so the cap costs nothing when unused.
 - **Decoding off the loop.** PNG/JPEG bytes are decoded with Pillow in a thread pool sized to the cores
   (Pillow releases the GIL while decoding), so the loop thread only moves bytes. Images come out
   ``H×W×3`` uint8, masks ``H×W`` uint8 (palette/grey values as stored).
@@ -450,7 +455,7 @@ class ObjectStoreSource(Source[_Index]):
 
     def connections(self) -> int:
         """The pool size a session created now would get (for logs and tests)."""
-        want = self._connections or self._requests_in_flight * self._fanout * len(self.columns)
+        want = self._connections or 2 * self._requests_in_flight * self._fanout * len(self.columns)  # ×2: hedges
         return max(1, min(self.max_connections, want))
 
     async def read(self, indices: list[int]) -> Columns:
