@@ -62,7 +62,8 @@ class EpochIterator(Closing, Iterator[Any]):
         self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers, owner_close=self.close)
         self._pipeline = Pipeline(plan, self._out, self._lt, self.stats)
         self._future: concurrent.futures.Future[None] | None = None
-        self._closed = False
+        self._closed = False  # no more batches for the consumer
+        self._stopped = False  # the loop thread is joined
 
     def _start(self) -> None:
         """Start the loop thread and the pipeline: on the first ``next()``, in the process that iterates."""
@@ -132,11 +133,16 @@ class EpochIterator(Closing, Iterator[Any]):
         raise WorkerError(f"asyncload's loop thread for {self._plan.source.url} ended unexpectedly") from cause
 
     def close(self) -> None:
-        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread."""
-        if self._closed:
+        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread.
+
+        Idempotent, and safe to call again when a first call was interrupted (Ctrl-C while waiting for
+        reads in flight): the stop counts as done only once the loop thread is joined.
+        """
+        if self._stopped:
             return
-        self._closed = True
-        self.stats.finished = time.perf_counter()
+        if not self._closed:
+            self._closed = True
+            self.stats.finished = time.perf_counter()
         if self._future is not None and self._lt.running:
             self._lt.call_soon(self._pipeline.stop)
             try:
@@ -151,7 +157,7 @@ class EpochIterator(Closing, Iterator[Any]):
                 return
             except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
                 pass
-        self._lt.stop(self._timeout)
+        self._stopped = self._lt.stop(self._timeout)
 
 
 

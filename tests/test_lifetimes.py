@@ -116,3 +116,30 @@ def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
         results = list(pool.map(run, range(20)))
     bad = [(rc, out) for rc, out in results if rc != 0 or "ok 203" not in out]
     assert not bad, f"{len(bad)} of 20 runs failed; first: rc={bad[0][0]}\n{bad[0][1]}"
+
+
+def test_close_interrupted_by_ctrl_c_can_be_finished_by_a_second_close(seg_url) -> None:
+    """Regression: a KeyboardInterrupt while close() waited for reads left the loop thread running and
+    later close() calls (the exit hook's too) returned at once."""
+    import signal
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    src = DelayedSource(seg_url, lambda idx: 1.0)
+    it = iter(AsyncLoader(src, batch_size=4, concurrency=8))
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with pytest.raises(StopIteration):
+            # the first next() waits ~1 s for a batch; the alarm fires during close() below instead
+            signal.setitimer(signal.ITIMER_REAL, 1.5)
+            next(it)
+            with pytest.raises(KeyboardInterrupt):
+                it.close()
+            assert loop_threads()  # interrupted: not stopped yet
+            it.close()
+            next(it)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    wait_no_loop_threads()
