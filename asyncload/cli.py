@@ -10,10 +10,22 @@ from collections.abc import Sequence
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
 
 
+def _concurrency(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"concurrency={text!r} is not allowed: 'auto' or an int >= 1")
+    return value
+
+
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default="images,masks", help="comma-separated columns (default: images,masks)")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--concurrency", type=int, default=64, help="samples read at once")
+    p.add_argument("--concurrency", type=_concurrency, default="auto", help="samples read at once, or 'auto' (default)")
     p.add_argument("--prefetch", type=int, default=4, help="ready batches kept ahead")
     p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto")
     p.add_argument("--shuffle", action="store_true")
@@ -47,7 +59,7 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
             src, args.batch_size, shuffle=args.shuffle, seed=args.seed, concurrency=args.concurrency,
             prefetch=args.prefetch, read_mode=mode,
         )  # fmt: skip
-        rows.append(measure(f"asyncload {mode} reads, concurrency {args.concurrency}", loader))
+        rows.append(measure(f"asyncload {loader.read_mode} reads, concurrency {args.concurrency}", loader))
     print(f"\n{len(src)} rows, columns {columns}, from {src.url}\n")
     print(table(rows, base))
 
@@ -120,7 +132,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"asyncload bench: {suite} not found; run it from a source checkout of asyncload", file=sys.stderr)
         return 2
     sys.argv = [str(suite), "--config", args.config] + [x for kv in args.set for x in ("--set", kv)]
-    runpy.run_path(str(suite), run_name="__main__")
+    try:
+        runpy.run_path(str(suite), run_name="__main__")
+    except SystemExit as done:  # the suite ends with sys.exit(main())
+        return int(done.code or 0)
     return 0
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from ._closing import Closing
 from ._loop import LoopKind, LoopThread
 from .collate import CollateFn, Transform
+from .config import check as _check
 from .errors import AsyncLoadError, ConfigError, WorkerError
 from .pipeline import EMPTY, END, Failure, OnError, Pipeline, Plan
 from .sampler import EpochSampler, Remainder, Shard
@@ -38,11 +39,6 @@ from .tuning import ConcurrencyTuner
 log = logging.getLogger("asyncload")
 
 ReadMode = Literal["auto", "row", "column"]
-
-
-def _check(name: str, value: Any, ok: bool, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}={value!r} is not allowed: {allowed}")
 
 
 class EpochIterator(Closing, Iterator[Any]):
@@ -339,7 +335,7 @@ class AsyncLoader:
         tuner = None
         if auto:  # one tuner for the loader's life: a new epoch starts where the last one settled
             if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
-                self._tuner = ConcurrencyTuner(start=max(16, group), low=group, high=fetchers * group)
+                self._tuner = ConcurrencyTuner(start=max(32, group), low=group, high=fetchers * group)
             tuner = self._tuner
         limit = max(1, tuner.limit // group) if tuner else fetchers
         self.source.configure(fetchers, fetchers * group)

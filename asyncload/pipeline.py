@@ -196,7 +196,11 @@ class Pipeline:
             if tuner is None:
                 continue
             done = st.samples_read - n0
-            if now - t0 < 0.3 or (done < max(4, 2 * st.concurrency) and now - t0 < 2.0):
+            # An interval is a few read round trips (so the change of the last step has shown), and
+            # enough completed reads to measure, or at most 2 s.
+            recent = sorted(list(st.latencies)[-64:])
+            p50 = recent[len(recent) // 2] if recent else 0.05
+            if now - t0 < max(0.1, 4 * p50) or (done < max(4, 2 * st.concurrency) and now - t0 < 2.0):
                 continue
             waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
             throttled = plan.source.throttle_count() - thr0

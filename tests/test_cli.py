@@ -1,0 +1,92 @@
+"""The asyncload command and the validated configs, on a small dataset."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+import deeplake
+import pytest
+
+from asyncload import AsyncLoader, DeepLakeSource
+from asyncload.cli import main
+
+from .sources import DelayedSource
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_make_inspect_load(tmp_path, capsys) -> None:
+    path = tmp_path / "small"
+    assert main(["make-dataset", str(path), "--rows", "24", "--size", "32", "--format", "jpg"]) == 0
+    ds = deeplake.open_read_only(f"file://{path}")
+    assert len(ds) == 24 and [c.name for c in ds.schema.columns] == ["images", "masks"]
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"file://{path}: 24 rows" in out
+    assert "images" in out and "(32, 32, 3)" in out and "(32, 32)" in out and "chunks:" in out
+    assert main(["load", str(path), "--batch-size", "8", "--sequential-rows", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "| sequential ds[i][col] (8 rows) | 8 |" in out
+    assert "| asyncload row reads, concurrency auto | 24 |" in out  # read_mode="auto" picks per-row on Deep Lake
+
+
+def test_inspect_of_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys) -> None:
+    assert main(["inspect", str(tmp_path / "none")]) == 2
+    assert f"asyncload inspect: cannot open file://{tmp_path / 'none'}" in capsys.readouterr().err
+
+
+def test_every_subcommand_has_help() -> None:
+    out = subprocess.run([sys.executable, "-m", "asyncload", "--help"], capture_output=True, text=True, timeout=60).stdout
+    for cmd in ("make-dataset", "inspect", "load", "bench", "train", "demo"):
+        assert cmd in out
+    for cmd in ("make-dataset", "inspect", "load", "bench", "train", "demo"):
+        with pytest.raises(SystemExit) as e:
+            main([cmd, "--help"])
+        assert e.value.code == 0
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--set", "rows=10"], "rows=10 is not allowed: an int >= 64"),
+        (["--set", "concurency=8"], "concurency"),
+        (["--set", "max_seconds=-1"], "max_seconds=-1.0 is not allowed: seconds > 0"),
+        (["--set", "read_modes=[row, chunk]"], "read_modes=('row', 'chunk') is not allowed: a list of 'row'/'column'"),
+    ],
+)
+def test_bench_config_errors_name_key_value_and_allowed(args, message, capsys) -> None:
+    assert main(["bench", "--config", str(ROOT / "configs" / "bench.yaml"), "--suite", str(ROOT / "benchmarks" / "suite.py"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+
+
+def test_shipped_configs_are_valid() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from suite import load_bench_config
+
+        for name in ("bench.yaml", "bench_large.yaml", "bench_tuner.yaml"):
+            load_bench_config(str(ROOT / "configs" / name), [])
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_live_stats_and_the_periodic_log_line(seg_url, caplog) -> None:
+    loader = AsyncLoader(DelayedSource(seg_url, lambda idx: 0.02), batch_size=16, concurrency="auto", log_every=0.1)
+    with caplog.at_level(logging.INFO, logger="asyncload"):
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for _ in loader:
+                pass
+    s = loader.stats()
+    for key in ("samples_per_s", "bytes_per_s", "in_flight", "ready_batches", "read_p50_ms", "read_p90_ms", "read_p99_ms",
+                "consumer_wait_s", "retries", "hedges", "skipped", "concurrency", "concurrency_setting"):
+        assert key in s, key
+    assert s["bytes_per_s"] > 0 and s["concurrency"] >= 1 and s["concurrency_setting"] == "auto"
+    assert s["read_p50_ms"] <= s["read_p90_ms"] <= s["read_p99_ms"]
+    lines = [r.getMessage() for r in caplog.records if "samples/s" in r.getMessage()]
+    assert lines and seg_url in lines[0] and "in flight (limit" in lines[0]
