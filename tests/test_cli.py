@@ -10,7 +10,7 @@ from pathlib import Path
 import deeplake
 import pytest
 
-from asyncload import AsyncLoader, DeepLakeSource
+from asyncload import AsyncLoader
 from asyncload.cli import main
 
 from .sources import DelayedSource
