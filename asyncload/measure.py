@@ -4,14 +4,16 @@ The demo, the ``load`` command and the benchmarks all report through ``measure``
 comparable, and the plain sequential ``ds[i][col]`` loop lives here as the baseline every run measures
 alongside the loader.
 
-- Throughput is taken over the steady state: the last ``1 - warmup`` of the time between the first
-  batch and the last. A DataLoader's worker start-up is reported as time to first batch instead of
-  diluting samples/s, and a prefetching loader's initial read-ahead (batches that arrive at once after
-  the first) does not inflate it. Stream several epochs so the window is long against the read-ahead.
+- Throughput is taken from the first batch to the last (the samples after the first batch over that
+  time): a DataLoader's worker start-up is reported as time to first batch instead of diluting
+  samples/s. ``warmup`` can leave out a first fraction of that time too, but in-order delivery is
+  bursty (a late batch holds back the ones behind it), so a window that starts mid-run can catch one
+  burst and report nonsense; the default takes the whole span.
 - CPU time counts this process and its children (DataLoader workers, fan-out processes) once they have
   been reaped, which is why the iterator is closed before the clock stops.
-- Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only,
-  so runs measured one after another in one process each get their own peak.
+- Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only;
+  ``rss_growth_mb`` is that peak minus the RSS at the start, which is what the loader itself added when
+  several runs are measured one after another in one long-lived process.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Measurement:
     peak_rss_mb: float
     steady_samples: int = 0
     steady_seconds: float = 0.0
+    rss_growth_mb: float = 0.0  # peak during the run minus the RSS when it started: what this loader added
 
     @property
     def samples_per_s(self) -> float:
@@ -88,7 +91,7 @@ class PeakRSS:
 
     def __init__(self, every_s: float = 0.02) -> None:
         self.every_s = every_s
-        self.peak = tree_rss_bytes()
+        self.peak = self.start = tree_rss_bytes()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
         self._thread.start()
@@ -125,7 +128,7 @@ def measure(
     *,
     max_samples: int | None = None,
     max_seconds: float | None = None,
-    warmup: float = 0.25,
+    warmup: float = 0.0,
     on_batch: Callable[[Any], None] | None = None,
 ) -> Measurement:
     """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it."""
@@ -162,7 +165,8 @@ def measure(
         t_a, n_a = next((t, k) for t, k in marks if t >= t_w)
         if t_last > t_a:
             steady_n, steady_s = n_last - n_a, t_last - t_a
-    return Measurement(name, n, end - t0, cpu, first, rss.stop(), steady_n, steady_s)
+    peak_mb = rss.stop()
+    return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
 
 
 def sequential(url: str, columns: Sequence[str], limit: int | None = None, creds: dict[str, str] | None = None) -> Iterable[int]:

@@ -133,6 +133,7 @@ class Pipeline:
         self._reorder: dict[int, Any] = {}
         self._assembling: set[asyncio.Task[None]] = set()
         self._stragglers: set[asyncio.Future[Any]] = set()  # hedged-away reads still running
+        self._issued_all = False  # the producer has issued every batch of the epoch
         self._hedge_s: float | None = None
         self._hedge_at = 0
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
@@ -156,6 +157,7 @@ class Pipeline:
             batch = _Batch(pos, seq, indices, pending=len(starts))
             for s in starts:
                 self._work.put_nowait((batch, s, min(s + plan.group, len(indices))))
+        self._issued_all = True
         for _ in fetchers:
             self._work.put_nowait(None)
         await asyncio.gather(*fetchers)
@@ -204,9 +206,14 @@ class Pipeline:
                 continue
             waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
             throttled = plan.source.throttle_count() - thr0
-            obs = Observation(done / (now - t0), consumer_bound=waited < 0.02 * (now - t0) and st.batches_yielded > 0, throttled=throttled)
-            samples = tuner.observe(obs)
-            self.set_limit(max(1, samples // plan.group))
+            # Judge only the middle of an epoch: its first interval pays the start-up, and once every
+            # batch has been issued the tail drains, so throughput falls whatever the limit.
+            if st.batches_yielded > 0 and not self._issued_all:
+                obs = Observation(
+                    done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50
+                )  # fmt: skip
+                samples = tuner.observe(obs)
+                self.set_limit(max(1, samples // plan.group))
             t0, n0, w0, thr0 = now, st.samples_read, st.wait_s + (now - st.waiting_since if st.waiting_since else 0.0), plan.source.throttle_count()
 
     # -- scheduled by the consumer ---------------------------------------------------------------

@@ -7,9 +7,12 @@ network idle; too many cost memory and, on a throttling store, provoke 503/429s.
 The tuner is a small hill-climber with a slow start, in the spirit of TCP congestion control and
 tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
 
-- **Slow start:** double while each doubling still raises throughput by more than ``gain``.
+- **Slow start:** double while each doubling still pays: throughput rose by more than ``gain``, or read
+  latency stayed near its floor (no queueing yet, as in TCP Vegas), which is the steadier signal on a
+  noisy machine: on a remote store latency stays at the round trip until something saturates.
 - **Plateau:** when a step up does not pay, step back to the last level that did, and hold. Every
-  ``probe_every`` intervals it probes one step (×1.25) up, so it follows a store that got faster.
+  ``probe_every`` intervals it probes one step (×1.25) up, so it follows a store that got faster; while
+  latency sits at its floor it probes at once (nothing is queueing, so more in flight is free).
 - **Consumer-bound:** when the consumer is the bottleneck (every batch slot is taken, nothing waits
   on reads), more concurrency cannot help: hold.
 - **Back-off:** a throttling answer (503 SlowDown, 429) halves the limit at once (multiplicative
@@ -31,6 +34,7 @@ class Observation:
     samples_per_s: float
     consumer_bound: bool = False
     throttled: int = 0
+    latency_s: float | None = None  # median read latency over the interval
 
 
 class ConcurrencyTuner:
@@ -46,6 +50,7 @@ class ConcurrencyTuner:
         self._prev_rate = 0.0  # its throughput
         self._best: dict[int, float] = {}
         self._held = 0
+        self._floor: float | None = None  # the lowest median read latency seen: the unloaded round trip
         self.history: list[tuple[int, float, str]] = []
 
     def _set(self, limit: int, why: str, rate: float) -> int:
@@ -57,6 +62,10 @@ class ConcurrencyTuner:
         """Feed one interval's figures; returns the limit for the next interval."""
         rate, limit = obs.samples_per_s, self.limit
         self._best[limit] = max(self._best.get(limit, 0.0), rate)
+        unloaded = False
+        if obs.latency_s is not None and obs.latency_s > 0:
+            self._floor = obs.latency_s if self._floor is None else min(self._floor, obs.latency_s)
+            unloaded = obs.latency_s <= 1.5 * self._floor
         if obs.throttled:
             self.slow_start = False
             self._prev_limit, self._held = None, 0
@@ -66,7 +75,7 @@ class ConcurrencyTuner:
             return self._set(limit, "consumer-bound: hold", rate)
         if self._prev_limit is not None:
             # Judge the last step up: did it pay?
-            if rate > self._prev_rate * (1 + self.gain):
+            if rate > self._prev_rate * (1 + self.gain) or (unloaded and rate >= self._prev_rate * 0.95):
                 self._prev_limit, self._prev_rate = limit, rate
                 step = limit * 2 if self.slow_start else math.ceil(limit * 1.25)
                 return self._set(step, "step paid: up", rate)
@@ -75,7 +84,7 @@ class ConcurrencyTuner:
             self._prev_limit, self._held = None, 0
             return self._set(back, "step did not pay: back", rate)
         self._held += 1
-        if self.slow_start or self._held >= self.probe_every:
+        if self.slow_start or self._held >= self.probe_every or unloaded:
             if limit >= self.high:
                 return self._set(limit, "at the upper bound", rate)
             self._prev_limit, self._prev_rate, self._held = limit, rate, 0

@@ -55,14 +55,14 @@ def tables(data: dict[str, Any]) -> str:
     base = next((r for n, r in at.items() if n.startswith("sync Dataset") and r and r["settings"].get("workers") == 0), None)
     if base is not None and _sps(base):
         b = _sps(base) or 1.0
-        out += ["", f"## At {FOCUS_MS} ms RTT", "", "| loader | samples/s | × sync, 0 workers | CPU ms/sample | peak RSS MB | first batch s |", "|---|---|---|---|---|---|"]
+        out += ["", f"## At {FOCUS_MS} ms RTT", "", "| loader | samples/s | × sync, 0 workers | CPU ms/sample | peak RSS MB | RSS added MB | first batch s |", "|---|---|---|---|---|---|---|"]
         for name, r in at.items():
             if r is None or "error" in r["m"]:
                 continue
             m = r["m"]
             out.append(
                 f"| {name} | {_fmt(_sps(r))} | {(_sps(r) or 0) / b:.1f} | {m.get('cpu_per_sample_ms', 0):.2f} | "
-                f"{m.get('peak_rss_mb', 0):,.0f} | {_fmt(m.get('first_batch_s'), 2)} |"
+                f"{m.get('peak_rss_mb', 0):,.0f} | {m.get('rss_growth_mb', 0):,.0f} | {_fmt(m.get('first_batch_s'), 2)} |"
             )
         out += ["", "### Targets at 50 ms", ""] + _targets(at, b)
 

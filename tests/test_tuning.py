@@ -73,3 +73,22 @@ def test_auto_backs_off_a_throttling_store(seg_url) -> None:
         assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(ROWS))
     assert src.throttled > 0
     assert loader.stats()["concurrency"] <= 16
+
+
+def test_a_flat_latency_keeps_the_climb_going_through_noisy_throughput() -> None:
+    """A remote store: latency stays at the round trip until the store saturates at 600 in flight;
+    throughput measured with ±15% noise. Throughput alone would stop the climb on a noisy interval."""
+    import random
+
+    rng = random.Random(1)
+    rtt, knee = 0.05, 600
+
+    def observe(limit: int) -> Observation:
+        latency = rtt * max(1.0, limit / knee)
+        return Observation(limit / latency * rng.uniform(0.85, 1.15), latency_s=latency)
+
+    t = ConcurrencyTuner(start=32, high=1024)
+    t.observe(Observation(100.0, throttled=1))  # an early 503 ends slow start: only +25% probes remain
+    for _ in range(60):
+        t.observe(observe(t.limit))
+    assert t.limit >= 512  # within 10% of the best throughput (knee at 600)
