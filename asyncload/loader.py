@@ -335,7 +335,7 @@ class AsyncLoader:
         tuner = None
         if auto:  # one tuner for the loader's life: a new epoch starts where the last one settled
             if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
-                self._tuner = ConcurrencyTuner(start=max(32, group), low=group, high=fetchers * group)
+                self._tuner = ConcurrencyTuner(start=max(128, group), low=group, high=fetchers * group)
             tuner = self._tuner
         limit = max(1, tuner.limit // group) if tuner else fetchers
         self.source.configure(fetchers, fetchers * group)

@@ -202,13 +202,14 @@ class Pipeline:
             # enough completed reads to measure, or at most 2 s.
             recent = sorted(list(st.latencies)[-64:])
             p50 = recent[len(recent) // 2] if recent else 0.05
-            if now - t0 < max(0.1, 4 * p50) or (done < max(4, 2 * st.concurrency) and now - t0 < 2.0):
+            throttled = plan.source.throttle_count() - thr0
+            enough = done >= max(4, min(2 * st.concurrency, 64)) or now - t0 >= 2.0 or throttled
+            if now - t0 < max(0.1, 4 * p50) or not enough:
                 continue
             waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
-            throttled = plan.source.throttle_count() - thr0
             # Judge only the middle of an epoch: its first interval pays the start-up, and once every
             # batch has been issued the tail drains, so throughput falls whatever the limit.
-            if st.batches_yielded > 0 and not self._issued_all:
+            if throttled or (st.batches_yielded > 0 and not self._issued_all):  # throttling: back off always
                 obs = Observation(
                     done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50
                 )  # fmt: skip
