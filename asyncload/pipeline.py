@@ -203,9 +203,9 @@ class Pipeline:
             recent = sorted(list(st.latencies)[-64:])
             p50 = recent[len(recent) // 2] if recent else 0.05
             throttled = plan.source.throttle_count() - thr0
-            enough = done >= max(4, min(2 * st.concurrency, 64)) or now - t0 >= 2.0 or throttled
-            if now - t0 < max(0.1, 4 * p50) or not enough:
-                continue
+            enough = done >= max(4, min(2 * st.concurrency, 64)) or now - t0 >= 2.0
+            if not throttled and (now - t0 < max(0.1, 4 * p50) or not enough):
+                continue  # (a throttling answer is acted on at once)
             waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
             # Judge only the middle of an epoch: its first interval pays the start-up, and once every
             # batch has been issued the tail drains, so throughput falls whatever the limit.

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from .._loop import LoopKind, LoopThread
+from ._service import LoopService
 
 log = logging.getLogger("asyncload.testing")
 
@@ -328,12 +329,14 @@ class _Link:
         self.side_gone()
 
 
-class DelayLine:
+class DelayLine(LoopService):
     """A loopback TCP proxy to ``upstream`` adding ``rtt_s`` of round-trip time (see the module docstring).
 
     ``with DelayLine(("127.0.0.1", port), rtt_s=0.05) as dl: ... dl.url ...`` runs it on a background
     thread; ``async with`` runs it on the current loop. ``set_rtt`` applies to bytes read afterwards.
     """
+
+    _thread_name = "asyncload-delayline"
 
     def __init__(
         self,
@@ -442,41 +445,11 @@ class DelayLine:
             log.warning("delayline: %d connections did not close in time", len(self._links))
         self._links.clear()
 
-    # -- lifecycle: own thread -------------------------------------------------------------------------
-    def start(self) -> DelayLine:
-        """Start listening on a background loop thread; returns once the port is bound."""
-        if self._thread is not None or self._lsock is not None:
-            raise RuntimeError("DelayLine already started")
-        self._thread = LoopThread("asyncload-delayline", loop=self._loop_kind, cpu_workers=1)
-        self._thread.start()
-        try:
-            self._thread.submit(self._open()).result(timeout=10)
-        except BaseException:
-            self._thread.stop()
-            self._thread = None
-            raise
-        return self
+    # -- lifecycle: own thread (LoopService), or the caller's loop ----------------------------------------
+    def _started(self) -> bool:
+        return self._thread is not None or self._lsock is not None
 
-    def stop(self, timeout: float = 5.0) -> bool:
-        """Close the listener and every connection, then join the thread; True when all ended in time."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return True
-        try:
-            thread.submit(self._close(timeout / 2)).result(timeout)
-        except Exception as exc:  # noqa: BLE001 - stopping must still join the thread
-            log.warning("delayline: close failed: %r", exc)
-        ok = thread.stop(timeout)
-        self._loop = None
-        return ok
 
-    def __enter__(self) -> DelayLine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    # -- lifecycle: caller's loop ----------------------------------------------------------------------
     async def __aenter__(self) -> DelayLine:
         if self._thread is not None or self._lsock is not None:
             raise RuntimeError("DelayLine already started")

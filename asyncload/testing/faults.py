@@ -62,6 +62,7 @@ from aiohttp import web
 from yarl import URL
 
 from .._loop import LoopKind, LoopThread
+from ._service import LoopService
 
 log = logging.getLogger("asyncload.testing")
 
@@ -280,12 +281,14 @@ class FaultSchedule:
         return None
 
 
-class FaultProxy:
+class FaultProxy(LoopService):
     """An HTTP reverse proxy to ``upstream`` that injects the faults of :attr:`schedule`; a context manager.
 
     Runs its own event loop on a background thread (named ``faultproxy``, so tests that look for
     leftover ``asyncload`` threads do not see it). ``url`` is ``http://127.0.0.1:<free port>``.
     """
+
+    _thread_name = "faultproxy"
 
     def __init__(
         self,
@@ -493,7 +496,7 @@ class FaultProxy:
             self._count("forwarded")
             return resp
 
-    async def _close(self) -> None:
+    async def _close(self, timeout: float = 2.5) -> None:
         if self._reopen is not None:
             self._reopen.cancel()
             self._reopen = None
@@ -508,38 +511,6 @@ class FaultProxy:
             self._session = None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
-    def start(self) -> FaultProxy:
-        """Start listening on a background loop thread; returns once the port is bound."""
-        if self._thread is not None:
-            raise RuntimeError("FaultProxy already started")
-        self._thread = LoopThread("faultproxy", loop=self._loop_kind, cpu_workers=1)
-        self._thread.start()
-        try:
-            self._thread.submit(self._open()).result(timeout=10)
-        except BaseException:
-            self._thread.stop()
-            self._thread = None
-            raise
-        return self
-
-    def stop(self, timeout: float = 5.0) -> bool:
-        """Close the listener and every connection, then join the thread; True when it ended in time."""
-        thread, self._thread = self._thread, None
-        if thread is None:
-            return True
-        try:
-            thread.submit(self._close()).result(timeout)
-        except Exception as exc:  # noqa: BLE001 - stopping must still join the thread
-            log.warning("faultproxy: close failed: %r", exc)
-        ok = thread.stop(timeout)
-        self._loop = None
-        return ok
-
-    def __enter__(self) -> FaultProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def _abort_with_rst(transport: asyncio.BaseTransport | None) -> None:
