@@ -107,3 +107,15 @@ def running_seaweed(seaweed: SeaweedServer) -> Iterator[SeaweedServer]:
         yield seaweed
     finally:
         seaweed.start()
+
+
+def read_epoch(it: Iterator[dict], data: RemoteData, seen: list[int] | None = None) -> list[int]:
+    """Consume ``it``; check every sample's pixels against the originals; return the indices seen."""
+    seen = [] if seen is None else seen
+    for b in it:
+        idx = b["index"].tolist()
+        for j, i in enumerate(idx):
+            assert np.array_equal(b["images"][j].numpy(), data.images[i]), f"images differ at index {i}"
+            assert np.array_equal(b["masks"][j].numpy(), data.masks[i]), f"masks differ at index {i}"
+        seen += idx
+    return seen

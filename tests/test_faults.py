@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError
@@ -38,7 +37,7 @@ from asyncload.testing.faults import Fault, FaultProxy
 from asyncload.testing.seaweed import SeaweedServer
 
 from .conftest import wait_no_loop_threads
-from .remote_fixtures import RemoteData, remote_data, running_seaweed, seaweed, stem
+from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed, stem
 
 FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names
 
@@ -95,18 +94,6 @@ def proxy(remote_data: RemoteData, running_seaweed: SeaweedServer) -> Iterator[F
 def proxied_creds(data: RemoteData, proxy: FaultProxy) -> dict[str, str]:
     """The server's credentials with the proxy as endpoint: requests are signed for the proxy's host."""
     return dict(data.creds(), endpoint_url=proxy.url)
-
-
-def read_epoch(it: Iterator[dict], data: RemoteData, seen: list[int] | None = None) -> list[int]:
-    """Consume ``it``; check every sample's pixels against the originals; return the indices seen."""
-    seen = [] if seen is None else seen
-    for b in it:
-        idx = b["index"].tolist()
-        for j, i in enumerate(idx):
-            assert np.array_equal(b["images"][j].numpy(), data.images[i]), f"images differ at index {i}"
-            assert np.array_equal(b["masks"][j].numpy(), data.masks[i]), f"masks differ at index {i}"
-        seen += idx
-    return seen
 
 
 def lost_and_duplicated(seen: list[int], expected: set[int]) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3En
 from asyncload.testing.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 from .conftest import wait_no_loop_threads
-from .remote_fixtures import RemoteData, originals, remote_data, running_seaweed, seaweed, upload_files
+from .remote_fixtures import RemoteData, originals, read_epoch, remote_data, running_seaweed, seaweed, upload_files
 
 # pytest finds fixtures among a module's names; naming them here also tells linters the import is used.
 FIXTURES = (remote_data, running_seaweed, seaweed)
@@ -43,14 +43,7 @@ def full_text(exc: BaseException) -> str:
 
 def epoch(loader: AsyncLoader, data: RemoteData) -> list[int]:
     """Run one epoch; check every sample's pixels against the originals; return the indices seen."""
-    seen: list[int] = []
-    for b in loader:
-        idx = b["index"].tolist()
-        for j, i in enumerate(idx):
-            assert np.array_equal(b["images"][j].numpy(), data.images[i]), f"images differ at index {i}"
-            assert np.array_equal(b["masks"][j].numpy(), data.masks[i]), f"masks differ at index {i}"
-        seen += idx
-    return seen
+    return read_epoch(iter(loader), data)
 
 
 def sources(data: RemoteData, creds: dict[str, str]) -> dict[str, object]:
