@@ -51,6 +51,7 @@ class ConcurrencyTuner:
         self._best: dict[int, float] = {}
         self._held = 0
         self._floor: float | None = None  # the lowest median read latency seen: the unloaded round trip
+        self._floor_limit = 0  # the limit it was seen at
         self.history: list[tuple[int, float, str]] = []
 
     def _set(self, limit: int, why: str, rate: float) -> int:
@@ -64,8 +65,11 @@ class ConcurrencyTuner:
         self._best[limit] = max(self._best.get(limit, 0.0), rate)
         unloaded = False
         if obs.latency_s is not None and obs.latency_s > 0:
-            self._floor = obs.latency_s if self._floor is None else min(self._floor, obs.latency_s)
-            unloaded = obs.latency_s <= 1.5 * self._floor
+            if self._floor is None or obs.latency_s < self._floor:
+                self._floor, self._floor_limit = obs.latency_s, limit
+            # Evidence only once the limit has grown past where the floor was seen without latency
+            # following: starting high on a saturated store, the first latency is no floor at all.
+            unloaded = limit > self._floor_limit and obs.latency_s <= 1.5 * self._floor
         if obs.throttled:
             self.slow_start = False
             self._prev_limit, self._held = None, 0
