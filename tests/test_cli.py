@@ -76,7 +76,8 @@ def test_shipped_configs_are_valid() -> None:
 
 
 def test_live_stats_and_the_periodic_log_line(seg_url, caplog) -> None:
-    loader = AsyncLoader(DelayedSource(seg_url, lambda idx: 0.02), batch_size=16, concurrency="auto", log_every=0.1)
+    # each read takes 0.2 s, so an epoch (203 rows at the tuner's start of 128 in flight) outlasts log_every
+    loader = AsyncLoader(DelayedSource(seg_url, lambda idx: 0.2), batch_size=16, concurrency="auto", log_every=0.1)
     with caplog.at_level(logging.INFO, logger="asyncload"):
         for epoch in range(3):
             loader.set_epoch(epoch)
