@@ -6,9 +6,8 @@ alongside the loader.
 
 - Throughput is taken from the first batch to the last (the samples after the first batch over that
   time): a DataLoader's worker start-up is reported as time to first batch instead of diluting
-  samples/s. ``warmup`` can leave out a first fraction of that time too, but in-order delivery is
-  bursty (a late batch holds back the ones behind it), so a window that starts mid-run can catch one
-  burst and report nonsense; the default takes the whole span.
+  samples/s. The whole span, not a later window: in-order delivery is bursty (a late batch holds back
+  the ones behind it), so a window that starts mid-run can catch one burst and report nonsense.
 - CPU time counts this process and its children (DataLoader workers, fan-out processes) once they have
   been reaped, which is why the iterator is closed before the clock stops.
 - Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only;
@@ -128,23 +127,22 @@ def measure(
     *,
     max_samples: int | None = None,
     max_seconds: float | None = None,
-    warmup: float = 0.0,
     on_batch: Callable[[Any], None] | None = None,
 ) -> Measurement:
     """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it."""
     rss = PeakRSS()
     t0, c0 = time.perf_counter(), _cpu()
     first: float | None = None
-    n = 0
-    marks: list[tuple[float, int]] = []  # (time, samples so far) after each batch
+    n = n_first = batches_seen = 0
+    last = 0.0
     it = iter(batches)
     try:
         for b in it:
             n += count(b)
-            now = time.perf_counter() - t0
-            marks.append((now, n))
+            batches_seen += 1
+            last = now = time.perf_counter() - t0
             if first is None:
-                first = now
+                first, n_first = now, n
             if on_batch is not None:
                 on_batch(b)
             if max_samples is not None and n >= max_samples:
@@ -159,12 +157,8 @@ def measure(
         del it  # DataLoader workers are joined here, so their CPU time is counted
     cpu = _cpu() - c0
     steady_n, steady_s = 0, 0.0
-    if len(marks) >= 3:
-        t_last, n_last = marks[-1]
-        t_w = marks[0][0] + warmup * (t_last - marks[0][0])
-        t_a, n_a = next((t, k) for t, k in marks if t >= t_w)
-        if t_last > t_a:
-            steady_n, steady_s = n_last - n_a, t_last - t_a
+    if first is not None and batches_seen >= 3 and last > first:  # too few batches: no steady state
+        steady_n, steady_s = n - n_first, last - first
     peak_mb = rss.stop()
     return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
 

@@ -188,7 +188,7 @@ class Pipeline:
     async def _watch(self) -> None:
         plan, st, tuner = self.plan, self.stats, self.plan.tuner
         last_log = t0 = time.perf_counter()
-        n0, w0, thr0 = st.samples_read, st.wait_s, plan.source.throttle_count()
+        n0, w0, thr0 = st.samples_read, st.consumer_wait(t0), plan.source.throttle_count()
         while True:
             await asyncio.sleep(0.1)
             now = time.perf_counter()
@@ -206,7 +206,7 @@ class Pipeline:
             enough = done >= max(4, min(2 * st.concurrency, 64)) or now - t0 >= 2.0
             if not throttled and (now - t0 < max(0.1, 4 * p50) or not enough):
                 continue  # (a throttling answer is acted on at once)
-            waited = st.wait_s - w0 + (now - st.waiting_since if st.waiting_since else 0.0)
+            waited = st.consumer_wait(now) - w0
             # Judge only the middle of an epoch: its first interval pays the start-up, and once every
             # batch has been issued the tail drains, so throughput falls whatever the limit.
             if throttled or (st.batches_yielded > 0 and not self._issued_all):  # throttling: back off always
@@ -215,7 +215,7 @@ class Pipeline:
                 )  # fmt: skip
                 samples = tuner.observe(obs)
                 self.set_limit(max(1, samples // plan.group))
-            t0, n0, w0, thr0 = now, st.samples_read, st.wait_s + (now - st.waiting_since if st.waiting_since else 0.0), plan.source.throttle_count()
+            t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
 
     # -- scheduled by the consumer ---------------------------------------------------------------
     def release_slot(self) -> None:

@@ -69,6 +69,10 @@ class Stats:
             **pct,
         }
 
+    def consumer_wait(self, now: float) -> float:
+        """Seconds the consumer has waited for batches so far, the wait in progress at ``now`` included."""
+        return self.wait_s + (now - self.waiting_since if self.waiting_since else 0.0)
+
     def line(self) -> str:
         """One log line of the figures that matter while a run is going."""
         s = self.snapshot()
