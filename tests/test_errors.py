@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import deeplake
 import numpy as np
 import pytest
@@ -13,11 +15,8 @@ from asyncload import (
     ConfigError,
     DatasetNotFoundError,
     DeepLakeSource,
-    ReadError,
 )
 from asyncload.collate import CollateError
-
-from .conftest import wait_no_loop_threads
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -56,24 +55,47 @@ def test_bad_settings_name_setting_value_and_allowed(seg_url, kwargs, message) -
     assert str(e.value) == message
 
 
+MISSING_CHUNK_SCRIPT = """
+import json, sys
+from asyncload import AsyncLoader, DeepLakeSource, ReadError
+from tests.conftest import loop_threads
+url = sys.argv[1]
+try:
+    list(AsyncLoader(DeepLakeSource(url), batch_size=8, concurrency=8, read_mode="column"))
+    print(json.dumps({"raised": None}))
+except ReadError as err:
+    print(json.dumps({
+        "raised": type(err).__name__, "is_key_error": isinstance(err, KeyError), "column": err.column,
+        "source": err.source, "indices": err.indices, "message": str(err), "threads": len(loop_threads()),
+    }))
+"""
+
+
 def test_a_missing_chunk_raises_a_typed_read_error_naming_url_column_indices(copy_of) -> None:
+    """Run in a fresh process: reading a dataset with a deleted chunk occasionally segfaults inside Deep
+    Lake 4.7.4 (seen about once in ten full runs), which must not take the whole suite down with it."""
+    import json
+    import subprocess
+    import sys
+
     path = copy_of()
     url = f"file://{path}"
-    ds = deeplake.open_read_only(url)
-    del ds
     # The images column's data chunk is the largest file; remove it, keep the masks.
     chunk = max((p for p in path.rglob("*") if p.is_file() and "_deeplake_log" not in p.parts), key=lambda p: p.stat().st_size)
     chunk.unlink()
-    loader = AsyncLoader(DeepLakeSource(url), batch_size=8, concurrency=8, read_mode="column")
-    with pytest.raises(ReadError) as e:
-        list(loader)
-    err = e.value
-    assert isinstance(err, KeyError)  # the type Deep Lake's .result() gives, not await's RuntimeError
-    assert err.column == "images" and err.source == url and err.indices == list(range(8))
-    assert str(err).startswith(f"reading column 'images' of {url} at indices [0, 1, 2, 3, 4, 5, 6, 7] failed: KeyError:")
-    wait_no_loop_threads()
-    # Not tested here: concurrent per-row reads of a missing chunk can segfault inside Deep Lake 4.7.4
-    # (seen in this test); process isolation for such crashes belongs to the multiprocess fan-out.
+    root = str(Path(__file__).resolve().parents[1])
+    for _ in range(3):  # a Deep Lake segfault is retried in a new process; anything else is judged
+        p = subprocess.run([sys.executable, "-c", MISSING_CHUNK_SCRIPT, url], capture_output=True, text=True, timeout=90, cwd=root)
+        if p.returncode != -11:
+            break
+    if p.returncode == -11:
+        pytest.xfail("Deep Lake 4.7.4 segfaulted reading a dataset with a missing chunk, three times")
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["is_key_error"]  # the type Deep Lake's .result() gives, not await's RuntimeError
+    assert got["column"] == "images" and got["source"] == url and got["indices"] == list(range(8))
+    assert got["message"].startswith(f"reading column 'images' of {url} at indices [0, 1, 2, 3, 4, 5, 6, 7] failed: KeyError:")
+    assert got["threads"] == 0  # the loop thread was stopped by the error
 
 
 def test_a_failing_transform_keeps_its_type_and_names_the_batch(seg_url) -> None:
