@@ -6,12 +6,19 @@ Two rules shape this module:
   ``RuntimeError``; asyncload recovers the original type where it can and raises a ``ReadError`` that is
   *also* an instance of that type, so both ``except asyncload.ReadError`` and ``except IndexError``
   work.
+- every error crosses a process boundary intact. DataLoader workers, fan-out processes and spawn send
+  exceptions (or their classes) by pickle; an exception that does not pickle is dropped by DataLoader's
+  feeder thread and the epoch ends short without a word. So the typed classes are importable by name,
+  ``__cause__`` travels with the error, and ``portable`` turns anything else into a ``RemoteError``.
 """
 
 from __future__ import annotations
 
 import builtins
+import pickle
+import traceback
 from collections.abc import Sequence
+from typing import Any
 
 
 class AsyncLoadError(Exception):
@@ -19,6 +26,45 @@ class AsyncLoadError(Exception):
 
     def __str__(self) -> str:  # KeyError subclasses would otherwise quote the message
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # BaseException's own reduce drops __cause__; the cause is often the only account of *why*.
+        cause = self.__cause__
+        return _rebuild, (type(self), self.args, self.__dict__, portable(cause) if cause is not None else None)
+
+
+def _rebuild(
+    cls: type[AsyncLoadError], args: tuple[Any, ...], state: dict[str, Any], cause: BaseException | None
+) -> AsyncLoadError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    if cause is not None:
+        exc.__cause__ = cause
+    return exc
+
+
+class RemoteError(AsyncLoadError):
+    """An exception that could not cross a process boundary as itself (its class or arguments do not
+    pickle). The message keeps its type name and text; a note keeps its traceback."""
+
+
+def portable(exc: BaseException) -> BaseException:
+    """``exc`` when it survives a pickle round trip with its type, else a ``RemoteError`` telling it.
+
+    Called where an exception is about to leave its process (a DataLoader worker, a fan-out worker), so
+    that no error is ever lost to a pickling failure on the way.
+    """
+    try:
+        back = pickle.loads(pickle.dumps(exc))
+        if type(back) is type(exc):
+            return exc
+    except Exception:  # noqa: BLE001 - any failure means it cannot travel as itself
+        pass
+    kind = type(exc)
+    err = RemoteError(f"{kind.__module__}.{kind.__qualname__}: {exc}")
+    err.add_note("".join(traceback.format_exception(exc)).rstrip())
+    return err
 
 
 class ConfigError(AsyncLoadError, ValueError):
@@ -70,6 +116,18 @@ def _make_typed(cause: type[BaseException]) -> type[ReadError]:
         return type(f"ReadError[{cause.__name__}]", (ReadError, cause), {"__module__": __name__})
     except TypeError:  # incompatible layout: keep the plain type
         return ReadError
+
+
+def __getattr__(name: str) -> type[ReadError]:
+    """Resolve ``ReadError[<builtin>]`` by name, which is how pickle finds the typed classes in another
+    process (they are made on demand, so they are not module attributes until asked for)."""
+    if name.startswith("ReadError[") and name.endswith("]"):
+        cause = getattr(builtins, name[len("ReadError[") : -1], None)
+        if isinstance(cause, type) and issubclass(cause, BaseException):
+            typed = _typed(cause)
+            if typed.__qualname__ == name:
+                return typed
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _short(indices: Sequence[int], limit: int = 16) -> str:

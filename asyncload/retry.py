@@ -36,6 +36,8 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from .errors import portable
+
 T = TypeVar("T")
 
 #: HTTP statuses that describe a passing condition of the server or a proxy in front of it.
@@ -77,6 +79,14 @@ class GiveUp(Exception):
             why = "out of attempts"
         plural = "s" if attempts != 1 else ""
         super().__init__(f"{what}: failed after {attempts} attempt{plural} ({why}); last cause: {describe(last)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The keyword-only flags are not in ``args``: rebuild from the fields so it crosses processes.
+        return _give_up, (self.what, self.attempts, portable(self.last), self.permanent, self.budget_exhausted)
+
+
+def _give_up(what: str, attempts: int, last: BaseException, permanent: bool, budget_exhausted: bool) -> GiveUp:
+    return GiveUp(what, attempts, last, permanent=permanent, budget_exhausted=budget_exhausted)
 
 
 def describe(exc: BaseException) -> str:

@@ -47,6 +47,31 @@ class Shard:
             raise ValueError(f"shard worker={self.worker} must be in [0, num_workers={self.num_workers})")
 
 
+def distributed_rank_world() -> tuple[int, int]:
+    """This process's rank and the world size of the initialised ``torch.distributed`` group, else (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None) -> tuple[Shard, str]:
+    """The shard a loader serves, and where it came from: an explicit ``shard``, explicit ``rank`` and
+    ``world_size``, or the initialised process group (so that every rank of a torchrun job reads its own
+    share, not the whole dataset)."""
+    if shard is not None:
+        if rank is not None or world_size is not None:
+            raise ValueError("pass either shard= or rank=/world_size=, not both")
+        return shard, "shard="
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"rank={rank!r} and world_size={world_size!r} go together: pass both or neither")
+    if rank is not None and world_size is not None:
+        return Shard(rank=rank, world_size=world_size), "rank=/world_size="
+    r, w = distributed_rank_world()
+    return Shard(rank=r, world_size=w), ("the torch.distributed process group" if w > 1 else "no process group")
+
+
 @dataclass(frozen=True)
 class EpochSampler:
     """Computes the batches of indices that one shard reads in one epoch."""

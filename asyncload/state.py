@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: the plan names the dataset's version
 
 
 @dataclass
@@ -56,11 +56,14 @@ class EpochProgress:
         }
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any], fingerprint: dict[str, Any], total: int) -> EpochProgress:
+    def from_dict(
+        cls, state: dict[str, Any], fingerprint: dict[str, Any], total: int, where: str = "the dataset"
+    ) -> EpochProgress:
         """Validate a saved state against the loader it is loaded into; errors name the mismatch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise ConfigError(f"state version {state.get('version') if isinstance(state, dict) else state!r} is not allowed: {STATE_VERSION}")
         saved = state.get("plan", {})
+        check_dataset_version(saved.get("dataset_version"), fingerprint.get("dataset_version"), where)
         for key, value in fingerprint.items():
             if saved.get(key) != value:
                 raise ConfigError(
@@ -70,3 +73,13 @@ class EpochProgress:
         if state["total"] != total:
             raise ConfigError(f"state has {state['total']} batches in epoch {state['epoch']}, this loader {total}")
         return cls(int(state["epoch"]), total, int(state["next"]), set(map(int, state["extra"])))
+
+
+def check_dataset_version(saved: str | None, current: str | None, where: str) -> None:
+    """Refuse to resume on other data: row numbers of one version name other samples in another."""
+    if saved != current:
+        raise ConfigError(
+            f"state was saved on version {saved!r} of {where}, but it is now at version {current!r}: "
+            f"resuming would read other samples under the same row numbers; open the saved version or "
+            f"start the epoch afresh"
+        )

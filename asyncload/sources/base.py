@@ -98,6 +98,16 @@ class Source(abc.ABC, Generic[H]):
         return self._len
 
     @property
+    def version(self) -> str | None:
+        """What identifies the data behind the row numbers (a commit id, a digest of the keys), or None
+        when the store cannot say. Part of every resume state: a state saved on one version must not
+        silently resume on another of the same length."""
+        return self._version(self.handle())
+
+    def _version(self, handle: H) -> str | None:
+        return None
+
+    @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
         """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a
         source measured otherwise."""

@@ -116,6 +116,9 @@ class DeepLakeSource(Source[Any]):
     def _length(self, handle: Any) -> int:
         return len(handle)
 
+    def _version(self, handle: Any) -> str | None:
+        return str(handle.version)  # the commit a read-only handle is pinned to
+
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
         """"row", on every store. Deep Lake decodes each request on its own threads, so one request per

@@ -37,6 +37,7 @@ Design, and why:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import io
 import json
 import logging
@@ -283,6 +284,13 @@ class ObjectStoreSource(Source[_Index]):
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         self._requests_in_flight = max(1, int(requests_in_flight))
+
+    def _version(self, handle: _Index) -> str | None:
+        """A digest of every row's keys, in row order: another listing or manifest is another version."""
+        h = hashlib.sha256()
+        for col in sorted(handle.keys):
+            h.update(col.encode() + b"\0" + "\0".join(handle.keys[col]).encode() + b"\1")
+        return f"keys-sha256:{h.hexdigest()[:16]}"
 
     def _length(self, handle: _Index) -> int:
         return handle.rows
