@@ -9,34 +9,43 @@ rank from ``torch.distributed`` when a process group is initialised, worker from
 workers round-robin, so a rank sees the same batch sequence with 0, 1 or 8 workers.
 
 A spawned worker has no process group: the rank is pinned when DataLoader pickles the dataset in the
-rank's main process. The source is pickled as a description (URL, columns, credentials); each worker opens the store itself.
-Call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``: the copy in each worker is made
-when DataLoader starts iterating, so the epoch must be set on this object before that.
+rank's main process. The source is pickled as a description (URL, columns, credentials); each worker
+opens the store itself.
 
-Resume: the batches a DataLoader yielded are only seen by the training loop, which counts its steps
-anyway. ``state_dict(batches_consumed=k)`` records the epoch and that count; after
-``load_state_dict``, the rank's remaining batches are dealt to the workers from worker 0 again, so the
-resumed DataLoader yields exactly the batches the interrupted one had not, in the same order (with
-DataLoader's default ``in_order=True``).
+Why the epoch lives in shared memory: a worker iterates its own *copy* of the dataset, made when the
+worker starts. With ``persistent_workers=True`` that copy lives for the whole run, so an attribute set
+in the main process (``set_epoch``, ``load_state_dict``) would never reach it and every epoch would
+repeat the first one's order. The epoch and the resume point are therefore kept in a two-int tensor in
+shared memory, which DataLoader passes to fork, spawn and forkserver workers alike; every ``__iter__``
+reads it. Call ``set_epoch(e)`` before each epoch, as with ``DistributedSampler``.
+
+Two forms of resume state:
+- **explicit**, for plain DataLoader loops: the training loop counts its steps anyway, so
+  ``state_dict(batches_consumed=k)`` records the epoch and that count; after ``load_state_dict`` the
+  rank's remaining batches are dealt to the workers from worker 0 again, which is what a new DataLoader
+  iterator expects, and the resumed loop yields exactly the batches it had not, in the same order.
+- **the torchdata ``Stateful`` protocol**, for ``StatefulDataLoader``: ``state_dict()`` with no argument
+  is the state of the iterator live *in this process* (each worker's own share), and
+  ``load_state_dict`` of such a state makes this process's next iterator continue it. StatefulDataLoader
+  calls both inside each worker and keeps the round-robin position itself.
+Both carry the dataset's version; a state never resumes on other data.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.utils.data
 
+from .errors import ConfigError, portable
 from .loader import AsyncLoader, EpochIterator
-from .sampler import EpochSampler, Remainder, Shard
+from .sampler import EpochSampler, Remainder, Shard, distributed_rank_world
 from .sources.base import Source
+from .state import check_dataset_version
 
-
-def _distributed_rank_world() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+RANK_STATE_VERSION = 2  # 2: names the dataset's version
 
 
 class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -70,42 +79,98 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self.rank = rank
         self.world_size = world_size
         self.loader_options = loader_options
-        self.epoch = 0
-        self._start = 0  # rank batches of ``epoch`` already consumed (resume)
+        # [epoch, rank batches of that epoch already consumed]: shared with every worker (module doc).
+        self._cell = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._pending: dict[str, Any] | None = None  # a Stateful state for this process's next iterator
+        self._here: AsyncLoader | None = None  # the loader of this process's latest iterator
         # Validate every option now, in the constructing process, so mistakes surface before workers start.
-        AsyncLoader(source, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder, **loader_options)
+        AsyncLoader(
+            source, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder,
+            shard=Shard(), **loader_options,
+        )  # fmt: skip
+
+    # -- the epoch, shared with workers --------------------------------------------------------------
+    @property
+    def epoch(self) -> int:
+        return int(self._cell[0])
+
+    @property
+    def _start(self) -> int:
+        return int(self._cell[1])
+
+    def _set(self, epoch: int, start: int) -> None:
+        self._cell[1] = start
+        self._cell[0] = epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch that the next iteration yields (call before creating the DataLoader iterator).
-        A resume point survives only ``set_epoch`` of its own epoch."""
-        if epoch != self.epoch:
-            self._start = 0
-        self.epoch = epoch
+        """Select the epoch that the next iteration yields, in this process and in every DataLoader
+        worker, persistent ones included (call it before creating the DataLoader iterator). A resume
+        point survives only ``set_epoch`` of its own epoch."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ConfigError(f"epoch={epoch!r} is not allowed: an int >= 0")
+        self._set(epoch, self._start if epoch == self.epoch else 0)
 
-    def state_dict(self, batches_consumed: int) -> dict[str, Any]:
-        """The resume point after this rank's training loop took ``batches_consumed`` batches of the
-        current epoch (counted from the epoch's start, including those before an earlier resume)."""
+    # -- resume ----------------------------------------------------------------------------------------
+    def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
+        """The resume point.
+
+        ``state_dict(batches_consumed=k)``: after this rank's training loop took ``k`` batches of the
+        current epoch (counted from the epoch's start, including those before an earlier resume).
+
+        ``state_dict()``: the torchdata ``Stateful`` form, the position of the iterator live in *this*
+        process (what ``StatefulDataLoader`` saves from each worker, or from the main process with
+        ``num_workers=0``).
+        """
+        if batches_consumed is None:
+            if self._here is None:
+                raise ConfigError(
+                    "state_dict() without batches_consumed reports the iterator of this process, and none has "
+                    "run here (DataLoader workers iterate in their own processes): pass batches_consumed=<steps "
+                    "taken this epoch>, or use torchdata's StatefulDataLoader, which asks each worker"
+                )
+            return {"form": "iterator", **self._here.state_dict()}
         total = self._rank_batches()
         if not 0 <= batches_consumed <= total:
-            raise ValueError(f"batches_consumed={batches_consumed} is not allowed: 0..{total} (batches in this rank's epoch)")
-        return {"version": 1, "epoch": self.epoch, "batches_consumed": batches_consumed, "rank_batches": total}
+            raise ValueError(
+                f"batches_consumed={batches_consumed} is not allowed: 0..{total} (batches in this rank's epoch)"
+            )
+        return {
+            "form": "rank", "version": RANK_STATE_VERSION, "epoch": self.epoch, "batches_consumed": batches_consumed,
+            "rank_batches": total, "dataset_version": self.source.version,
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue ``state``'s epoch after the batches it had consumed (next DataLoader iterator)."""
+        """Continue ``state``'s epoch after the batches it had consumed.
+
+        A ``state_dict(batches_consumed=k)`` state applies to the next DataLoader iterator in every
+        worker (persistent ones too); a ``state_dict()`` state to the next iterator of this process.
+        """
+        if not isinstance(state, dict):
+            raise ConfigError(f"state={state!r} is not allowed: a dict from state_dict()")
+        if state.get("form") == "iterator":
+            self._pending = dict(state)
+            return
+        if state.get("version") != RANK_STATE_VERSION or "batches_consumed" not in state:
+            raise ConfigError(
+                f"state {state!r} is not allowed: a dict from state_dict(batches_consumed=...) of version "
+                f"{RANK_STATE_VERSION}, or from state_dict()"
+            )
+        check_dataset_version(state.get("dataset_version"), self.source.version, self.source.url)
         total = self._rank_batches()
         if state.get("rank_batches") != total:
-            raise ValueError(
+            raise ConfigError(
                 f"state has rank_batches={state.get('rank_batches')!r}, this dataset {total}: it was saved "
                 f"with other options, dataset length or world size"
             )
-        self.epoch = int(state["epoch"])
-        self._start = int(state["batches_consumed"])
+        self._pending = None
+        self._set(int(state["epoch"]), int(state["batches_consumed"]))
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader pickles the dataset in the main process for spawn/forkserver workers, where no
         # process group exists: pin this rank's place in the world now. (Forked workers inherit it.)
         state = self.__dict__.copy()
-        rank, world = _distributed_rank_world()
+        state["_here"] = None
+        rank, world = distributed_rank_world()
         if state["rank"] is None:
             state["rank"] = rank
         if state["world_size"] is None:
@@ -114,7 +179,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
 
     def shard(self) -> Shard:
         """The share of the epoch this process serves: rank × DataLoader worker."""
-        rank, world = _distributed_rank_world()
+        rank, world = distributed_rank_world()
         rank = self.rank if self.rank is not None else rank
         world = self.world_size if self.world_size is not None else world
         info = torch.utils.data.get_worker_info()
@@ -136,10 +201,54 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         whole epoch, or its rest after ``load_state_dict``)."""
         return self._rank_batches() - self._start
 
-    def __iter__(self) -> EpochIterator:
+    def __iter__(self) -> Iterator[Any]:
+        pending, self._pending = self._pending, None
+        if pending is not None:  # a Stateful state: its own epoch and the deal it was cut with
+            epoch, start = int(pending.get("epoch", 0)), int(pending.get("plan", {}).get("start", 0))
+        else:
+            epoch, start = self.epoch, self._start
         loader = AsyncLoader(
             self.source, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
-            remainder=self.remainder, shard=self.shard(), start_batch=self._start, **self.loader_options,
+            remainder=self.remainder, shard=self.shard(), start_batch=start, **self.loader_options,
         )  # fmt: skip
-        loader.set_epoch(self.epoch)
-        return iter(loader)
+        loader.set_epoch(epoch)
+        if pending is not None:
+            loader.load_state_dict(pending)
+        self._here = loader
+        it = iter(loader)
+        if torch.utils.data.get_worker_info() is not None:
+            return _WorkerEpoch(it)
+        return it
+
+
+class _WorkerEpoch(Iterator[Any]):
+    """An epoch iterated inside a DataLoader worker: every exception leaves in a form that pickles.
+
+    DataLoader sends a worker's exception class to the main process by pickle; a class that does not
+    pickle is dropped on the way and the epoch simply ends short. ``portable`` makes that impossible.
+    """
+
+    def __init__(self, it: Iterator[Any]) -> None:
+        self._it = it
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._it)
+        except StopIteration:
+            raise
+        except BaseException as exc:
+            carried = portable(exc)
+            if carried is exc:
+                raise
+            raise carried from None
+
+    def __len__(self) -> int:
+        return len(self._it)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+__all__ = ["AsyncIterableDataset", "EpochIterator"]

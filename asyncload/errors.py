@@ -86,7 +86,9 @@ class ColumnNotFoundError(SourceError, KeyError):
 class ReadError(AsyncLoadError):
     """Reading samples failed. ``source``, ``column`` and ``indices`` say which; ``__cause__`` says why."""
 
-    def __init__(self, message: str, *, source: str = "", column: str | None = None, indices: Sequence[int] = ()) -> None:
+    def __init__(
+        self, message: str, *, source: str = "", column: str | None = None, indices: Sequence[int] = ()
+    ) -> None:
         super().__init__(message)
         self.source = source
         self.column = column

@@ -61,7 +61,9 @@ class EpochProgress:
     ) -> EpochProgress:
         """Validate a saved state against the loader it is loaded into; errors name the mismatch."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ConfigError(f"state version {state.get('version') if isinstance(state, dict) else state!r} is not allowed: {STATE_VERSION}")
+            raise ConfigError(
+                f"state version {state.get('version') if isinstance(state, dict) else state!r} is not allowed: {STATE_VERSION}"
+            )
         saved = state.get("plan", {})
         check_dataset_version(saved.get("dataset_version"), fingerprint.get("dataset_version"), where)
         for key, value in fingerprint.items():

@@ -23,6 +23,7 @@ import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from yarl import URL
@@ -66,6 +67,10 @@ class HTTPStatusError(Exception):
         if message:
             text += f": {message}"
         super().__init__(text)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # ``args`` holds the formatted text, not the fields: rebuild from the fields across processes.
+        return type(self), (self.status, self.reason, self.code, self.message, self.retry_after)
 
     @classmethod
     def from_response(cls, status: int, reason: str, headers: Mapping[str, str], body: bytes) -> HTTPStatusError:
