@@ -1,8 +1,14 @@
-"""Fan-out over processes: K worker processes, each running its own ``AsyncLoader`` on 1/K of the batches.
+"""Fan-out over processes: K persistent worker processes, each running its own ``AsyncLoader`` on 1/K of
+every epoch's batches.
 
 Why processes: one loader's loop thread and CPU pool share one GIL, so a transform written in Python (or
 any per-sample work that holds the GIL) caps an epoch at one core however many reads are in flight.
 Each worker process runs its own event loop, CPU pool and Deep Lake handle.
+
+Why persistent: a spawned worker imports torch and Deep Lake and opens the store (seconds, every time);
+its store handle keeps Deep Lake's chunk caches and its loader keeps the concurrency tuner's setting. So a
+``WorkerPool`` starts its workers once (on the first epoch's first ``next()``) and keeps them until it is
+closed; each epoch is a message (``StartEpoch``: epoch number and the batches to leave out on resume).
 
 Why the batch sequence is unchanged: the sampler deals a shard's batches to its ``num_workers`` round-robin
 (batch ``j`` to worker ``j % W``). Worker ``k`` of ``K`` serves the sub-shard ``worker = w + W * k``,
@@ -12,15 +18,30 @@ therefore yields the same batches, in the same order, as one ``AsyncLoader`` wit
 ``in_order=False`` takes whichever worker's batch is ready first. Workers always run their own loader in
 order, so the parent knows which batch every message is (needed for exact "held" indices on a crash).
 
-Transport: one duplex ``Pipe`` per worker, pickled with ``ForkingPickler`` and torch's reductions (the
-ones a ``torch.multiprocessing.Queue`` uses; importing ``torch.multiprocessing`` registers them). Why
-pipes and not one shared queue:
+Protocol (typed messages, one duplex ``Pipe`` per worker):
+- parent → worker: ``StartEpoch(gen, epoch, skip)``, ``Credit(gen)`` (one more batch may be sent),
+  ``Cancel(gen)`` (stop that epoch), ``None`` or a closed pipe (exit);
+- worker → parent: ``Batch(gen, seq, count, batch)``, then exactly one of ``End(gen, figures)``,
+  ``Failed(gen, error)`` or ``Cancelled(gen)`` per ``StartEpoch``, after which the worker is idle.
+``gen`` numbers the pool's epochs; the parent drops any message whose ``gen`` is not the live epoch's, so
+no batch of an abandoned epoch can reach the next one.
+
+An epoch abandoned mid-way (``break``, ``close()``, garbage collection, an exception raised by a worker)
+is settled before the pool serves another: the parent sends ``Cancel`` to every worker still busy with it
+and reads (and drops) their messages until each has answered with its terminal message. A worker sees
+the cancel at its next credit wait, closes its epoch's iterator (reads in flight awaited) and goes idle.
+Dropped batches are unpickled, which releases their shared memory. A worker that does not answer within
+``timeout`` seconds, or dies, closes the whole pool: the next epoch starts fresh workers.
+
+Transport: pickled with ``ForkingPickler`` and torch's reductions (the ones a
+``torch.multiprocessing.Queue`` uses; importing ``torch.multiprocessing`` registers them). Why pipes and
+not one shared queue:
 - the in-order merge reads one chosen worker; a shared queue would need a reorder buffer in the parent;
 - ``multiprocessing.connection.wait`` sleeps on the pipes and the process sentinels together, so the
   parent wakes for a batch *or* a dead worker, never polls, and never hangs on a worker that is gone;
-- flow control: a worker sends a batch only against a *credit* (``_CREDITS`` each; one is returned when
-  the parent yields a batch of it), so batches in shared memory stay bounded. A ``multiprocessing.Queue``
-  buffers without bound in its feeder thread.
+- flow control: a worker sends a batch only against a *credit* (``_CREDITS`` at the start of each epoch;
+  one more each time the parent yields a batch of it), so batches in shared memory stay bounded. A
+  ``multiprocessing.Queue`` buffers without bound in its feeder thread.
 
 Zero pickled pixels: with the ``file_descriptor`` sharing strategy a tensor travels as the file
 descriptor of its shared-memory storage (passed over a Unix socket); the shm file is unlinked as soon as
@@ -30,17 +51,19 @@ store's buffer into the batch, as in one process. Tensors a custom ``collate_fn`
 moved to shared memory when pickled (one more copy); anything else is pickled by value. Each tensor a
 consumer keeps holds one file descriptor, as with DataLoader workers.
 
-Lifetimes: workers start on the first ``next()``. ``close()`` (also at the end of the epoch, on an
-error, ``break`` + garbage collection, Ctrl-C and interpreter exit) asks every worker to stop, waits
-``timeout`` seconds, then sends SIGTERM, waits again, then SIGKILL, and joins them all. A worker only
-exits when told to (or when the parent is gone), so the parent has fetched every batch it sent by then;
-it leaves with ``os._exit`` after closing its loader, skipping an interpreter teardown that costs ~0.5 s
-and, with Deep Lake 4.7.4, sometimes aborts.
+Lifetimes: ``WorkerPool.close()`` (also: garbage collection of the pool through ``weakref.finalize``,
+interpreter exit through an ``atexit`` hook that runs before multiprocessing's own, a dead worker, Ctrl-C
+in the consumer) asks every worker to stop, waits ``timeout`` seconds, then sends SIGTERM, waits again,
+then SIGKILL, and joins them all. A worker exits only when told to (or when the parent is gone); it
+leaves with ``os._exit`` after closing its loader, skipping an interpreter teardown that costs ~0.5 s
+and, with Deep Lake 4.7.4, sometimes aborts. ``AsyncLoader(processes=K)`` owns one pool; a
+``FanoutEpoch`` built on its own (``FanoutEpoch(source, ...)``) owns a private pool that it closes.
 
 Failures: an exception in a worker is re-raised in the parent with its type, its message and a note
-naming the worker and carrying its traceback (at its place in the order when ``in_order``). A worker that
-dies (SIGKILL, SIGSEGV on a corrupt chunk, SIGFPE on an empty one...) ends the epoch with ``WorkerError``
-naming the worker, its pid, how it ended and the dataset indices of the batches it had not delivered.
+naming the worker and carrying its traceback (at its place in the order when ``in_order``); the workers
+stay usable. A worker that dies (SIGKILL, SIGSEGV on a corrupt chunk, SIGFPE on an empty one...) ends the
+epoch with ``WorkerError`` naming the worker, its pid, how it ended and the dataset indices of the
+batches it had not delivered, and closes the pool.
 """
 
 from __future__ import annotations
@@ -56,6 +79,7 @@ import multiprocessing.resource_sharer
 import multiprocessing.util
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
@@ -67,24 +91,24 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, Union
 
 import torch
 
-from ._closing import Closing
 from .collate import set_allocator
 from .errors import ConfigError, ReadError, WorkerError, _short, _typed
 from .loader import AsyncLoader
-from .sampler import Shard
+from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .state import EpochProgress
+from .stats import Stats
 
 log = logging.getLogger("asyncload")
 
 #: Batches a worker may have sent and the parent not yet yielded. Two keep a worker's next batch on its
 #: way while the parent hands out the current one; the worker's own loader reads ahead meanwhile.
 _CREDITS = 2
-_STOP = None  # parent → worker: stop (closing the pipe means the same)
+_STOP = None  # parent → worker: exit (closing the pipe means the same)
 _CONTEXTS = ("spawn", "forkserver")
 
 
@@ -95,6 +119,67 @@ def sub_shard(shard: Shard, k: int, processes: int) -> Shard:
         shard.rank, shard.world_size,
         worker=shard.worker + shard.num_workers * k, num_workers=shard.num_workers * processes,
     )  # fmt: skip
+
+
+# -- messages --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StartEpoch:
+    """Parent → worker: serve epoch ``epoch`` of your sub-shard, leaving out your batches ``skip``."""
+
+    gen: int
+    epoch: int
+    skip: frozenset[int]
+
+
+@dataclass(frozen=True)
+class Credit:
+    """Parent → worker: the parent yielded one of epoch ``gen``'s batches; you may send one more."""
+
+    gen: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Parent → worker: epoch ``gen`` is abandoned; stop it (or never start it) and answer ``Cancelled``."""
+
+    gen: int
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Worker → parent: the worker's batch ``seq`` of epoch ``gen`` (``count`` samples)."""
+
+    gen: int
+    seq: int
+    count: int
+    batch: Any
+
+
+@dataclass(frozen=True)
+class End:
+    """Worker → parent: epoch ``gen`` is done; ``figures`` are its loader's counters (``Stats``)."""
+
+    gen: int
+    figures: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """Worker → parent: epoch ``gen`` raised ``error``; the worker is idle and usable."""
+
+    gen: int
+    error: _RemoteError
+
+
+@dataclass(frozen=True)
+class Cancelled:
+    """Worker → parent: epoch ``gen`` stopped on ``Cancel``; the worker is idle."""
+
+    gen: int
+
+
+Terminal = Union[End, Failed, Cancelled]  # one per StartEpoch, the last message of that epoch
+_TERMINAL = (End, Failed, Cancelled)
 
 
 # -- in the worker ---------------------------------------------------------------------------------
@@ -159,75 +244,172 @@ class _RemoteError:
 
 @dataclass(frozen=True)
 class _WorkerSpec:
-    """Everything one worker needs; pickled into the new process."""
+    """What one worker needs for its whole life; pickled into the new process. Epochs come as messages."""
 
     index: int
     source: Source[Any]
     loader_kwargs: dict[str, Any]
     shard: Shard
-    epoch: int
-    skip: frozenset[int]  # the worker's own sequence numbers to leave out
     credits: int
 
 
-def _listen(conn: Connection, credits: threading.Semaphore, stop: threading.Event) -> None:
-    """Worker's control thread: a credit per message; stop on ``_STOP`` or when the parent is gone."""
+class _Control:
+    """The worker's view of the epoch in progress: its credits and whether it was cancelled. Written by the
+    control thread (messages from the parent), waited on by the main thread before each send."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._gen = -1
+        self._credits = 0
+        self._cancelled = -1  # every epoch up to this gen is cancelled (gens only grow)
+        self._stopped = False
+
+    def _over(self, gen: int) -> bool:
+        return self._stopped or gen <= self._cancelled
+
+    def begin(self, gen: int, credits: int) -> bool:
+        """Make ``gen`` the epoch in progress with ``credits``; False when it was cancelled already."""
+        with self._cond:
+            self._gen, self._credits = gen, credits
+            return not self._over(gen)
+
+    def take(self, gen: int) -> bool:
+        """Wait for a credit of ``gen`` and use it; False when ``gen`` is cancelled or the worker stops."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._over(gen) or self._credits > 0)
+            if self._over(gen):
+                return False
+            self._credits -= 1
+            return True
+
+    def credit(self, gen: int) -> None:
+        with self._cond:
+            if gen == self._gen:  # a late credit of an earlier epoch means nothing now
+                self._credits += 1
+                self._cond.notify_all()
+
+    def cancel(self, gen: int) -> None:
+        with self._cond:
+            self._cancelled = max(self._cancelled, gen)
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEpoch | None]) -> None:
+    """Worker's control thread: epochs to the main thread, credits and cancels to ``ctl``; stop on
+    ``_STOP`` or when the parent is gone."""
     while True:
         try:
             msg = conn.recv()
         except (EOFError, OSError):
             msg = _STOP
-        if msg is _STOP:
-            stop.set()
-            credits.release()  # wake the sender so that it sees ``stop``
+        if isinstance(msg, StartEpoch):
+            commands.put(msg)
+        elif isinstance(msg, Credit):
+            ctl.credit(msg.gen)
+        elif isinstance(msg, Cancel):
+            ctl.cancel(msg.gen)
+        else:
+            ctl.stop()
+            commands.put(_STOP)
             return
-        credits.release()
 
 
-def _send(conn: Connection, msg: tuple[Any, ...]) -> bool:
-    """Send ``msg``; False when the parent closed the pipe (it is stopping us) or is gone."""
+class _ParentGone(Exception):
+    """The pipe to the parent is closed: it is stopping this worker, or it is gone."""
+
+
+def _send(conn: Connection, msg: object) -> None:
     try:
         conn.send(msg)
-    except OSError:
-        return False
-    return True
+    except OSError as exc:
+        raise _ParentGone from exc
+
+
+#: ``Stats`` counters a worker reports at the end of an epoch and the parent adds up.
+_SUMMED = ("requests", "samples_read", "bytes_read", "hedges", "hedges_won", "skipped", "concurrency")
+
+
+def _figures(st: Stats) -> dict[str, Any]:
+    return {f: getattr(st, f) for f in _SUMMED} | {
+        "skipped_samples": st.skipped_samples, "latencies": list(st.latencies),
+    }  # fmt: skip
+
+
+def _add_figures(st: Stats, fig: dict[str, Any]) -> None:
+    """Add a worker's ``_figures`` to the parent's ``st``."""
+    for f in _SUMMED:
+        setattr(st, f, getattr(st, f) + fig[f])
+    st.skipped_samples.extend(fig["skipped_samples"][: st.MAX_SKIP_RECORDS - len(st.skipped_samples)])
+    st.latencies.extend(fig["latencies"])
+
+
+def _run_epoch(conn: Connection, loader: AsyncLoader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+    """Serve one epoch of this worker's sub-shard, one batch per credit."""
+    loader.set_epoch(cmd.epoch)
+    if cmd.skip:  # resume: the loader leaves these batches out without reading them
+        state = loader.state_dict()
+        state.update(epoch=cmd.epoch, next=0, extra=sorted(cmd.skip))
+        loader.load_state_dict(state)
+    # Which batch each one yielded is: the loader marks every batch it consumed in ``progress``,
+    # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
+    expected = collections.deque(s for s in range(len(loader)) if s not in cmd.skip)
+    samples = 0
+    with iter(loader) as it:
+        assert hasattr(it, "progress")  # an in-process EpochIterator: workers never fan out again
+        for batch in it:
+            seq = -1
+            while expected and it.progress.done(expected[0]):
+                seq = expected.popleft()
+            count, samples = it.stats.samples_yielded - samples, it.stats.samples_yielded
+            if not ctl.take(cmd.gen):
+                return Cancelled(cmd.gen)  # leaving the ``with`` stops the epoch's reads
+            _send(conn, Batch(cmd.gen, seq, count, batch))
+            del batch  # the shared memory lives on in the message until the parent maps it
+    return End(cmd.gen, _figures(it.stats))
 
 
 def _serve(conn: Connection, spec: _WorkerSpec) -> None:
-    """Iterate this worker's sub-shard and send its batches; then wait until the parent says stop."""
+    """Build this worker's loader once, then serve epochs as they are asked for until told to stop."""
     import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
 
     torch_mp.set_sharing_strategy("file_descriptor")
     set_allocator(_shared_empty)
     # As in DataLoader workers: K processes each running torch ops on every core would oversubscribe.
     torch.set_num_threads(1)
-    credits, stop = threading.Semaphore(spec.credits), threading.Event()
-    threading.Thread(target=_listen, args=(conn, credits, stop), name="asyncload-fanout-control", daemon=True).start()
+    ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
+    threading.Thread(target=_listen, args=(conn, ctl, commands), name="asyncload-fanout-control", daemon=True).start()
+    loader: AsyncLoader | None = None
+    broken: _RemoteError | None = None
     try:
         loader = AsyncLoader(spec.source, shard=spec.shard, **spec.loader_kwargs)
-        loader.set_epoch(spec.epoch)
-        if spec.skip:  # resume: the loader leaves these batches out without reading them
-            state = loader.state_dict()
-            state["extra"] = sorted(spec.skip.union(state["extra"]))
-            loader.load_state_dict(state)
-        # Which batch each one yielded is: the loader marks every batch it consumed in ``progress``,
-        # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
-        expected = collections.deque(s for s in range(len(loader)) if s not in spec.skip)
-        with iter(loader) as it:
-            for batch in it:
-                seq = -1
-                while expected and it.progress.done(expected[0]):
-                    seq = expected.popleft()
-                credits.acquire()
-                if stop.is_set() or not _send(conn, ("batch", seq, batch)):
+    except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
+        broken = _RemoteError.capture(exc)
+    try:
+        while (cmd := commands.get()) is not _STOP:
+            outcome: Terminal
+            if loader is None:
+                assert broken is not None
+                outcome = Failed(cmd.gen, broken)
+            elif not ctl.begin(cmd.gen, spec.credits):
+                outcome = Cancelled(cmd.gen)
+            else:
+                try:
+                    outcome = _run_epoch(conn, loader, ctl, cmd)
+                except _ParentGone:
                     return
-                del batch  # the shared memory lives on in the message until the parent maps it
-        if not _send(conn, ("end",)):
-            return
-    except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
-        if stop.is_set() or not _send(conn, ("error", _RemoteError.capture(exc))):
-            return
-    stop.wait()  # exit only when told: the parent may still be fetching the batches sent
+                except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
+                    outcome = Failed(cmd.gen, _RemoteError.capture(exc))
+            _send(conn, outcome)
+    except _ParentGone:
+        return
+    finally:
+        if loader is not None:
+            loader.close()
 
 
 def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
@@ -254,20 +436,14 @@ def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
         os._exit(code)
 
 
-# -- in the parent ---------------------------------------------------------------------------------
+# -- in the parent: the pool -----------------------------------------------------------------------
 @dataclass
-class _Worker:
+class _Proc:
+    """One live worker process and the parent's end of its pipe."""
+
     index: int
     process: BaseProcess
     conn: Connection
-    seqs: list[int]  # the parent sequence numbers this worker delivers, ascending (skips left out)
-    next: int = 0  # position in ``seqs`` of the first batch not yet yielded
-    pending: tuple[Any, ...] | None = None  # a message received ahead of its turn (in-order merge)
-    ended: bool = False  # it sent "end": its loader yielded every batch it will
-
-    @property
-    def owes(self) -> bool:
-        return self.next < len(self.seqs)
 
 
 def _how_it_ended(exitcode: int | None) -> str:
@@ -301,31 +477,242 @@ def _stop_processes(procs: list[BaseProcess], timeout: float) -> None:
         p.close()
 
 
-_live: weakref.WeakSet[FanoutEpoch] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all_at_exit() -> None:
-    """Stop the workers of epochs still open at interpreter exit (before multiprocessing's own hook)."""
-    for epoch in list(_live):
+def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
+    """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
+    live = list(procs.values())
+    procs.clear()
+    if os.getpid() != owner_pid:  # a forked copy of the pool: the workers are not ours
+        return
+    for w in live:
         try:
-            epoch.close()
+            w.conn.send(_STOP)
+        except OSError:
+            pass
+        w.conn.close()  # also unblocks a worker stuck sending: it gets EPIPE
+    _stop_processes([w.process for w in live], timeout)
+
+
+_live: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+@atexit.register  # registered after multiprocessing's own hook (imported above), so it runs before it
+def _close_all_at_exit() -> None:
+    """Stop the workers of pools still open at interpreter exit, before multiprocessing SIGTERMs them."""
+    for pool in list(_live):
+        try:
+            pool.close()
         except Exception:  # noqa: BLE001 - best effort at exit
             pass
 
 
-class FanoutEpoch(Closing, Iterator[Any]):
+class WorkerPool:
+    """``processes`` persistent worker processes, each with ``AsyncLoader(source, shard=sub_shard(...),
+    **loader_kwargs)`` built once; epochs are run on it with ``epoch()``, one at a time.
+
+    ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
+    hangs or segfaults). ``timeout``: seconds each step of stopping the workers may take (ask, SIGTERM,
+    SIGKILL), and how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
+    this shard when the caller has validated the options already (``AsyncLoader``); otherwise a loader is
+    built here to validate them. ``transform`` and ``collate_fn`` must be picklable (module level).
+    """
+
+    def __init__(
+        self,
+        source: Source[Any],
+        loader_kwargs: Mapping[str, Any],
+        shard: Shard,
+        processes: int,
+        *,
+        context: str = "spawn",
+        timeout: float = 10.0,
+        sampler: EpochSampler | None = None,
+    ) -> None:
+        if context == "fork":
+            raise ConfigError(
+                "context='fork' is not allowed: forking a process where Deep Lake or an event loop is live "
+                "hangs or segfaults; use 'spawn' (default) or 'forkserver'"
+            )
+        if context not in _CONTEXTS:
+            raise ConfigError(f"context={context!r} is not allowed: 'spawn' or 'forkserver'")
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise ConfigError(f"processes={processes!r} is not allowed: an int >= 1")
+        if not timeout > 0:
+            raise ConfigError(f"timeout={timeout!r} is not allowed: a number of seconds > 0")
+        for key in ("shard", "processes"):
+            if key in loader_kwargs:
+                raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
+        # Workers run their loaders in order so that every message names its batch (see the module doc).
+        kwargs = {k: v for k, v in loader_kwargs.items() if k != "in_order"}
+        if sampler is None:  # the same loader in this process validates the options and gives the plan
+            sampler = AsyncLoader(source, shard=shard, **kwargs).sampler
+        self.sampler = sampler
+        self.processes = processes
+        self.url = source.url
+        self._context = context
+        self._timeout = float(timeout)
+        # A worker with no batch in any epoch (fewer batches than processes) is not worth a process.
+        self._specs = [
+            _WorkerSpec(k, source, kwargs, sub_shard(shard, k, processes), _CREDITS)
+            for k in range(min(processes, len(sampler)))
+        ]  # fmt: skip
+        try:
+            ForkingPickler.dumps(self._specs[0] if self._specs else None)
+        except Exception as exc:
+            raise ConfigError(
+                f"processes={processes} needs loader options that can be pickled into a new process "
+                f"({type(exc).__name__}: {exc}); define transform and collate_fn at module level"
+            ) from exc
+        self.procs: dict[int, _Proc] = {}
+        self._pids: dict[int, int] = {}
+        self.gen = 0  # the latest epoch started on the pool
+        self.busy: set[int] = set()  # workers that owe epoch ``gen`` its terminal message
+        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self._timeout, os.getpid())
+        _live.add(self)
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """Worker index → pid of the workers started (empty before the first epoch's ``next()``; kept after
+        ``close()``, for logs and for checking that they are gone)."""
+        return dict(self._pids)
+
+    def epoch(
+        self, epoch: int, *, skip: frozenset[int] = frozenset(), in_order: bool = True,
+        progress: EpochProgress | None = None,
+    ) -> FanoutEpoch:  # fmt: skip
+        """An iterator over epoch ``epoch`` served by this pool (the workers start on its first ``next()``)."""
+        return FanoutEpoch._on(self, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=False)
+
+    def close(self) -> None:
+        """Stop and join every worker (ask, SIGTERM, SIGKILL, ``timeout`` seconds apart); idempotent."""
+        _live.discard(self)
+        self.busy.clear()
+        self._finalizer()
+
+    def begin(self, epoch: int, skips: Mapping[int, frozenset[int]]) -> int:
+        """Start the workers if they are not running, settle an epoch still open, and ask worker ``k`` of
+        ``skips`` to serve ``epoch`` leaving out its own batches ``skips[k]``; returns the epoch's gen."""
+        if self.closed:
+            raise RuntimeError(f"asyncload: the fan-out pool for {self.url} is closed")
+        self.settle(self.gen)
+        if not self.procs:
+            self._start()
+        self.gen += 1
+        for k, own_skip in skips.items():
+            self.send(k, StartEpoch(self.gen, epoch, own_skip))
+        self.busy = set(skips)
+        return self.gen
+
+    def send(self, k: int, msg: object) -> None:
+        try:
+            self.procs[k].conn.send(msg)
+        except OSError:
+            pass  # it is gone: the next wait sees its sentinel
+
+    def settle(self, gen: int, stats: Stats | None = None) -> None:
+        """End epoch ``gen`` if it is still open: cancel it in every worker that owes its terminal message
+        and drop what they send until each has answered (the figures of an ``End`` go to ``stats``). A
+        worker that dies or does not answer within ``timeout`` closes the pool (the next epoch starts
+        fresh workers)."""
+        if gen != self.gen or not self.busy or self.closed:
+            return
+        try:
+            for k in self.busy:
+                self.send(k, Cancel(gen))
+            deadline = time.monotonic() + self._timeout
+            while self.busy:
+                conns = {self.procs[k].conn: k for k in self.busy}
+                sentinels = {self.procs[k].process.sentinel: k for k in self.busy}
+                ready = wait([*conns, *sentinels], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready or any(r in sentinels for r in ready):
+                    log.warning(
+                        "asyncload: fan-out workers %s for %s %s while settling an abandoned epoch; "
+                        "restarting the pool at the next epoch", sorted(self._pids[k] for k in self.busy),
+                        self.url, "did not answer within %.1fs" % self._timeout if not ready else "died",
+                    )  # fmt: skip
+                    self.close()
+                    return
+                for r in ready:
+                    try:
+                        msg = r.recv()  # a dropped batch is mapped and freed here
+                    except Exception:  # noqa: BLE001 - EOF: it is dying; its sentinel tells the rest
+                        log.warning("asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url)
+                        self.close()
+                        return
+                    if isinstance(msg, _TERMINAL) and msg.gen == gen:
+                        self.busy.discard(conns[r])
+                        if isinstance(msg, End) and stats is not None:
+                            _add_figures(stats, msg.figures)
+        except BaseException:
+            self.close()  # a broken pipe, or Ctrl-C while settling: stop rather than guess
+            raise
+
+    def _start(self) -> None:
+        ctx: Any = multiprocessing.get_context(self._context)  # SpawnContext or ForkServerContext
+        # Workers inherit this process's multiprocessing temp dir (where the sockets that pass file
+        # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
+        multiprocessing.util.get_temp_dir()
+        for spec in self._specs:
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            k = spec.index
+            proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
+            try:
+                proc.start()
+            except BaseException:
+                parent_end.close()
+                raise
+            finally:
+                child_end.close()  # the worker holds its end now; ours would hide its EOF
+            self.procs[k] = _Proc(k, proc, parent_end)
+            self._pids[k] = proc.pid  # type: ignore[assignment]
+
+
+# -- in the parent: one epoch ----------------------------------------------------------------------
+@dataclass
+class _Turns:
+    """One worker's share of one epoch, as the parent sees it."""
+
+    index: int
+    seqs: list[int]  # the parent sequence numbers this worker delivers, ascending (skips left out)
+    next: int = 0  # position in ``seqs`` of the first batch not yet yielded
+    pending: Batch | None = None  # a batch received ahead of its turn (in-order merge)
+    ended: bool = False  # it sent End: its loader yielded every batch it will
+
+    @property
+    def owes(self) -> bool:
+        return self.next < len(self.seqs)
+
+
+@dataclass
+class _Lease:
+    """What ends an epoch (``FanoutEpoch``'s finaliser; it must not hold the epoch): settle it on a shared
+    pool, or close a pool the epoch owns."""
+
+    pool: WorkerPool
+    owns_pool: bool
+    stats: Stats
+    gen: int | None = None  # set when the epoch starts
+
+    def end(self) -> None:
+        if self.gen is not None:
+            self.pool.settle(self.gen, self.stats)
+        if self.owns_pool:
+            self.pool.close()
+
+
+class FanoutEpoch(Iterator[Any]):
     """One epoch of ``AsyncLoader(source, shard=shard, **loader_kwargs)`` read by ``processes`` worker
     processes; yields the same batches (in the same order when ``in_order``).
 
-    ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
-    hangs or segfaults). ``skip``: sequence numbers of this epoch's batches already consumed (resume):
-    parent batch ``j`` is batch ``j // K`` of worker ``j % K``, whose loader leaves it out unread
-    (``AsyncLoader.load_state_dict``).
-    ``timeout``: seconds each step of stopping the workers may take (ask, then SIGTERM, then SIGKILL).
-    ``transform`` and ``collate_fn`` must be picklable (defined at module level) to reach the workers.
+    Built on its own it starts a private ``WorkerPool`` (see there for ``context`` and ``timeout``) and
+    closes it at the end; ``WorkerPool.epoch()`` builds one on a persistent pool instead.
+    ``skip``: sequence numbers of this epoch's batches already consumed (resume): parent batch ``j`` is
+    batch ``j // K`` of worker ``j % K``, whose loader leaves it out unread.
     Use as an iterator and ``close()`` it, or as a context manager; ``break`` + garbage collection and
-    interpreter exit also stop every worker.
+    interpreter exit also end it.
     """
 
     def __init__(
@@ -342,59 +729,43 @@ class FanoutEpoch(Closing, Iterator[Any]):
         timeout: float = 10.0,
         progress: EpochProgress | None = None,
     ) -> None:
-        self._closed = True  # until fully built: __del__ must find a consistent object
-        if context == "fork":
-            raise ConfigError(
-                "context='fork' is not allowed: forking a process where Deep Lake or an event loop is live "
-                "hangs or segfaults; use 'spawn' (default) or 'forkserver'"
-            )
-        if context not in _CONTEXTS:
-            raise ConfigError(f"context={context!r} is not allowed: 'spawn' or 'forkserver'")
-        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
-            raise ConfigError(f"processes={processes!r} is not allowed: an int >= 1")
-        if not timeout > 0:
-            raise ConfigError(f"timeout={timeout!r} is not allowed: a number of seconds > 0")
-        for key in ("shard", "processes"):
-            if key in loader_kwargs:
-                raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
+        pool = WorkerPool(source, loader_kwargs, shard, processes, context=context, timeout=timeout)
+        self._setup(pool, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=True)
+
+    @classmethod
+    def _on(cls, pool: WorkerPool, epoch: int, **kw: Any) -> FanoutEpoch:
+        self = cls.__new__(cls)
+        self._setup(pool, epoch, **kw)
+        return self
+
+    def _setup(
+        self, pool: WorkerPool, epoch: int, *, skip: frozenset[int], in_order: bool,
+        progress: EpochProgress | None, owns_pool: bool,
+    ) -> None:  # fmt: skip
         if any(not isinstance(j, int) or j < 0 for j in skip):
+            if owns_pool:
+                pool.close()
             raise ConfigError(f"skip={sorted(skip)!r} is not allowed: batch sequence numbers (ints >= 0)")
-        # Workers run their loaders in order so that every message names its batch (see the module doc).
-        kwargs = {k: v for k, v in loader_kwargs.items() if k != "in_order"}
-        # The same loader in this process validates the options now and gives the epoch's plan.
-        plan = AsyncLoader(source, shard=shard, **kwargs)
-        plan.set_epoch(epoch)
-        self._batches: list[list[int]] = plan.sampler.batches(epoch)
+        self._pool = pool
+        self._k = k = pool.processes
+        self._batches: list[list[int]] = pool.sampler.batches(epoch)
         self._order = [j for j in range(len(self._batches)) if j not in skip]
-        self._url = source.url
-        self._k = processes
+        self._epoch = epoch
+        self._turns: dict[int, _Turns] = {}
+        self._skips: dict[int, frozenset[int]] = {}
+        for w in range(k):
+            seqs = [j for j in self._order if j % k == w]
+            if seqs:  # a worker with nothing left in this epoch is not asked
+                self._turns[w] = _Turns(w, seqs)
+                self._skips[w] = frozenset(j // k for j in skip if j % k == w and j < len(self._batches))
         self._in_order = in_order
-        self._context = context
-        self._timeout = float(timeout)
-        self._specs: dict[int, tuple[_WorkerSpec, list[int]]] = {}
-        for k in range(processes):
-            sub = sub_shard(shard, k, processes)
-            seqs = [j for j in self._order if j % processes == k]
-            if not seqs:  # nothing to read: not worth a process
-                continue
-            own_skip = frozenset(j // processes for j in skip if j % processes == k and j < len(self._batches))
-            spec = _WorkerSpec(k, source, kwargs, sub, epoch, own_skip, _CREDITS)
-            self._specs[k] = (spec, seqs)
-        try:
-            ForkingPickler.dumps(next(iter(self._specs.values()))[0] if self._specs else None)
-        except Exception as exc:
-            raise ConfigError(
-                f"processes={processes} needs loader options that can be pickled into a new process "
-                f"({type(exc).__name__}: {exc}); define transform and collate_fn at module level"
-            ) from exc
-        self._workers: dict[int, _Worker] = {}
-        self._pids: dict[int, int] = {}
         self._pos = 0  # in_order: position in ``_order`` of the next batch to yield
         self._rotate = 0  # in_order=False: where the next search for a ready worker starts
-        self._pid = os.getpid()
-        self._started = False
         self._progress = progress  # the parent's record of consumed batches (AsyncLoader.state_dict)
+        self.stats = Stats()  # what ``AsyncLoader.stats()`` reports: this epoch's, workers' figures added
         self._closed = False
+        self._lease = _Lease(pool, owns_pool, self.stats)
+        self._finalizer = weakref.finalize(self, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -403,158 +774,155 @@ class FanoutEpoch(Closing, Iterator[Any]):
 
     @property
     def pids(self) -> dict[int, int]:
-        """Worker index → pid of the workers this epoch started (empty before the first ``next()``;
-        kept after ``close()``, for logs and for checking that they are gone)."""
-        return dict(self._pids)
+        """Worker index → pid of the pool's workers (see ``WorkerPool.pids``)."""
+        return self._pool.pids
 
     def __iter__(self) -> FanoutEpoch:
         return self
 
+    def __enter__(self) -> FanoutEpoch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __next__(self) -> Any:
-        if self._closed:
+        if self._closed or (self._lease.gen is not None and self._lease.gen != self._pool.gen):
+            self.close()  # ended, or a newer epoch took the pool (which settled this one)
             raise StopIteration
+        st = self.stats
+        t0 = st.waiting_since = time.perf_counter()
         try:
-            if not self._started:
-                self._start()
-            batch = self._next_in_order() if self._in_order else self._next_ready()
-        except BaseException:
+            if self._lease.gen is None:
+                st.started = t0
+                self._lease.gen = self._pool.begin(self._epoch, self._skips)
+            count, batch = self._next_in_order() if self._in_order else self._next_ready()
+        except BaseException as exc:
+            st.waiting_since = None
+            if not isinstance(exc, Exception):  # Ctrl-C: stop the workers now rather than settle
+                self._pool.close()
             self.close()
             raise
+        now = time.perf_counter()
+        st.wait_s += now - t0
+        st.waiting_since = None
         if batch is _DONE:
             self.close()
             raise StopIteration
+        st.batches_yielded += 1
+        st.samples_yielded += count
+        if st.first_batch_s is None:
+            st.first_batch_s = now - st.started
         return batch
 
     def close(self) -> None:
-        """Stop and join every worker (ask, SIGTERM, SIGKILL, ``timeout`` seconds apart); idempotent."""
+        """End the epoch: settle it on a shared pool (workers stay, idle), or close a pool it owns."""
         if self._closed:
             return
         self._closed = True
-        _live.discard(self)
-        workers, self._workers = list(self._workers.values()), {}
-        if os.getpid() != self._pid:  # a forked copy of this object: the workers are not ours
-            return
-        for w in workers:
-            try:
-                w.conn.send(_STOP)
-            except OSError:
-                pass
-            w.conn.close()  # also unblocks a worker stuck sending: it gets EPIPE
-        _stop_processes([w.process for w in workers], self._timeout)
+        self.stats.finished = time.perf_counter()
+        self._finalizer()
 
+    # -- receiving -------------------------------------------------------------------------------
+    def _name(self, t: _Turns) -> str:
+        pid = self._pool.pids.get(t.index)
+        return f"fan-out worker {t.index} of {self._k} (pid {pid}) for {self._pool.url}"
 
-    # -- workers ---------------------------------------------------------------------------------
-    def _start(self) -> None:
-        self._started = True
-        _live.add(self)
-        ctx: Any = multiprocessing.get_context(self._context)  # SpawnContext or ForkServerContext
-        # Workers inherit this process's multiprocessing temp dir (where the sockets that pass file
-        # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
-        multiprocessing.util.get_temp_dir()
-        for k, (spec, seqs) in self._specs.items():
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
-            try:
-                proc.start()
-            except BaseException:
-                parent_end.close()
-                raise
-            finally:
-                child_end.close()  # the worker holds its end now; ours would hide its EOF
-            self._workers[k] = _Worker(k, proc, parent_end, seqs)
-            self._pids[k] = proc.pid  # type: ignore[assignment]
-
-    def _name(self, w: _Worker) -> str:
-        return f"fan-out worker {w.index} of {self._k} (pid {w.process.pid}) for {self._url}"
-
-    def _give_credit(self, w: _Worker) -> None:
-        try:
-            w.conn.send(1)
-        except OSError:
-            pass  # it is gone: the next wait sees its sentinel
-
-    def _receive(self, wanted: list[_Worker]) -> tuple[_Worker, tuple[Any, ...]]:
-        """Block until one of ``wanted`` sends a message; raise ``WorkerError`` as soon as any worker that
-        still owes batches dies. Sleeps in ``wait`` on pipes and process sentinels: no polling."""
-        for w in wanted:
-            if w.pending is not None:
-                msg, w.pending = w.pending, None
-                return w, msg
+    def _receive(self, wanted: list[_Turns]) -> tuple[_Turns, Batch | End | Failed]:
+        """Block until one of ``wanted`` sends a message of this epoch; raise ``WorkerError`` as soon as any
+        worker that still owes batches dies. Sleeps in ``wait`` on pipes and process sentinels: no polling.
+        Messages of an earlier epoch are dropped."""
+        for t in wanted:
+            if t.pending is not None:
+                msg, t.pending = t.pending, None
+                return t, msg
+        procs, gen = self._pool.procs, self._lease.gen
         while True:
-            conns = {w.conn: w for w in wanted}
-            sentinels = {w.process.sentinel: w for w in self._workers.values() if w.owes}
+            conns = {procs[t.index].conn: t for t in wanted}
+            sentinels = {procs[t.index].process.sentinel: t for t in self._turns.values() if t.owes}
             ready = wait([*conns, *sentinels])
-            readable = sorted((conns[r] for r in ready if r in conns), key=lambda w: (w.index - self._rotate) % self._k)
-            for w in readable:
+            readable = sorted((conns[r] for r in ready if r in conns), key=lambda t: (t.index - self._rotate) % self._k)
+            for t in readable:
                 try:
-                    return w, w.conn.recv()
+                    msg = procs[t.index].conn.recv()
                 except Exception as exc:  # noqa: BLE001 - EOF, or the fds of a dead sender are gone
-                    self._died(w, exc)
+                    self._died(t, exc)
+                if getattr(msg, "gen", None) != gen:
+                    continue  # an abandoned epoch's: dropped (its shared memory freed with it)
+                if isinstance(msg, _TERMINAL):
+                    self._pool.busy.discard(t.index)  # the worker is idle again
+                if isinstance(msg, End):
+                    _add_figures(self.stats, msg.figures)
+                if not isinstance(msg, Cancelled):
+                    return t, msg
             for r in ready:
                 if r in sentinels:
                     self._died(sentinels[r], None)
 
-    def _died(self, w: _Worker, cause: BaseException | None) -> None:
-        """Raise the ``WorkerError`` for ``w``, whose pipe broke or whose process ended."""
-        w.process.join(1.0)  # its sentinel is ready or its pipe closed: this reaps it
-        if w.process.exitcode is None:  # alive, yet its message could not be read
-            raise WorkerError(
-                f"asyncload could not receive a batch from {self._name(w)}: {type(cause).__name__}: {cause}"
-            ) from cause
-        held = [i for j in w.seqs[w.next :] for i in self._batches[j]]
+    def _died(self, t: _Turns, cause: BaseException | None) -> None:
+        """Raise the ``WorkerError`` for ``t``'s worker, whose pipe broke or whose process ended; the pool
+        is closed (the next epoch starts fresh workers)."""
+        proc = self._pool.procs[t.index].process
+        proc.join(1.0)  # its sentinel is ready or its pipe closed: this reaps it
+        pid, exitcode, name = proc.pid, proc.exitcode, self._name(t)
+        self._pool.close()
+        if exitcode is None:  # alive, yet its message could not be read
+            raise WorkerError(f"asyncload could not receive a batch from {name}: {type(cause).__name__}: {cause}") from cause
+        held = [i for j in t.seqs[t.next :] for i in self._batches[j]]
         err = WorkerError(
-            f"asyncload {self._name(w)} {_how_it_ended(w.process.exitcode)} holding "
-            f"{len(w.seqs) - w.next} undelivered batches of indices {_short(held)}"
+            f"asyncload {name} {_how_it_ended(exitcode)} holding "
+            f"{len(t.seqs) - t.next} undelivered batches of indices {_short(held)}"
         )
-        err.worker, err.pid, err.exitcode, err.indices = w.index, w.process.pid, w.process.exitcode, held  # type: ignore[attr-defined]
+        err.worker, err.pid, err.exitcode, err.indices = t.index, pid, exitcode, held  # type: ignore[attr-defined]
         raise err from cause
 
-    def _deliver(self, w: _Worker, msg: tuple[Any, ...]) -> Any:
-        """The batch of a ``("batch", seq, batch)`` message; raises a worker's ``("error", ...)``."""
-        if msg[0] == "error":
-            raise msg[1].rebuild(self._name(w))
-        at = msg[1] * self._k + w.index
-        w.next = bisect.bisect_right(w.seqs, at)
-        self._give_credit(w)
+    def _deliver(self, t: _Turns, msg: Batch | Failed) -> tuple[int, Any]:
+        """``(samples, batch)`` of a ``Batch``; raises a worker's ``Failed``."""
+        if isinstance(msg, Failed):
+            raise msg.error.rebuild(self._name(t))
+        at = msg.seq * self._k + t.index
+        t.next = bisect.bisect_right(t.seqs, at)
+        assert self._lease.gen is not None
+        self._pool.send(t.index, Credit(self._lease.gen))
         if self._progress is not None:
             self._progress.mark(at)
-        return msg[2]
+        return msg.count, msg.batch
 
-    def _next_in_order(self) -> Any:
+    def _next_in_order(self) -> tuple[int, Any]:
         while self._pos < len(self._order):
             j = self._order[self._pos]
-            w = self._workers[j % self._k]
-            msg: tuple[Any, ...] = ("end",)
-            if not w.ended:
-                _, msg = self._receive([w])
-            if msg[0] == "batch":
-                at = msg[1] * self._k + w.index
+            t = self._turns[j % self._k]
+            msg: Batch | End | Failed | None = None  # None: nothing for turn j
+            if not t.ended:
+                _, msg = self._receive([t])
+            if isinstance(msg, Batch):
+                at = msg.seq * self._k + t.index
                 if at > j:  # batch j never came (on_error="skip" left all of it out): keep this one for its turn
-                    w.pending, msg = msg, ("skipped",)
+                    t.pending, msg = msg, None
                 elif at < j:
-                    raise WorkerError(f"asyncload {self._name(w)} sent batch {at} after batch {j} (out of order)")
+                    raise WorkerError(f"asyncload {self._name(t)} sent batch {at} after batch {j} (out of order)")
             self._pos += 1
-            if msg[0] in ("batch", "error"):
-                return self._deliver(w, msg)
+            if isinstance(msg, (Batch, Failed)):
+                return self._deliver(t, msg)
             if self._progress is not None:  # batch j was left out whole (on_error="skip"): consumed
                 self._progress.mark(j)
-            w.ended = w.ended or msg[0] == "end"  # it sends nothing more: its remaining turns are empty
-            w.next = max(w.next, bisect.bisect_right(w.seqs, j))
-        return _DONE
+            t.ended = t.ended or isinstance(msg, End)  # it sends nothing more: its remaining turns are empty
+            t.next = max(t.next, bisect.bisect_right(t.seqs, j))
+        return 0, _DONE
 
-    def _next_ready(self) -> Any:
+    def _next_ready(self) -> tuple[int, Any]:
         while True:
-            owing = [w for w in self._workers.values() if w.owes]
+            owing = [t for t in self._turns.values() if t.owes]
             if not owing:
-                return _DONE
-            w, msg = self._receive(owing)
-            self._rotate = w.index + 1
-            if msg[0] == "end":
-                w.ended, w.next = True, len(w.seqs)
+                return 0, _DONE
+            t, msg = self._receive(owing)
+            self._rotate = t.index + 1
+            if isinstance(msg, End):
+                t.ended, t.next = True, len(t.seqs)
                 continue
-            return self._deliver(w, msg)
+            return self._deliver(t, msg)
 
 
 _DONE = object()
 
-__all__ = ["FanoutEpoch", "sub_shard"]
+__all__ = ["FanoutEpoch", "WorkerPool", "sub_shard"]

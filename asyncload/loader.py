@@ -191,6 +191,10 @@ class AsyncLoader:
                     the end of the epoch (a failed group is re-read sample by sample first)
     """
 
+    #: ``processes=K``: the persistent worker processes (``fanout.WorkerPool``), started by the first
+    #: epoch's first ``next()`` and kept until ``close()`` or garbage collection.
+    _pool: Any = None
+
     def __init__(
         self,
         source: Source[Any],
@@ -319,7 +323,7 @@ class AsyncLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` continues that epoch where it stood."""
-        self.close()
+        self._close_epoch()
         self._resume = EpochProgress.from_dict(state, self._fingerprint(), len(self.sampler))
         self.epoch = self._resume.epoch
 
@@ -348,19 +352,21 @@ class AsyncLoader:
     def __iter__(self) -> Iterator[Any]:
         """Start the current epoch (or its rest, after ``load_state_dict``). A loader runs one epoch at
         a time: a previous iterator of it is closed."""
-        self.close()
+        self._close_epoch()
         progress = self._resume if self._resume is not None else EpochProgress(self.epoch, len(self.sampler))
         self._resume = None
         if self.processes:
-            from .fanout import FanoutEpoch  # imports this module
+            from .fanout import WorkerPool  # imports this module
 
+            if self._pool is None or self._pool.closed:  # the first epoch, or the last pool lost a worker
+                self._pool = WorkerPool(
+                    self.source, self._options, self.sampler.shard, self.processes, context=self.mp_context,
+                    timeout=self.shutdown_timeout, sampler=self.sampler,
+                )  # fmt: skip
             done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))
-            fan = FanoutEpoch(
-                self.source, self._options, self.shard, self.epoch, self.processes, in_order=self.in_order,
-                context=self.mp_context, skip=done, timeout=self.shutdown_timeout, progress=progress,
-            )  # fmt: skip
+            fan = self._pool.epoch(self.epoch, skip=done, in_order=self.in_order, progress=progress)
             self._live = weakref.ref(fan)  # type: ignore[assignment]
-            self._stats = Stats()
+            self._stats = fan.stats
             self._progress = progress
             return fan
         it = EpochIterator(
@@ -384,7 +390,15 @@ class AsyncLoader:
         return snap
 
     def close(self) -> None:
-        """Stop the live epoch, if any (threads joined)."""
+        """Stop the live epoch, if any (threads joined), and the worker processes of ``processes=K``.
+        The loader stays usable: a later ``iter()`` starts new workers. Garbage collection of the loader
+        and interpreter exit stop the workers too (``fanout.WorkerPool``)."""
+        self._close_epoch()
+        if self._pool is not None:
+            self._pool.close()
+
+    def _close_epoch(self) -> None:
+        """Stop the live epoch, if any; with ``processes=K`` its workers stay, idle, for the next one."""
         it = self._live()
         if it is not None:
             it.close()

@@ -1,5 +1,6 @@
-"""FanoutEpoch: K worker processes yield exactly one AsyncLoader's batches; crashes, errors, ``break`` and
-interpreter exit end with every worker joined and nothing left in /dev/shm.
+"""Fan-out: K worker processes yield exactly one AsyncLoader's batches; ``AsyncLoader(processes=K)`` keeps
+the same workers across epochs; crashes, errors, ``break``, close, garbage collection and interpreter exit
+end with every worker joined (or idle and reusable, for an abandoned epoch) and nothing left in /dev/shm.
 
 Each worker is a spawned process that imports torch and deeplake (~2-3 s of CPU), so the tests keep K
 small and check several things per epoch. Transforms and collate functions live at module level: worker
@@ -29,7 +30,7 @@ from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, Re
 from asyncload.errors import read_error
 from asyncload.fanout import FanoutEpoch, _RemoteError, sub_shard
 
-from .conftest import ROWS
+from .conftest import ROWS, loop_threads, wait_no_loop_threads
 
 OPTS: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 5}
 
@@ -252,7 +253,7 @@ def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
 
 INTERRUPT_SCRIPT = """
 import multiprocessing, os, signal, sys, threading, time
-from asyncload import DeepLakeSource, Shard
+from asyncload import AsyncLoader, DeepLakeSource, Shard
 from asyncload.fanout import FanoutEpoch
 
 def slow(sample):
@@ -273,6 +274,10 @@ if __name__ == "__main__":
     left_open = FanoutEpoch(src, {"batch_size": 4}, Shard(), 0, 2)
     next(left_open)
     print("pids", *left_open.pids.values(), flush=True)
+    idle = AsyncLoader(src, batch_size=16, processes=2)  # a persistent pool, idle between epochs at exit
+    it = iter(idle)
+    list(it)
+    print("pids", *it.pids.values(), flush=True)
     print("exiting with an epoch open", flush=True)
 """
 
@@ -286,8 +291,213 @@ def test_ctrl_c_and_interpreter_exit_stop_every_worker(seg_url, tmp_path) -> Non
     assert p.returncode == 0, out
     assert "interrupted; children left: 0" in p.stdout and "exiting with an epoch open" in p.stdout, out
     pids = [int(x) for line in p.stdout.splitlines() if line.startswith("pids ") for x in line.split()[1:]]
-    assert len(pids) == 4
+    assert len(pids) == 6
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert worker_shm(pids) == []
+
+
+# -- persistent workers: AsyncLoader(processes=K) ----------------------------------------------------
+def epoch_of(loader: AsyncLoader, epoch: int) -> tuple[list[Any], dict[int, int]]:
+    """All batches of ``epoch`` and the pids of the workers that served it."""
+    loader.set_epoch(epoch)
+    it = iter(loader)
+    batches = list(it)
+    return batches, getattr(it, "pids", {})
+
+
+def index_lists(batches: list[Any]) -> list[list[int]]:
+    return [b["index"].tolist() for b in batches]
+
+
+def assert_exactly_once(batches: list[Any]) -> None:
+    """The exact multiset of "index" values of an epoch: every row once, none twice."""
+    assert sorted(i for b in index_lists(batches) for i in b) == list(range(ROWS))
+
+
+@pytest.mark.timeout(120)
+def test_the_same_workers_serve_three_epochs_each_exactly_once_as_one_process_would(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    one = AsyncLoader(src, **OPTS)
+    with AsyncLoader(src, **OPTS, processes=2) as loader:
+        orders, seen_pids = [], []
+        for epoch in range(3):
+            got, pids = epoch_of(loader, epoch)
+            one.set_epoch(epoch)
+            ref = list(one)
+            assert len(got) == len(ref) == len(loader)
+            for a, b in zip(got, ref, strict=True):  # the processes=0 batch sequence, pixels included
+                assert_same_batch(a, b)
+            assert_exactly_once(got)
+            orders.append(index_lists(got))
+            seen_pids.append(pids)
+            # stats() adds up the workers' figures instead of reporting zeros.
+            st = loader.stats()
+            assert (st["epoch"], st["samples_yielded"], st["batches_yielded"]) == (epoch, ROWS, len(ref))
+            assert st["samples_read"] == ROWS and st["requests"] > 0 and st["samples_per_s"] > 0
+            assert st["time_to_first_batch_s"] is not None
+        assert len(seen_pids[0]) == 2 and seen_pids[0] == seen_pids[1] == seen_pids[2]
+        assert orders[0] != orders[1] != orders[2] != orders[0]  # set_epoch reshuffles
+        assert [p.pid for p in multiprocessing.active_children()] == sorted(seen_pids[0].values())
+    assert_gone(seen_pids[0].values())
+
+
+@pytest.mark.timeout(120)
+def test_out_of_order_epochs_on_persistent_workers_are_exact_and_change_with_set_epoch(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    ref = {e: sorted(map(tuple, index_lists(epoch_of(AsyncLoader(src, **OPTS), e)[0]))) for e in (0, 1)}
+    loader = AsyncLoader(src, **OPTS, processes=2, in_order=False)
+    got0, pids0 = epoch_of(loader, 0)
+    got1, pids1 = epoch_of(loader, 1)
+    assert pids0 == pids1
+    for e, got in ((0, got0), (1, got1)):
+        assert_exactly_once(got)
+        assert sorted(map(tuple, index_lists(got))) == ref[e]  # the same batches, in any order
+    assert ref[0] != ref[1]
+    loader.close()
+    assert_gone(pids0.values())
+
+
+@pytest.mark.timeout(120)
+def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reaches_the_next(seg_url) -> None:
+    """break, close() before and after the first batch, garbage collection and a second iter() over an
+    open one: each time the next epoch is exactly the one-process epoch, on the same workers."""
+    src = DeepLakeSource(seg_url)
+    opts = {**OPTS, "batch_size": 8}  # 26 batches: plenty read ahead and in the pipes when abandoned
+    one = AsyncLoader(src, **opts)
+    ref = {e: index_lists(epoch_of(one, e)[0]) for e in range(4)}
+    loader = AsyncLoader(src, **opts, processes=2)
+    loader.set_epoch(0)
+    it = iter(loader)
+    assert index_lists([next(it) for _ in range(3)]) == ref[0][:3]
+    pids = it.pids
+    it.close()  # abandoned with both workers' credits spent and their next batches in the pipes
+    got, again = epoch_of(loader, 1)
+    assert index_lists(got) == ref[1] and again == pids
+
+    loader.set_epoch(2)
+    for n, _ in enumerate(loader):  # break + garbage collection
+        if n == 4:
+            break
+    del _
+    gc.collect()
+    got, again = epoch_of(loader, 3)
+    assert index_lists(got) == ref[3] and again == pids
+
+    loader.set_epoch(0)
+    iter(loader).close()  # closed before its first next(): the workers were never asked
+    first = iter(loader)
+    next(first)
+    loader.set_epoch(2)
+    second = iter(loader)  # a new epoch closes the open one
+    with pytest.raises(StopIteration):
+        next(first)
+    assert index_lists(list(second)) == ref[2] and second.pids == pids
+    loader.close()
+    assert_gone(pids.values())
+
+
+@pytest.mark.timeout(120)
+def test_resume_mid_epoch_on_the_same_persistent_workers(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    ref = {e: index_lists(epoch_of(AsyncLoader(src, **OPTS), e)[0]) for e in (1, 2)}
+    loader = AsyncLoader(src, **OPTS, processes=2)
+    loader.set_epoch(1)
+    it = iter(loader)
+    taken = index_lists([next(it) for _ in range(5)])
+    state = loader.state_dict()
+    pids = it.pids
+    it.close()
+    assert (state["epoch"], state["next"]) == (1, 5)
+    loader.load_state_dict(state)  # on the same loader: its workers stay
+    loader.set_epoch(1)  # what a training loop does after loading a checkpoint
+    rest = iter(loader)
+    assert len(rest) == len(ref[1]) - 5
+    assert taken + index_lists(list(rest)) == ref[1]
+    assert rest.pids == pids
+    got, again = epoch_of(loader, 2)  # the next epoch is whole again: the skip was one epoch's message
+    assert index_lists(got) == ref[2] and again == pids
+    # Out of order, the state may hold a later batch without an earlier one: the workers skip exactly those.
+    state = {**state, "next": 2, "extra": [4, 7, 8]}
+    loader.load_state_dict(state)
+    skip = {0, 1, 4, 7, 8}
+    assert index_lists(list(loader)) == [b for j, b in enumerate(ref[1]) if j not in skip]
+    loader.close()
+    assert_gone(pids.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_in_the_second_epoch_is_named_and_the_next_epoch_starts_fresh_workers(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    opts = {"batch_size": 8}
+    plan = EpochSampler(ROWS, 8).batches(0)
+    loader = AsyncLoader(src, **opts, processes=2)
+    _, pids = epoch_of(loader, 0)
+    it = iter(loader)
+    assert index_lists([next(it), next(it)]) == plan[:2]
+    assert it.pids == pids
+    os.kill(pids[1], signal.SIGKILL)
+    with pytest.raises(WorkerError) as info:
+        list(it)
+    err = info.value
+    assert f"worker 1 of 2 (pid {pids[1]})" in str(err) and "killed by signal SIGKILL" in str(err)
+    assert (err.worker, err.pid, err.exitcode) == (1, pids[1], -signal.SIGKILL)
+    assert err.indices == [i for j in range(3, len(plan), 2) for i in plan[j]]
+    assert_gone(pids.values())  # the pool lost a worker: all of it is stopped
+    got, fresh = epoch_of(loader, 0)
+    assert index_lists(got) == plan and set(fresh.values()).isdisjoint(pids.values())
+    loader.close()
+    assert_gone(fresh.values())
+
+
+@pytest.mark.timeout(120)
+def test_an_exception_in_a_worker_leaves_the_workers_reusable(seg_url) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, transform=fail_at_85, processes=2)
+    for _ in range(2):
+        it = iter(loader)
+        got = []
+        with pytest.raises(ValueError, match="bad pixel at 85"):
+            for b in it:
+                got.append(b["index"][0].item())
+        assert got == [0, 16, 32, 48, 64]
+        pids = it.pids if _ == 0 else pids
+        assert it.pids == pids  # the second epoch ran on the same workers
+    loader.close()
+    assert_gone(pids.values())
+
+
+@pytest.mark.timeout(120)
+def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_memory(seg_url) -> None:
+    src = DeepLakeSource(seg_url)
+    me = os.getpid()
+    with AsyncLoader(src, batch_size=16, processes=2) as loader:
+        _, pids = epoch_of(loader, 0)
+        kept = next(iter(loader))  # a batch the consumer keeps outlives the workers
+    assert_gone(pids.values())
+    assert worker_shm([me]) == [] and not loop_threads()
+    assert kept["images"].is_shared() and kept["index"].tolist() == list(range(16))
+
+    loader = AsyncLoader(src, batch_size=16, processes=2)
+    it = iter(loader)
+    next(it)
+    pids = it.pids
+    loader.close()  # with an epoch open
+    with pytest.raises(StopIteration):
+        next(it)
+    assert_gone(pids.values())
+    _, pids = epoch_of(loader, 1)  # a closed loader starts new workers when iterated again
+    assert len(pids) == 2
+    del loader, it
+    gc.collect()  # the loader (and its pool) collected: weakref.finalize stops the workers
+    assert_gone(pids.values())
+
+    loader = AsyncLoader(src, batch_size=16, processes=2)
+    it = iter(loader)
+    next(it)  # an epoch open, and referenced only by the loader's weak pointer once ``it`` goes
+    pids = it.pids
+    del loader, it
+    gc.collect()
+    assert_gone(pids.values())
+    wait_no_loop_threads()
+    assert worker_shm([me, *pids.values()]) == []
