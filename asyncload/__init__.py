@@ -18,6 +18,7 @@ from .errors import (
     ConfigError,
     DatasetNotFoundError,
     ReadError,
+    RemoteError,
     SourceError,
     WorkerError,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "EpochSampler",
     "ObjectStoreSource",
     "ReadError",
+    "RemoteError",
     "Shard",
     "Source",
     "SourceError",

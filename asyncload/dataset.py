@@ -197,9 +197,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         return self._sampler(Shard(s.rank, s.world_size)).rank_batches
 
     def __len__(self) -> int:
-        """Batches this rank yields in the next iteration, summed over its DataLoader workers (the
-        whole epoch, or its rest after ``load_state_dict``)."""
-        return self._rank_batches() - self._start
+        """Batches in this rank's epoch, summed over its DataLoader workers. Also after a mid-epoch
+        ``load_state_dict``: like ``StatefulDataLoader`` and Lightning, which count a resumed epoch's
+        steps from where it stood, and like LR schedules sized ``epochs * len(loader)``."""
+        return self._rank_batches()
 
     def __iter__(self) -> Iterator[Any]:
         pending, self._pending = self._pending, None

@@ -1,0 +1,103 @@
+"""PyTorch Lightning: keep ``AsyncIterableDataset`` epochs in step with the ``Trainer``.
+
+Why a callback is needed: Lightning calls ``set_epoch`` only on a DataLoader's *sampler*, and an
+``IterableDataset`` has none that it owns, so without help every epoch would repeat epoch 0's order
+(with persistent workers and without). And a mid-epoch checkpoint records Lightning's step count, not
+where the data stood, so a resumed run would start the epoch's data from its beginning.
+
+``AsyncLoadCallback(train_ds)`` does both:
+- before every training epoch, ``set_epoch(trainer.current_epoch)`` (this reaches persistent DataLoader
+  workers: the epoch lives in shared memory);
+- it saves, in each checkpoint, the epoch and the batches Lightning had trained of it, and on resume it
+  puts the dataset there *before* Lightning creates its first iterator (``on_fit_start``), so the
+  resumed epoch yields exactly the batches Lightning has not trained, in order.
+
+Usage::
+
+    from asyncload.lightning import AsyncLoadCallback
+
+    ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=32, shuffle=True)
+    dl = DataLoader(ds, batch_size=None, num_workers=4, persistent_workers=True)
+    Trainer(max_epochs=10, callbacks=[AsyncLoadCallback(ds)]).fit(model, dl)
+
+Needs the ``lightning`` package (``pip install asyncload[lightning]``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import lightning.pytorch as pl
+except ImportError as exc:  # pragma: no cover - depends on what is installed
+    raise ImportError("asyncload.lightning needs PyTorch Lightning: pip install 'asyncload[lightning]'") from exc
+
+from .dataset import AsyncIterableDataset
+from .errors import ConfigError
+
+STATE_VERSION = 1
+
+
+class AsyncLoadCallback(pl.Callback):
+    """Sets the epoch of ``datasets`` at each training epoch and records their position in checkpoints."""
+
+    def __init__(self, *datasets: AsyncIterableDataset) -> None:
+        if not datasets or not all(isinstance(d, AsyncIterableDataset) for d in datasets):
+            raise ConfigError(
+                f"datasets={datasets!r} is not allowed: pass the AsyncIterableDataset(s) of the training DataLoader(s)"
+            )
+        self.datasets = datasets
+        self._trainer: pl.Trainer | None = None
+        self._loaded: dict[str, Any] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer
+
+    # -- where the data stands, in Lightning's terms -------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The epoch and how many of its batches Lightning has trained. A checkpoint written at the end
+        of a training step counts that step (Lightning resumes after it); a finished epoch is saved as
+        the start of the next."""
+        trainer = self._trainer
+        if trainer is None:
+            return {}
+        epoch = trainer.current_epoch
+        done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        total = trainer.num_training_batches
+        if isinstance(total, int) and done >= total:
+            epoch, done = epoch + 1, 0
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batches": done,
+            "datasets": [d.state_dict(batches_consumed=0) for d in self.datasets],  # versions, lengths
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._loaded = dict(state_dict) if state_dict else None
+
+    # -- applying it -----------------------------------------------------------------------------------
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Runs after callbacks are restored and before the fit loop makes its first DataLoader iterator.
+        state, self._loaded = self._loaded, None
+        if state is None:
+            self._set_epoch(trainer.current_epoch)
+            return
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"AsyncLoadCallback state version {state.get('version')!r} is not allowed: {STATE_VERSION}"
+            )
+        for ds, saved in zip(self.datasets, state["datasets"], strict=True):
+            ds.load_state_dict({**saved, "epoch": state["epoch"], "batches_consumed": state["batches"]})
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # For every epoch after the first, Lightning creates the epoch's iterator after this hook. A
+        # resumed epoch keeps its position: set_epoch of the same epoch does not clear it.
+        self._set_epoch(trainer.current_epoch)
+
+    def _set_epoch(self, epoch: int) -> None:
+        for ds in self.datasets:
+            ds.set_epoch(epoch)
+
+
+__all__ = ["AsyncLoadCallback"]
