@@ -92,9 +92,13 @@ def build_helper(out_dir: Path) -> Path:
     cc = shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler (gcc) to build nfq_delay")
-    p = subprocess.run([cc, "-O2", "-o", str(exe), str(src), "-lnetfilter_queue", "-lnfnetlink"], capture_output=True, text=True)
+    p = subprocess.run(
+        [cc, "-O2", "-o", str(exe), str(src), "-lnetfilter_queue", "-lnfnetlink"], capture_output=True, text=True
+    )
     if p.returncode:
-        raise RuntimeError(f"building nfq_delay failed (is libnetfilter-queue-dev installed?): {p.stderr.strip()[-400:]}")
+        raise RuntimeError(
+            f"building nfq_delay failed (is libnetfilter-queue-dev installed?): {p.stderr.strip()[-400:]}"
+        )
     return exe
 
 
@@ -145,10 +149,45 @@ class PacketNet:
             _run("ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
             _run("ip", "-n", ns, "link", "set", dev, "up")
-            _run("ip", "netns", "exec", ns, self.iptables, "-A", "INPUT", "-i", dev, "-j", "NFQUEUE", "--queue-num", "0")
+            _run(
+                "ip", "netns", "exec", ns, self.iptables, "-A", "INPUT", "-i", dev, "-j", "NFQUEUE", "--queue-num", "0"
+            )
             if self.rate_mbit:
-                _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10")
-                _run("ip", "netns", "exec", ns, "tc", "class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", f"{self.rate_mbit}mbit")
+                _run(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "qdisc",
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "handle",
+                    "1:",
+                    "htb",
+                    "default",
+                    "10",
+                )
+                _run(
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "tc",
+                    "class",
+                    "add",
+                    "dev",
+                    dev,
+                    "parent",
+                    "1:",
+                    "classid",
+                    "1:10",
+                    "htb",
+                    "rate",
+                    f"{self.rate_mbit}mbit",
+                )
             self._delayers[side] = self._start_delayer(ns)
         self.set_rtt(self.rtt_s)
 
@@ -182,7 +221,11 @@ class PacketNet:
         _setns(f"/run/netns/{self.ns['client']}")
 
     def describe(self) -> dict[str, Any]:
-        cc = subprocess.run(["ip", "netns", "exec", self.ns["server"], "sysctl", "-n", "net.ipv4.tcp_congestion_control"], capture_output=True, text=True).stdout.strip()
+        cc = subprocess.run(
+            ["ip", "netns", "exec", self.ns["server"], "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         return {
             "emulation": self.emulation,
             "how": "client and server in their own network namespaces joined by a veth pair; every packet delayed RTT/2 "
@@ -259,7 +302,11 @@ class ProxyNet:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {"emulation": self.emulation, "how": "asyncload.testing.delayline TCP proxy on loopback", "why_not_packet_level": self.why}
+        return {
+            "emulation": self.emulation,
+            "how": "asyncload.testing.delayline TCP proxy on loopback",
+            "why_not_packet_level": self.why,
+        }
 
     def close(self) -> None:
         for line in self._lines.values():
