@@ -33,6 +33,8 @@ Both carry the dataset's version; a state never resumes on other data.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -44,6 +46,8 @@ from .loader import AsyncLoader, EpochIterator
 from .sampler import EpochSampler, Remainder, Shard, distributed_rank_world
 from .sources.base import Source
 from .state import check_dataset_version
+
+log = logging.getLogger("asyncload")
 
 RANK_STATE_VERSION = 2  # 2: names the dataset's version
 
@@ -170,6 +174,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # process group exists: pin this rank's place in the world now. (Forked workers inherit it.)
         state = self.__dict__.copy()
         state["_here"] = None
+        state["_pickled"] = True  # a spawn/forkserver copy; a forked worker has the original dict
         rank, world = distributed_rank_world()
         if state["rank"] is None:
             state["rank"] = rank
@@ -218,8 +223,25 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self._here = loader
         it = iter(loader)
         if torch.utils.data.get_worker_info() is not None:
+            if not self.__dict__.get("_pickled") and not self.source.fork_safe:
+                _warn_forked(self.source.url)
             return _WorkerEpoch(it)
         return it
+
+
+_warned_fork = False
+
+
+def _warn_forked(url: str) -> None:
+    global _warned_fork
+    if not _warned_fork:
+        _warned_fork = True
+        log.warning(
+            "asyncload: DataLoader worker (pid %d) was forked from a process that had opened %s; Deep Lake's runtime "
+            "does not survive fork reliably (workers have segfaulted): pass multiprocessing_context='spawn' or "
+            "'forkserver' to the DataLoader",
+            os.getpid(), url,
+        )  # fmt: skip
 
 
 class _WorkerEpoch(Iterator[Any]):

@@ -332,3 +332,26 @@ def test_object_store_version_is_a_digest_of_its_keys(http_images: str) -> None:
     assert a.source.version != b.source.version and a.source.version.startswith("keys-sha256:")
     with pytest.raises(ConfigError, match="state was saved on version 'keys-sha256:"):
         b.load_state_dict(a.state_dict())
+
+
+FORKED_SCRIPT = """
+import sys
+from torch.utils.data import DataLoader
+from asyncload import AsyncIterableDataset, DeepLakeSource
+ds = AsyncIterableDataset(DeepLakeSource(sys.argv[1]), batch_size=64, concurrency=8)
+for ctx in ("fork", "spawn"):
+    n = sum(len(b["index"]) for b in DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=ctx))
+    print(ctx, n, file=sys.stderr, flush=True)
+"""
+
+
+def test_forked_workers_of_a_deep_lake_dataset_are_warned_about(seg_url: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", FORKED_SCRIPT, seg_url], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    warned = [i for i, line in enumerate(lines) if "was forked from a process that had opened" in line]
+    assert len(warned) == 1 and "multiprocessing_context='spawn' or 'forkserver'" in lines[warned[0]]
+    assert warned[0] < lines.index(f"fork {ROWS}") < lines.index(f"spawn {ROWS}")  # spawn is not warned about

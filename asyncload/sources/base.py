@@ -107,6 +107,9 @@ class Source(abc.ABC, Generic[H]):
     def _version(self, handle: H) -> str | None:
         return None
 
+    #: False where a forked child cannot safely use a store runtime inherited from its parent.
+    fork_safe: bool = True
+
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
         """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a

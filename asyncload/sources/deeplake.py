@@ -88,6 +88,9 @@ class DeepLakeSource(Source[Any]):
         self._token = token
         self.storage_concurrency = storage_concurrency
 
+    #: Deep Lake's runtime (storage threads, caches) does not survive a fork of a process that used it.
+    fork_safe = False
+
     def _open(self) -> Any:
         if self.url.startswith("s3://"):
             # Fail in seconds with the setting that is wrong, not after Deep Lake's ~42 s of retries.
