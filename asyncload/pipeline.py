@@ -352,7 +352,7 @@ class Pipeline:
         the batch (``EMPTY`` if every sample was skipped) and samples skipped by the transform."""
         plan = self.plan
         ordered = [batch.parts[s] for s in sorted(batch.parts)]
-        indices = [i for idx, _ in ordered for i in idx]
+        indices = plan.source.row_ids([i for idx, _ in ordered for i in idx])
         parts = [p for _, p in ordered]
         cols = plan.source.columns
         if not indices:

@@ -110,6 +110,11 @@ class Source(abc.ABC, Generic[H]):
     #: False where a forked child cannot safely use a store runtime inherited from its parent.
     fork_safe: bool = True
 
+    def row_ids(self, positions: list[int]) -> list[int]:
+        """The store's own row numbers of loader positions (what a batch's ``"index"`` names); a source
+        over a subset or a query result maps them, every other source returns them as they are."""
+        return positions
+
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
         """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a

@@ -16,14 +16,17 @@ Facts this module is built on (Deep Lake 4.7.4, measured; see the architecture d
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import deeplake
+import numpy as np
 
-from ..errors import ColumnNotFoundError, DatasetNotFoundError, SourceError, read_error
+from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
 from .base import Columns, Source
 
 StorageConcurrency = int | Literal["auto"] | None
@@ -66,12 +69,43 @@ def _recover_type(make_future: Any, timeout: float) -> asyncio.Future[BaseExcept
     return fut
 
 
+_ROW = "asyncload_row"  # TQL identifiers cannot start with "_"
+_QUERY = re.compile(
+    r"^\s*SELECT\s+.*?(?P<rest>(?:\bWHERE\b|\bORDER\s+BY\b|\bSAMPLE\s+BY\b|\bLIMIT\b|\bGROUP\s+BY\b).*)?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _row_query(query: str) -> str:
+    """``query`` run over the dataset with each row's number attached, so a result names dataset rows.
+
+    ``ROW_NUMBER()`` inside ``WHERE``/``ORDER BY`` would number the *result*; numbering in a subquery
+    first keeps the dataset's numbering through any filter, order or sample.
+    """
+    m = _QUERY.match(query) if isinstance(query, str) else None
+    if m is None or re.search(r"\bFROM\b", query, re.IGNORECASE):
+        raise ConfigError(
+            f"query={query!r} is not allowed: a TQL query on this dataset, 'SELECT * [WHERE ...] [ORDER BY ...] "
+            f"[SAMPLE BY ...] [LIMIT ...]', without FROM"
+        )
+    return f"SELECT * FROM (SELECT *, ROW_NUMBER() AS {_ROW}) {m.group('rest') or ''}".rstrip()
+
+
 class DeepLakeSource(Source[Any]):
     """A Deep Lake dataset, opened read-only in each process that reads it.
 
     ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``al://``...; ``creds`` and ``token`` are
     passed to Deep Lake and never shown in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
     Deep Lake's process-wide storage thread pool to match the loader, an int sets it, ``None`` leaves it.
+
+    ``version``: a tag, a branch or a commit id to read instead of the main branch's head; every process
+    opens the same one (a handle pickled by Deep Lake itself would re-open the branch head).
+
+    ``query``: a TQL query (``"SELECT * WHERE label = 1"``, ``ORDER BY``, ``SAMPLE BY``, ``LIMIT``) whose
+    result is the rows to load. It runs once, in the process that first opens the source; its rows
+    travel with the source to DataLoader workers and fan-out processes, so that every process loads the
+    same rows even when the query samples at random. The loader's positions are positions in the result
+    (what shuffling, shards and resume count), and each batch's ``"index"`` names the dataset row.
     """
 
     def __init__(
@@ -81,12 +115,21 @@ class DeepLakeSource(Source[Any]):
         creds: Mapping[str, str] | None = None,
         token: str | None = None,
         *,
+        version: str | None = None,
+        query: str | None = None,
         storage_concurrency: StorageConcurrency = "auto",
     ) -> None:
         super().__init__(normalize_url(url), columns)
         self._creds = dict(creds) if creds else None
         self._token = token
         self.storage_concurrency = storage_concurrency
+        if version is not None and (not isinstance(version, str) or not version or "@" in version):
+            raise ConfigError(f"version={version!r} is not allowed: a tag, branch or commit id")
+        self.version_spec = version
+        self.query = _row_query(query) if query is not None else None
+        self._query_text = query
+        self._rows: np.ndarray | None = None  # dataset rows of the query's result, in its order
+        self._branch: str | None = None
 
     #: Deep Lake's runtime (storage threads, caches) does not survive a fork of a process that used it.
     fork_safe = False
@@ -108,6 +151,10 @@ class DeepLakeSource(Source[Any]):
             if type(exc).__name__ in ("LogNotexistsError", "NotFoundError") or "does not exist" in str(exc):
                 raise DatasetNotFoundError(f"no Deep Lake dataset at {self.url}") from None
             raise SourceError(f"cannot open Deep Lake dataset {self.url}: {type(exc).__name__}: {exc}") from None
+        if self.version_spec is not None:
+            ds = self._open_version(ds, kwargs)
+        if self.query is not None and self._rows is None:
+            self._rows = self._run_query(ds)
         have = [c.name for c in ds.schema.columns]
         missing = [c for c in self.columns if c not in have]
         if missing:
@@ -116,15 +163,57 @@ class DeepLakeSource(Source[Any]):
             )
         return ds
 
+    def _open_version(self, head: Any, kwargs: dict[str, Any]) -> Any:
+        """The read-only dataset at ``version``: a tag, a branch (Deep Lake's ``url@branch``) or a commit."""
+        v = self.version_spec
+        if v in set(head.tags.names()):
+            return head.tags[v].open()
+        if v in set(head.branches.names()):
+            self._branch = v  # commit ids count from each branch's start: name it in the version
+            return deeplake.open_read_only(f"{self.url}@{v}", **kwargs)
+        if v in {h.id for h in head.history}:
+            return head.history[v].open()
+        raise SourceError(
+            f"version={v!r} is not a tag, branch or commit of Deep Lake dataset {self.url} (tags: "
+            f"{', '.join(sorted(head.tags.names())) or 'none'}; branches: {', '.join(sorted(head.branches.names()))})"
+        )
+
+    def _run_query(self, ds: Any) -> np.ndarray:
+        try:
+            view = ds.query(self.query)
+        except Exception as exc:
+            raise SourceError(f"query {self._query_text!r} failed on Deep Lake dataset {self.url}: {exc}") from None
+        rows = np.asarray(view[_ROW][:], dtype=np.int64).reshape(-1)
+        if not len(rows):
+            raise SourceError(f"query {self._query_text!r} selects no rows of Deep Lake dataset {self.url}")
+        return rows
+
     def _length(self, handle: Any) -> int:
-        return len(handle)
+        return len(handle) if self._rows is None else len(self._rows)
+
+    def row_ids(self, positions: list[int]) -> list[int]:
+        """Dataset rows of loader positions: the query's rows, or the positions themselves."""
+        if self._rows is None:
+            return positions
+        return self._rows[positions].tolist()
 
     def _version(self, handle: Any) -> str | None:
-        return str(handle.version)  # the commit a read-only handle is pinned to
+        version = str(handle.version)  # the commit a read-only handle is pinned to
+        if self._branch is not None:
+            version = f"{self._branch}:{version}"
+        if self._rows is not None:  # and which of its rows, in which order
+            version += f"+rows-sha256:{hashlib.sha256(self._rows.tobytes()).hexdigest()[:16]}"
+        return version
+
+    def __repr__(self) -> str:
+        extra = "".join(
+            f", {k}={v!r}" for k, v in (("version", self.version_spec), ("query", self._query_text)) if v is not None
+        )
+        return f"DeepLakeSource({self.url!r}, columns={self.columns!r}{extra})"
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """"row", on every store. Deep Lake decodes each request on its own threads, so one request per
+        """ "row", on every store. Deep Lake decodes each request on its own threads, so one request per
         sample spreads decoding widest: 1.3-2x faster than 32-index column reads on local PNG, and
         faster on SeaweedFS at 0, 20 and 50 ms RTT in every run (benchmarks/local_read_paths.py,
         benchmarks/remote_throughput.py and the bench suite's concurrency sweep)."""
@@ -147,6 +236,7 @@ class DeepLakeSource(Source[Any]):
 
     async def read(self, indices: list[int]) -> Columns:
         ds = self.handle()
+        indices = self.row_ids(indices)
         if len(indices) == 1:
             row = ds[indices[0]]
             makers = [lambda c=c: row.get_async(c) for c in self.columns]

@@ -1,0 +1,116 @@
+"""Deep Lake versions (tag, branch, commit) and TQL query results as the rows to load: the right data,
+``"index"`` naming dataset rows, exactly once across workers and resumes, and clear errors."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import deeplake
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, SourceError, make_dataset
+
+from .resume import check_resume
+
+pytestmark = pytest.mark.timeout(180)
+
+ROWS = 60
+
+
+@pytest.fixture(scope="module")
+def versioned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """60 rows labelled ``i % 4`` (tag ``v1``, commit ``c1``, branch ``b1``), then 20 more on main."""
+    url = make_dataset(str(tmp_path_factory.mktemp("views") / "ds"), ROWS, height=8, width=8, progress=False)
+    ds = deeplake.open(url)
+    ds.add_column("label", deeplake.types.Int32())
+    ds["label"][0:ROWS] = (np.arange(ROWS) % 4).astype(np.int32)
+    ds.commit("labels")
+    c1 = ds.version
+    ds.tag("v1")
+    ds.branch("b1")
+    more = deeplake.open_read_only(url)
+    ds.append({
+        "images": np.stack([np.asarray(more[i]["images"]) for i in range(20)]),
+        "masks": np.stack([np.asarray(more[i]["masks"]) for i in range(20)]),
+        "label": np.full(20, 9, np.int32),
+    })  # fmt: skip
+    ds.commit("20 more rows")
+    return {"url": url, "c1": c1}
+
+
+def indices(loader) -> list[int]:
+    return [i for b in loader for i in b["index"].tolist()]
+
+
+@pytest.mark.parametrize("version", ["v1", "b1", "c1"])
+def test_a_pinned_version_reads_that_version(versioned: dict[str, str], version: str) -> None:
+    spec = versioned["c1"] if version == "c1" else version
+    loader = AsyncLoader(DeepLakeSource(versioned["url"], version=spec), batch_size=16, concurrency=8)
+    assert indices(loader) == list(range(ROWS))
+    if version == "b1":  # a branch numbers its commits from its own start: the version names it
+        assert loader.source.version.startswith("b1:")
+    else:
+        assert loader.source.version == versioned["c1"]
+    head = AsyncLoader(DeepLakeSource(versioned["url"]), batch_size=16, concurrency=8)
+    assert len(head.source) == ROWS + 20 and head.source.version != versioned["c1"]
+
+
+def test_an_unknown_version_names_the_tags_and_branches(versioned: dict[str, str]) -> None:
+    with pytest.raises(SourceError) as e:
+        AsyncLoader(DeepLakeSource(versioned["url"], version="v9"))
+    assert str(e.value) == (
+        f"version='v9' is not a tag, branch or commit of Deep Lake dataset {versioned['url']} "
+        f"(tags: v1; branches: b1, main)"
+    )
+
+
+def test_query_rows_are_named_by_dataset_row_and_read_right(versioned: dict[str, str]) -> None:
+    src = DeepLakeSource(versioned["url"], columns=("images", "label"), query="SELECT * WHERE label = 2 ORDER BY label")
+    batches = list(AsyncLoader(src, batch_size=4, concurrency=8))
+    assert [i for b in batches for i in b["index"].tolist()] == list(range(2, ROWS, 4))
+    assert all((b["label"] == 2).all() for b in batches)
+    head = deeplake.open_read_only(versioned["url"])
+    for b in batches:
+        for j, i in enumerate(b["index"].tolist()):
+            assert np.array_equal(b["images"][j].numpy(), np.asarray(head[i]["images"]))
+
+
+def test_a_sampled_query_is_the_same_rows_in_every_worker(versioned: dict[str, str]) -> None:
+    query = "SELECT * SAMPLE BY MAX_WEIGHT(label == 1: 1, label != 1: 0) REPLACE True LIMIT 40"
+    src = DeepLakeSource(versioned["url"], query=query)
+    ds = AsyncIterableDataset(src, batch_size=8, shuffle=True, seed=2, concurrency=8)
+    rows = src.row_ids(list(range(len(src))))  # drawn once, in this process
+    assert len(rows) == 40 and set(rows) <= set(range(1, ROWS, 4)) and len(set(rows)) < 40  # with replacement
+    for e in range(2):
+        ds.set_epoch(e)
+        got = indices(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+        assert Counter(got) == Counter(rows), f"epoch {e}"
+
+
+def test_resume_over_a_query_is_exact_and_bound_to_its_rows(versioned: dict[str, str]) -> None:
+    url = versioned["url"]
+    check_resume(
+        lambda: AsyncLoader(DeepLakeSource(url, query="SELECT * WHERE label < 3"), batch_size=8, shuffle=True, seed=1),
+        in_order=True,
+    )
+    a = AsyncLoader(DeepLakeSource(url, query="SELECT * WHERE label = 1"), batch_size=8)
+    b = AsyncLoader(DeepLakeSource(url, query="SELECT * WHERE label = 2"), batch_size=8)
+    assert len(a.source) == len(b.source) == ROWS // 4
+    with pytest.raises(ConfigError, match=r"state was saved on version '\w+\+rows-sha256:"):
+        b.load_state_dict(a.state_dict())
+
+
+@pytest.mark.parametrize(
+    "query", ["DELETE FROM x", 'SELECT * FROM "s3://other" WHERE a = 1'], ids=["not-select", "from"]
+)
+def test_a_query_that_is_not_a_select_on_this_dataset_is_refused(query: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"is not allowed: a TQL query on this dataset"):
+        DeepLakeSource(tmp_path, query=query)
+
+
+def test_a_query_that_selects_nothing_says_so(versioned: dict[str, str]) -> None:
+    with pytest.raises(SourceError, match="selects no rows"):
+        AsyncLoader(DeepLakeSource(versioned["url"], query="SELECT * WHERE label = 7"))
