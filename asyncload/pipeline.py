@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._loop import LoopThread
-from .collate import CollateFn, Transform, collate_columns, default_collate, rows
+from .collate import CollateFn, RaggedSpec, Transform, collate_columns, default_collate, rows
 from .errors import ReadError, read_error
 from .sources.base import Source
 from .stats import Stats
@@ -70,6 +70,7 @@ class Plan:
     log_every: float | None = None
     hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
     hedge_min_s: float = 0.05
+    ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
 
     def slots(self, limit: int) -> int:
         """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
@@ -358,7 +359,7 @@ class Pipeline:
         if not indices:
             return 0, EMPTY, []
         if plan.transform is None and plan.collate_fn is None:
-            return len(indices), collate_columns(cols, parts, indices, plan.with_index), []
+            return len(indices), collate_columns(cols, parts, indices, plan.with_index, plan.ragged), []
         samples: list[Any] = rows(cols, parts, indices)
         skipped: list[tuple[int, str]] = []
         if plan.transform is not None:
@@ -380,7 +381,9 @@ class Pipeline:
                 del s["index"]
         if not samples:
             return 0, EMPTY, skipped
-        return len(samples), (plan.collate_fn or default_collate)(samples), skipped
+        if plan.collate_fn is not None:
+            return len(samples), plan.collate_fn(samples), skipped
+        return len(samples), default_collate(samples, plan.ragged), skipped
 
     def _fail(self, batch: _Batch, exc: BaseException) -> None:
         if batch.failed:

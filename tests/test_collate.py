@@ -1,0 +1,81 @@
+"""Columns of any shape from a real Deep Lake dataset: labels and embeddings stack, text is a list of
+``str``, boxes and images of varying shapes come as lists or padded with a mask, by column."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource
+from asyncload.collate import CollateError
+
+pytestmark = pytest.mark.timeout(60)
+
+N = 6
+COLUMNS = ("text", "boxes", "label", "emb", "img")
+
+
+@pytest.fixture(scope="module")
+def mixed_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Row ``i``: caption ``"caption i"``, ``i + 1`` boxes filled with ``i``, label ``i``, embedding of
+    ``i``, and an ``(8 + i) x 6 x 3`` image filled with ``i``."""
+    import deeplake
+
+    url = f"file://{tmp_path_factory.mktemp('mixed')}/ds"
+    ds = deeplake.create(url)
+    ds.add_column("text", deeplake.types.Text())
+    ds.add_column("boxes", deeplake.types.Array(deeplake.types.Float32(), dimensions=2))
+    ds.add_column("label", deeplake.types.Int32())
+    ds.add_column("emb", deeplake.types.Embedding(4))
+    ds.add_column("img", deeplake.types.Image(dtype="uint8", sample_compression="png"))
+    for i in range(N):
+        ds.append({
+            "text": [f"caption {i}"], "boxes": [np.full((i + 1, 4), i, np.float32)], "label": [i],
+            "emb": [np.full(4, i, np.float32)], "img": [np.full((8 + i, 6, 3), i, np.uint8)],
+        })  # fmt: skip
+    ds.commit()
+    return url
+
+
+def first_batch(url: str, **options) -> dict:
+    loader = AsyncLoader(DeepLakeSource(url, columns=COLUMNS), batch_size=3, concurrency=4, **options)
+    return next(iter(loader))
+
+
+@pytest.mark.parametrize("mode", ["column", "row"])
+@pytest.mark.parametrize("with_transform", [False, True], ids=["columnar", "after-transform"])
+def test_each_column_gets_its_expected_form(mixed_url: str, mode: str, with_transform: bool) -> None:
+    extra = {"transform": lambda s: s} if with_transform else {}
+    b = first_batch(mixed_url, read_mode=mode, ragged={"boxes": "pad", "img": "list"}, **extra)
+    assert b["text"] == ["caption 0", "caption 1", "caption 2"]
+    assert b["label"].tolist() == [0, 1, 2] and b["label"].dtype == torch.int32
+    assert b["emb"].shape == (3, 4) and b["emb"][:, 0].tolist() == [0.0, 1.0, 2.0]
+    assert b["boxes"].shape == (3, 3, 4) and b["boxes_mask"].shape == (3, 3, 4)
+    for i in range(3):
+        assert b["boxes_mask"][i, :, 0].tolist() == [True] * (i + 1) + [False] * (2 - i)
+        assert (b["boxes"][i][b["boxes_mask"][i]] == i).all() and (b["boxes"][i][~b["boxes_mask"][i]] == 0).all()
+    assert [tuple(t.shape) for t in b["img"]] == [(8, 6, 3), (9, 6, 3), (10, 6, 3)]
+    assert all((t == i).all() for i, t in enumerate(b["img"]))
+    b["img"][0][0, 0, 0] = 7  # writable copies, not views of the store's buffers
+    assert b["index"].tolist() == [0, 1, 2]
+
+
+def test_one_policy_for_every_column(mixed_url: str) -> None:
+    b = first_batch(mixed_url, ragged="pad")
+    assert b["img"].shape == (3, 10, 6, 3) and b["img_mask"][0].sum() == 8 * 6 * 3
+    assert "label_mask" not in b and "emb_mask" not in b  # equal shapes stack, no mask
+
+
+def test_unequal_shapes_without_a_policy_say_what_to_pass(mixed_url: str) -> None:
+    with pytest.raises(
+        CollateError,
+        match=r"column 'boxes': sample at index 1 has shape \(2, 4\), but index 0 has \(1, 4\); samples of different shapes need ragged=\{'boxes': 'list' or 'pad'\}",
+    ):
+        first_batch(mixed_url)
+
+
+@pytest.mark.parametrize("bad", ["stack", {"boxes": "crop"}, {3: "pad"}])
+def test_a_bad_policy_is_refused(mixed_url: str, bad) -> None:
+    with pytest.raises(ConfigError, match=r"ragged=.* is not allowed: None, 'list', 'pad' or a dict of column"):
+        first_batch(mixed_url, ragged=bad)
