@@ -9,6 +9,7 @@ Public API::
         batch["images"]  # uint8 [B, H, W, 3], writable
 """
 
+from ._version import __version__
 from .config import load_config
 from .dataset import AsyncIterableDataset
 from .device import DeviceFeed
@@ -29,9 +30,9 @@ from .sources.deeplake import DeepLakeSource
 from .sources.objectstore import ObjectStoreSource
 from .synthetic import make_dataset
 
-__version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
     "AsyncIterableDataset",
     "AsyncLoadError",
     "AsyncLoader",

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
 
@@ -32,6 +33,13 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--creds", metavar="JSON_FILE", help="Deep Lake credentials (e.g. aws_access_key_id, endpoint_url)")
+    p.add_argument("--token", help="Activeloop token (al:// datasets)")
+    p.add_argument("--version", help="a tag, branch or commit id to read instead of the main branch's head")
+    p.add_argument("--query", help='a TQL query whose rows are read, e.g. "SELECT * WHERE label = 1"')
+
+
 def _cmd_make(args: argparse.Namespace) -> int:
     from .synthetic import make_dataset
 
@@ -49,9 +57,13 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
     from .sources.deeplake import DeepLakeSource
 
     columns = tuple(c for c in args.columns.split(",") if c)
-    src = DeepLakeSource(url, columns)
+    src = _source(args, columns) if getattr(args, "url", None) else DeepLakeSource(url, columns)
     rows = []
-    base = measure(f"sequential ds[i][col] ({sequential_limit} rows)", sequential(src.url, columns, sequential_limit), count=lambda _: 1)
+    base = measure(
+        f"sequential ds[i][col] ({sequential_limit} rows)",
+        sequential(src.url, columns, sequential_limit),
+        count=lambda _: 1,
+    )
     rows.append(base)
     modes = ("column", "row") if args.read_mode == "both" else (args.read_mode,)
     for mode in modes:
@@ -69,32 +81,48 @@ def _cmd_load(args: argparse.Namespace) -> int:
     return 0
 
 
+def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
+    """The ``DeepLakeSource`` that ``--creds``, ``--token``, ``--version`` and ``--query`` describe."""
+    import json
+
+    from .sources.deeplake import DeepLakeSource
+
+    creds = None
+    if args.creds:
+        try:
+            creds = json.loads(open(args.creds).read())
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"asyncload: --creds {args.creds}: {exc}") from None
+    return DeepLakeSource(args.url, columns, creds=creds, token=args.token, version=args.version, query=args.query)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    import deeplake
     import numpy as np
 
-    from .sources.deeplake import normalize_url
+    from .errors import AsyncLoadError
 
-    url = normalize_url(args.url)
+    src = _source(args, ("*",))
     try:
-        ds = deeplake.open_read_only(url)
-    except Exception as exc:  # noqa: BLE001 - shown as a one-line error
-        print(f"asyncload inspect: cannot open {url}: {exc}", file=sys.stderr)
+        ds = src.dataset()
+        rows = src._run_query(ds).tolist() if src.query is not None else list(range(len(ds)))
+    except AsyncLoadError as exc:
+        print(f"asyncload inspect: cannot open {src.url}: {exc}", file=sys.stderr)
         return 2
-    print(f"{url}: {len(ds)} rows")
-    sample = min(len(ds), args.sample)
+    where = src.url + (f" at version {args.version}" if args.version else "")
+    print(f"{where}: {len(ds)} rows (commit {ds.version})")
+    if src.query is not None:
+        print(f"  query {args.query!r}: {len(rows)} rows")
+    sample = rows[: args.sample]
     for col in ds.schema.columns:
         shapes, dtypes = set(), set()
-        for i in range(sample):
+        for i in sample:
             a = np.asarray(ds[i][col.name])
             shapes.add(a.shape)
             dtypes.add(str(a.dtype))
         shown = ", ".join(map(str, sorted(shapes)[:4])) + (" ..." if len(shapes) > 4 else "")
-        print(f"  {col.name:<12} {col.dtype}  numpy {'/'.join(sorted(dtypes)) or '-'}  shapes (first {sample} rows) {shown or '-'}")
-    files = getattr(ds, "_datafiles", None) or []  # Deep Lake 4.7: (path, bytes) of each data chunk
-    if files:
-        sizes = np.array([b for _, b in files], dtype=float)
-        print(f"  chunks: {len(files)} files, {sizes.sum() / 2**20:.1f} MiB, median {np.median(sizes) / 2**20:.2f} MiB, max {sizes.max() / 2**20:.2f} MiB")
+        print(
+            f"  {col.name:<12} {col.dtype}  numpy {'/'.join(sorted(dtypes)) or '-'}  shapes (first {len(sample)} rows) {shown or '-'}"
+        )
     if ds.metadata.keys():
         print("  metadata: " + ", ".join(f"{k}={ds.metadata[k]!r}" for k in ds.metadata.keys()))
     return 0
@@ -140,7 +168,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ._version import __version__
+
     p = argparse.ArgumentParser(prog="asyncload", description=__doc__)
+    p.add_argument("--version", action="version", version=f"asyncload {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("make-dataset", help="write a synthetic segmentation dataset (images + masks)")
@@ -154,12 +185,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ld = sub.add_parser("load", help="load a dataset through asyncload and report throughput against a sequential loop")
     ld.add_argument("url")
+    _add_source_options(ld)
     _add_load_options(ld)
     ld.add_argument("--sequential-rows", type=int, default=500, help="rows the sequential baseline reads")
     ld.set_defaults(func=_cmd_load)
 
     i = sub.add_parser("inspect", help="rows, columns, dtypes, shapes and chunk sizes of a Deep Lake dataset")
     i.add_argument("url")
+    _add_source_options(i)
     i.add_argument("--sample", type=int, default=16, help="rows whose shapes are read (default 16)")
     i.set_defaults(func=_cmd_inspect)
 
@@ -174,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--suite", default="benchmarks/suite.py", help=argparse.SUPPRESS)
     b.set_defaults(func=_cmd_bench)
 
-    d = sub.add_parser("demo", help="the main job on the embedded default: make a small dataset, load it, print throughput")
+    d = sub.add_parser(
+        "demo", help="the main job on the embedded default: make a small dataset, load it, print throughput"
+    )
     d.add_argument("--data", default=DEFAULT_DATA, help=f"where the synthetic dataset lives (default {DEFAULT_DATA})")
     d.add_argument("--rows", type=int, default=1000)
     _add_load_options(d)

@@ -27,11 +27,33 @@ def test_make_inspect_load(tmp_path, capsys) -> None:
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"file://{path}: 24 rows" in out
-    assert "images" in out and "(32, 32, 3)" in out and "(32, 32)" in out and "chunks:" in out
+    assert "images" in out and "(32, 32, 3)" in out and "(32, 32)" in out
     assert main(["load", str(path), "--batch-size", "8", "--sequential-rows", "8"]) == 0
     out = capsys.readouterr().out
     assert "| sequential ds[i][col] (8 rows) | 8 |" in out
     assert "| asyncload row reads, concurrency auto | 24 |" in out  # read_mode="auto" picks per-row on Deep Lake
+
+
+def test_version_query_and_program_version(tmp_path, capsys) -> None:
+    from asyncload import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"asyncload {__version__}\n"
+    path = tmp_path / "v"
+    assert main(["make-dataset", str(path), "--rows", "12", "--size", "16"]) == 0
+    ds = deeplake.open(f"file://{path}")
+    ds.tag("first")
+    ds.append({"images": [ds[0]["images"]] * 3, "masks": [ds[0]["masks"]] * 3})
+    ds.commit("3 more")
+    capsys.readouterr()
+    assert main(["inspect", str(path), "--version", "first"]) == 0
+    assert f"file://{path} at version first: 12 rows" in capsys.readouterr().out
+    assert main(["inspect", str(path), "--query", "SELECT * LIMIT 5"]) == 0
+    out = capsys.readouterr().out
+    assert f"file://{path}: 15 rows" in out and "query 'SELECT * LIMIT 5': 5 rows" in out
+    assert main(["load", str(path), "--version", "first", "--batch-size", "4", "--sequential-rows", "4"]) == 0
+    assert "| asyncload row reads, concurrency auto | 12 |" in capsys.readouterr().out
 
 
 def test_inspect_of_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys) -> None:

@@ -134,7 +134,9 @@ class DeepLakeSource(Source[Any]):
     #: Deep Lake's runtime (storage threads, caches) does not survive a fork of a process that used it.
     fork_safe = False
 
-    def _open(self) -> Any:
+    def dataset(self) -> Any:
+        """The read-only Deep Lake dataset at this source's version, opened now (no column check): for
+        tools such as ``asyncload inspect`` that look at a dataset before choosing columns."""
         if self.url.startswith("s3://"):
             # Fail in seconds with the setting that is wrong, not after Deep Lake's ~42 s of retries.
             from .s3probe import probe_s3_url
@@ -153,14 +155,18 @@ class DeepLakeSource(Source[Any]):
             raise SourceError(f"cannot open Deep Lake dataset {self.url}: {type(exc).__name__}: {exc}") from None
         if self.version_spec is not None:
             ds = self._open_version(ds, kwargs)
-        if self.query is not None and self._rows is None:
-            self._rows = self._run_query(ds)
+        return ds
+
+    def _open(self) -> Any:
+        ds = self.dataset()
         have = [c.name for c in ds.schema.columns]
         missing = [c for c in self.columns if c not in have]
         if missing:
             raise ColumnNotFoundError(
                 f"column {missing[0]!r} is not in Deep Lake dataset {self.url} (its columns: {', '.join(have)})"
             )
+        if self.query is not None and self._rows is None:
+            self._rows = self._run_query(ds)
         return ds
 
     def _open_version(self, head: Any, kwargs: dict[str, Any]) -> Any:
