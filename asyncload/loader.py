@@ -21,16 +21,16 @@ import os
 import queue
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 from ._closing import Closing
 from ._loop import LoopKind, LoopThread
-from .collate import CollateFn, Transform
+from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import check as _check
 from .errors import AsyncLoadError, ConfigError, WorkerError
 from .pipeline import EMPTY, END, Failure, OnError, Pipeline, Plan
-from .sampler import EpochSampler, Remainder, Shard
+from .sampler import EpochSampler, Remainder, Shard, resolve_shard
 from .sources.base import Source
 from .state import EpochProgress
 from .stats import Stats
@@ -172,12 +172,19 @@ class AsyncLoader:
       request_size  indices per column request in "column" mode (default: the batch size)
       in_order      True: batches in sampler order (reorder buffer); False: as they complete
       shuffle, seed the order of an epoch; ``set_epoch(e)`` selects the epoch (like DistributedSampler)
-      shard         which rank/worker share of each epoch this loader serves
+      rank, world_size  which rank's share of each epoch this loader serves; by default the rank of
+                    the initialised ``torch.distributed`` process group (every rank of a torchrun job
+                    reads its own share, exactly as ``AsyncIterableDataset`` does), else the whole epoch
+      shard         the rank and DataLoader-worker share, explicitly (instead of rank/world_size)
       start_batch   leave out the rank's first N batches of every epoch this loader runs (how
                     ``AsyncIterableDataset`` resumes DataLoader workers; see ``sampler``)
       remainder     "pad" or "drop" when ranks do not divide the dataset (see ``sampler``)
       transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only views)
       collate_fn    turns the list of (transformed) samples into a batch
+      ragged        columns whose samples differ in shape: "list" (a list of tensors) or "pad"
+                    (zero-padded to the batch's largest shape, with a ``<column>_mask``), for every
+                    column or as ``{column: ...}``; None: raise ``CollateError``. Equal shapes always
+                    stack; text columns come back as lists of ``str``
       with_index    add an ``"index"`` int64 tensor of dataset indices to default batches
       hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
                     first answer wins (None: never hedge). Hedges are counted in ``stats()``
@@ -209,12 +216,15 @@ class AsyncLoader:
         drop_last: bool = False,
         transform: Transform | None = None,
         collate_fn: CollateFn | None = None,
+        ragged: RaggedSpec = None,
         read_mode: ReadMode = "auto",
         request_size: int | None = None,
         with_index: bool = True,
         on_error: OnError = "raise",
         remainder: Remainder = "pad",
         shard: Shard | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         start_batch: int = 0,
         cpu_workers: int | None = None,
         loop: LoopKind = "auto",
@@ -227,7 +237,7 @@ class AsyncLoader:
         # What a fan-out worker needs to build the same loader for its share (everything but the
         # source, the shard and the fan-out itself).
         self._options: dict[str, Any] = {
-            k: v for k, v in locals().items() if k not in ("self", "source", "shard", "processes", "mp_context")
+            k: v for k, v in locals().items() if k not in ("self", "source", "shard", "rank", "world_size", "processes", "mp_context")
         }
         if not isinstance(source, Source):
             raise ConfigError(f"source={source!r} is not allowed: pass a Source such as DeepLakeSource(url)")
@@ -246,11 +256,21 @@ class AsyncLoader:
         _check("on_error", on_error, on_error in ("raise", "skip"), "'raise' or 'skip'")
         _check("loop", loop, loop in ("auto", "uvloop", "asyncio"), "'auto', 'uvloop' or 'asyncio'")
         _check("shutdown_timeout", shutdown_timeout, shutdown_timeout > 0, "a number of seconds > 0")
+        _check(
+            "ragged", ragged,
+            ragged is None or ragged in RAGGED
+            or (isinstance(ragged, Mapping) and all(isinstance(k, str) and v in RAGGED for k, v in ragged.items())),
+            "None, 'list', 'pad' or a dict of column -> 'list' | 'pad'",
+        )  # fmt: skip
         for name, fn in (("transform", transform), ("collate_fn", collate_fn)):
             _check(name, fn, fn is None or callable(fn), "None or a callable")
         if cpu_workers is None:
             cpu_workers = min(4, os.cpu_count() or 1)
         _check("cpu_workers", cpu_workers, isinstance(cpu_workers, int) and cpu_workers >= 1, "an int >= 1")
+        try:
+            shard, shard_from = resolve_shard(shard, rank, world_size)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if with_index and "index" in source.columns:
             raise ConfigError("with_index=True is not allowed with a column named 'index': pass with_index=False")
         self.source = source.open()
@@ -261,11 +281,12 @@ class AsyncLoader:
         self.hedge = hedge
         self.processes = processes
         self.mp_context = mp_context
-        self.shard = shard or Shard()
+        self.shard = shard
         self.prefetch = prefetch
         self.in_order = in_order
         self.transform = transform
         self.collate_fn = collate_fn
+        self.ragged = dict(ragged) if isinstance(ragged, Mapping) else ragged
         self.read_mode: ReadMode = source.preferred_read_mode if read_mode == "auto" else read_mode
         self.request_size = request_size
         self.with_index = with_index
@@ -275,8 +296,13 @@ class AsyncLoader:
         self.shutdown_timeout = shutdown_timeout
         self.sampler = EpochSampler(
             len(self.source), batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last,
-            remainder=remainder, shard=shard or Shard(), start=start_batch,
+            remainder=remainder, shard=shard, start=start_batch,
         )  # fmt: skip
+        if shard.world_size > 1 or shard_from != "no process group":
+            log.info(
+                "asyncload: %s reads rank %d of %d (from %s): %d batches per epoch",
+                self.source.url, shard.rank, shard.world_size, shard_from, len(self.sampler),
+            )  # fmt: skip
         self.epoch = 0
         self._live: Callable[[], EpochIterator | None] = lambda: None
         self._stats = Stats()
@@ -307,6 +333,7 @@ class AsyncLoader:
             "n": s.n, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
             "drop_last": s.drop_last, "remainder": s.remainder, "start": s.start,
             "shard": [s.shard.rank, s.shard.world_size, s.shard.worker, s.shard.num_workers],
+            "dataset_version": self.source.version,
         }  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
@@ -324,7 +351,7 @@ class AsyncLoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` continues that epoch where it stood."""
         self._close_epoch()
-        self._resume = EpochProgress.from_dict(state, self._fingerprint(), len(self.sampler))
+        self._resume = EpochProgress.from_dict(state, self._fingerprint(), len(self.sampler), self.source.url)
         self.epoch = self._resume.epoch
 
     # -- epochs ----------------------------------------------------------------------------------
@@ -347,6 +374,7 @@ class AsyncLoader:
         return Plan(
             self.source, batches, group, fetchers, limit, self.batch_size, self.prefetch, self.in_order,
             self.transform, self.collate_fn, self.with_index, self.on_error, tuner, self.log_every, self.hedge,
+            ragged=self.ragged,
         )  # fmt: skip
 
     def __iter__(self) -> Iterator[Any]:
