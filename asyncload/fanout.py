@@ -71,7 +71,6 @@ from __future__ import annotations
 import atexit
 import bisect
 import collections
-import io
 import logging
 import math
 import multiprocessing
@@ -96,7 +95,7 @@ from typing import Any, Union
 import torch
 
 from .collate import set_allocator
-from .errors import ConfigError, ReadError, WorkerError, _short, _typed
+from .errors import ConfigError, WorkerError, _short, portable
 from .loader import AsyncLoader
 from .sampler import EpochSampler, Shard
 from .sources.base import Source
@@ -193,49 +192,33 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
 
 
-class _ErrorPickler(pickle.Pickler):
-    """Pickles the classes ``errors`` makes on the fly (``ReadError[KeyError]``: a ``ReadError`` that is
-    also the failed read's built-in type) as the call that makes them again, so they keep both types."""
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, type) and issubclass(obj, ReadError) and obj is not ReadError:
-            others = [b for b in obj.__bases__ if b is not ReadError]
-            if len(others) == 1 and _typed(others[0]) is obj:
-                return _typed, (others[0],)
-        return NotImplemented
-
-
 @dataclass(frozen=True)
 class _RemoteError:
-    """An exception raised in a worker, in a form that always reaches the parent."""
+    """An exception raised in a worker, in a form that always reaches the parent: pickled apart from the
+    message that carries it, so that an exception the parent cannot unpickle (a class only the worker can
+    import) still arrives as a ``WorkerError`` with its type name, message and traceback, instead of
+    breaking the pipe. (``errors.portable`` makes every asyncload error, typed ``ReadError`` classes
+    included, pickle with its type.)"""
 
-    pickled: bytes | None  # None when the exception cannot be pickled and rebuilt
+    pickled: bytes
     type_name: str
     message: str
     traceback: str
 
     @classmethod
     def capture(cls, exc: BaseException) -> _RemoteError:
-        buf = io.BytesIO()
-        try:
-            _ErrorPickler(buf, pickle.HIGHEST_PROTOCOL).dump(exc)
-            pickle.loads(buf.getvalue())  # an exception whose __init__ wants other arguments fails here
-            pickled: bytes | None = buf.getvalue()
-        except Exception:  # noqa: BLE001 - fall back to type name, message and traceback
-            pickled = None
         kind = type(exc)
         return cls(
-            pickled, f"{kind.__module__}.{kind.__qualname__}", str(exc), "".join(traceback.format_exception(exc))
-        )
+            pickle.dumps(portable(exc)), f"{kind.__module__}.{kind.__qualname__}", str(exc),
+            "".join(traceback.format_exception(exc)),
+        )  # fmt: skip
 
     def rebuild(self, where: str) -> BaseException:
         """The worker's exception (or a ``WorkerError`` telling it), with a note naming the worker."""
-        exc: BaseException | None = None
-        if self.pickled is not None:
-            try:
-                exc = pickle.loads(self.pickled)
-            except Exception:  # noqa: BLE001 - e.g. a class the parent cannot import
-                exc = None
+        try:
+            exc: BaseException | None = pickle.loads(self.pickled)
+        except Exception:  # noqa: BLE001 - e.g. a class the parent cannot import
+            exc = None
         if not isinstance(exc, BaseException):
             exc = WorkerError(f"asyncload: {where} raised {self.type_name}: {self.message}")
         exc.add_note(f"asyncload: raised in {where}; its traceback there:\n{self.traceback.rstrip()}")

@@ -339,7 +339,7 @@ def test_the_same_workers_serve_three_epochs_each_exactly_once_as_one_process_wo
             assert st["time_to_first_batch_s"] is not None
         assert len(seen_pids[0]) == 2 and seen_pids[0] == seen_pids[1] == seen_pids[2]
         assert orders[0] != orders[1] != orders[2] != orders[0]  # set_epoch reshuffles
-        assert [p.pid for p in multiprocessing.active_children()] == sorted(seen_pids[0].values())
+        assert sorted(p.pid for p in multiprocessing.active_children()) == sorted(seen_pids[0].values())
     assert_gone(seen_pids[0].values())
 
 
