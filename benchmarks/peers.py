@@ -1,0 +1,211 @@
+"""The readers the WAN benchmark compares, and how one of them is measured in a fresh process.
+
+Every reader gets the same dataset URL, the same index order (``order``: sequential or one fixed
+permutation) and yields batches of decoded images and masks as torch tensors (one copy per sample, as a
+training step needs them). The peers are written the way a user would write them:
+
+- ``sync``: a map-style Dataset (``baselines.SyncSegDataset``: ``ds[i]["images"]``, ``ds[i]["masks"]``)
+  through a DataLoader with 0/2/4 workers; ``pytorch``: Deep Lake's ``ds.pytorch()`` the same way;
+- ``recipe``: the published asyncio recipe (``recipe.py``), which reads in its own order (sequential);
+- ``spdl``: an SPDL 0.8 pipeline, per-row ``get_async`` of image and mask at concurrency 64, storage pool 64;
+- ``column``: a plain reader, :func:`column_batches`, ~30 lines: 64 indices per ``get_async``, 4 in flight,
+  storage pool 64; ``ceiling`` is the same reader on a local copy;
+- ``asyncload``: ``AsyncLoader(DeepLakeSource(url, creds=...), batch_size=32, shuffle=...)`` with
+  whatever options the run names (none: the defaults).
+
+:func:`measure_reader` runs in a child process forked from a server that imported torch and Deep Lake
+but never read (so each repetition is a fresh process with a cold, freshly opened dataset, without paying
+~3 s of imports); the child first moves into the client's network namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+BATCH = 32
+#: DataLoader workers are forked (Linux's default): no read is in flight when the DataLoader starts them,
+#: and spawn would add ~5-10 s of imports per run on 2 cores, which the warm-up excludes anyway.
+WORKER_START = "fork"
+
+
+def _open(url: str, creds: dict[str, str] | None) -> Any:
+    import deeplake
+
+    return deeplake.open_read_only(url, creds=creds) if creds else deeplake.open_read_only(url)
+
+
+def _tensors(images: Any, masks: Any) -> dict[str, torch.Tensor]:
+    """Stack into new writable tensors: the one copy every reader makes."""
+    return {"images": torch.from_numpy(np.stack(images)), "masks": torch.from_numpy(np.stack(masks))}
+
+
+def column_batches(url: str, creds: dict[str, str] | None, order: list[int], request: int = 64, inflight: int = 4) -> Iterator[dict[str, torch.Tensor]]:
+    """The plain reader: column ``get_async`` of ``request`` indices per column, ``inflight`` requests
+    in flight on a loop thread, in order, through a bounded queue."""
+    import deeplake
+
+    deeplake.storage.set_concurrency(64)
+    ds = _open(url, creds)
+    out: queue.Queue[Any] = queue.Queue(maxsize=inflight)
+
+    async def fetch(idx: list[int]) -> dict[str, torch.Tensor]:
+        images, masks = await asyncio.gather(ds["images"].get_async(idx), ds["masks"].get_async(idx))
+        return _tensors(images, masks)
+
+    async def produce() -> None:
+        pending: list[asyncio.Task[Any]] = []
+        for start in range(0, len(order), request):
+            pending.append(asyncio.create_task(fetch(order[start : start + request])))
+            if len(pending) >= inflight:
+                out.put(await pending.pop(0))
+        for task in pending:
+            out.put(await task)
+        out.put(None)
+
+    threading.Thread(target=asyncio.run, args=(produce(),), daemon=True).start()
+    while (batch := out.get()) is not None:
+        yield batch
+
+
+def spdl_batches(url: str, creds: dict[str, str] | None, order: list[int], concurrency: int = 64) -> Iterator[dict[str, torch.Tensor]]:
+    """SPDL 0.8: source of indices → async per-row fetch (image and mask) → batches of 32 → collate."""
+    import deeplake
+    from spdl.pipeline import PipelineBuilder
+
+    deeplake.storage.set_concurrency(64)
+    ds = _open(url, creds)
+
+    async def fetch(i: int) -> tuple[Any, Any]:
+        row = ds[i]
+        return tuple(await asyncio.gather(row.get_async("images"), row.get_async("masks")))
+
+    def collate(rows: list[tuple[Any, Any]]) -> dict[str, torch.Tensor]:
+        return _tensors([r[0] for r in rows], [r[1] for r in rows])
+
+    pipeline = (
+        PipelineBuilder().add_source(order).pipe(fetch, concurrency=concurrency, output_order="input").aggregate(BATCH).pipe(collate).add_sink(4).build(num_threads=2)
+    )
+    with pipeline.auto_stop():
+        yield from pipeline.get_iterator(timeout=120)
+
+
+def dataloader_batches(kind: str, url: str, creds: dict[str, str] | None, order: list[int], workers: int) -> Iterator[Any]:
+    """A map-style dataset (``sync``: ours; ``pytorch``: ``ds.pytorch()``) through a DataLoader."""
+    from baselines import SyncSegDataset, deeplake_pytorch
+    from torch.utils.data import DataLoader
+
+    ds = SyncSegDataset(url, creds) if kind == "sync" else deeplake_pytorch(url, creds)
+    return iter(DataLoader(ds, batch_size=BATCH, sampler=order, num_workers=workers, multiprocessing_context=WORKER_START if workers else None))
+
+
+def recipe_batches(url: str, creds: dict[str, str] | None, limit: int) -> Iterator[Any]:
+    from recipe import RecipeAsyncDataset
+    from torch.utils.data import DataLoader
+
+    return iter(DataLoader(RecipeAsyncDataset(_open(url, creds), limit), batch_size=BATCH, num_workers=0))
+
+
+def asyncload_batches(url: str, creds: dict[str, str] | None, shuffle: bool, options: dict[str, Any]) -> Iterator[Any]:
+    from asyncload import AsyncLoader, DeepLakeSource
+
+    source_opts = {k: options[k] for k in ("storage_concurrency",) if k in options}
+    loader_opts = {k: v for k, v in options.items() if k not in source_opts}
+    src = DeepLakeSource(url, creds=creds, **source_opts)
+    return iter(AsyncLoader(src, batch_size=BATCH, shuffle=shuffle, **loader_opts))
+
+
+def batches(spec: dict[str, Any], order: list[int], limit: int) -> Iterator[Any]:
+    """The iterator a spec names (see the module docstring)."""
+    kind, url, creds = spec["reader"], spec["url"], spec.get("creds")
+    if kind in ("sync", "pytorch"):
+        return dataloader_batches(kind, url, creds, order, spec["workers"])
+    if kind == "recipe":
+        return recipe_batches(url, creds, limit)
+    if kind == "spdl":
+        return spdl_batches(url, creds, order)
+    if kind in ("column", "ceiling"):
+        return column_batches(url, creds, order)
+    if kind == "asyncload":
+        return asyncload_batches(url, creds, spec["order"] == "shuffled", spec.get("options", {}))
+    raise ValueError(f"unknown reader {kind!r}")
+
+
+def _count(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return len(next(iter(v for k, v in batch.items() if k != "index")))
+    if isinstance(batch, (list, tuple)):
+        return len(batch[0])
+    return len(batch)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants, from /proc."""
+    from asyncload.measure import _children
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+        todo += _children(p)
+    return total
+
+
+def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
+    """Open, read ``warmup`` samples (or ``warmup_s`` seconds), then measure the next ``measure`` samples
+    (or ``measure_s`` seconds): samples/s, CPU ms/sample of the process tree, peak RSS of the tree."""
+    from asyncload.measure import PeakRSS
+
+    n, warmup, want = spec["rows"], spec["warmup"], spec["measure"]
+    order = list(range(n)) if spec["order"] == "sequential" else [int(i) for i in np.random.default_rng(spec.get("seed", 0)).permutation(n)]
+    limit = min(n, warmup + want)
+    order = order[:limit]
+    rss = PeakRSS()
+    pid = os.getpid()
+    t_start = time.perf_counter()
+    it = batches(spec, order, limit)
+    seen = 0
+    first = t0 = c0 = None
+    s0 = 0
+    try:
+        for b in it:
+            seen += _count(b)
+            now = time.perf_counter()
+            if first is None:
+                first = now - t_start
+            if t0 is None and (seen >= warmup or now - t_start >= spec["warmup_s"]):
+                t0, c0, s0 = now, _tree_cpu_s(pid), seen
+            elif t0 is not None and (seen >= limit or now - t0 >= spec["measure_s"]):
+                break
+    finally:
+        t1, c1 = time.perf_counter(), _tree_cpu_s(pid)
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    peak = rss.stop()
+    if t0 is None or c0 is None or seen <= s0:
+        return {"error": f"only {seen} samples read", "samples": seen}
+    got = seen - s0
+    return {
+        "samples_per_s": got / (t1 - t0),
+        "cpu_ms_per_sample": 1e3 * (c1 - c0) / got,
+        "peak_rss_mb": peak,
+        "measured_samples": got,
+        "warmup_samples": s0,
+        "first_batch_s": first,
+        "seconds": t1 - t_start,
+    }
