@@ -31,6 +31,13 @@ def test_sharded_resume(seg_url) -> None:
     check_resume(lambda: AsyncLoader(src, batch_size=8, shuffle=True, seed=1, shard=shard), in_order=True, epochs=1)
 
 
+@pytest.mark.timeout(300)
+def test_fanout_processes_resume_through_the_shared_helper(seg_url) -> None:
+    """The same save/load checks as every other epoch shape, on ``processes=2`` (persistent workers)."""
+    src = DeepLakeSource(seg_url)
+    check_resume(lambda: AsyncLoader(src, batch_size=32, shuffle=True, seed=6, processes=2), in_order=True, epochs=1)
+
+
 def test_state_from_other_options_is_refused_naming_the_option(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     state = AsyncLoader(src, batch_size=16, seed=1).state_dict()
