@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run test test-slow bench bench-large train s3 lint clean
+.PHONY: install run test test-slow bench bench-loopback bench-large train s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -25,12 +25,18 @@ test: install  ## the test suite (the slow long-run tests are in test-slow)
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes
 	$(PY) -m pytest -m slow
 
-bench: install  ## the benchmark suite (SeaweedFS + emulated latency), under 10 minutes on 2 cores
-	$(PIP) install -c constraints.txt '.[bench]'
+bench: install  ## asyncload against its peers on an emulated WAN (packet-level as root, else a TCP proxy), ~15 min on 2 cores
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v gcc && command -v ip && command -v iptables && test -f /usr/include/libnetfilter_queue/libnetfilter_queue.h; } >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables libnetfilter-queue-dev gcc libc6-dev; fi
+	$(PY) benchmarks/wan.py --config configs/bench_wan.yaml
+
+bench-loopback: install  ## the earlier suite: synthetic data behind the TCP delay line on loopback, concurrency sweeps
+	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/suite.py --config configs/bench.yaml
 
-bench-large: install  ## the same on a bigger machine: more rows, latencies, repetitions, processes
-	$(PIP) install -c constraints.txt '.[bench]'
+bench-large: install  ## the loopback suite on a bigger machine: more rows, latencies, repetitions, processes
+	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/suite.py --config configs/bench_large.yaml
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
