@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run test test-slow bench bench-loopback bench-large train s3 lint clean
+.PHONY: install run run-local test test-slow bench netem-deps bench-loopback bench-large train s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -16,7 +16,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install -c constraints.txt -e '.[test]'
 	touch $@
 
-run: install  ## make a small synthetic dataset, load it through asyncload, print throughput
+run: install  ## a dataset on a local S3 server behind emulated WAN latency: synchronous vs asyncload, under a minute
+	-@$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/demo.py
+
+run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo
 
 test: install  ## the test suite (the slow long-run tests are in test-slow)
@@ -27,9 +31,12 @@ test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threa
 
 bench: install  ## asyncload against its peers on an emulated WAN (packet-level as root, else a TCP proxy), ~15 min on 2 cores
 	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/wan.py --config configs/bench_wan.yaml
+
+netem-deps:  ## as root, the Debian packages packet-level latency needs (else the benchmarks use the TCP proxy)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v gcc && command -v ip && command -v iptables && test -f /usr/include/libnetfilter_queue/libnetfilter_queue.h; } >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables libnetfilter-queue-dev gcc libc6-dev; fi
-	$(PY) benchmarks/wan.py --config configs/bench_wan.yaml
 
 bench-loopback: install  ## the earlier suite: synthetic data behind the TCP delay line on loopback, concurrency sweeps
 	$(PIP) install -c constraints.txt -e '.[bench]'
