@@ -300,10 +300,16 @@ def read_path_modules() -> set[str]:
     return seen
 
 
+#: Modules on the read paths allowed to import pickle, and why: ``errors.portable`` round-trips an
+#: *exception object of this process* to check that it can cross to another one; no store byte reaches it.
+PICKLE_OK = {"asyncload.errors"}
+
+
 def test_read_paths_never_unpickle() -> None:
     modules = read_path_modules()
     assert {"asyncload.sources.objectstore", "asyncload.sources.deeplake", "asyncload.sources._http"} <= modules
-    for name in sorted(modules):
+    assert {"asyncload.sources.gcs", "asyncload.sources.azure", "asyncload.sources._creds"} <= modules
+    for name in sorted(modules - PICKLE_OK):
         tree = ast.parse(inspect.getsource(importlib.import_module(name)))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
