@@ -165,6 +165,16 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def tcp_counters() -> dict[str, int]:
+    """This network namespace's TCP counters (``/proc/net/snmp``): connections opened, segments
+    retransmitted. Only one measured process runs in the client namespace at a time, so a delta over a
+    run is that run's."""
+    with open("/proc/net/snmp") as f:
+        head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+    row = dict(zip(head[1:], map(int, values[1:]), strict=True))
+    return {"tcp_opens": row["ActiveOpens"], "tcp_retrans_segs": row["RetransSegs"], "tcp_in_segs": row["InSegs"]}
+
+
 def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     """Open, read ``warmup`` samples (or ``warmup_s`` seconds), then measure the next ``measure`` samples
     (or ``measure_s`` seconds): samples/s, CPU ms/sample of the process tree, peak RSS of the tree."""
@@ -175,6 +185,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     limit = min(n, warmup + want)
     order = order[:limit]
     rss = PeakRSS()
+    tcp0 = tcp_counters()
     pid = os.getpid()
     t_start = time.perf_counter()
     it = batches(spec, order, limit)
@@ -197,6 +208,9 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         if close is not None:
             close()
     peak = rss.stop()
+    import deeplake
+
+    tcp = {k: v - tcp0[k] for k, v in tcp_counters().items()}
     if t0 is None or c0 is None or seen <= s0:
         return {"error": f"only {seen} samples read", "samples": seen}
     got = seen - s0
@@ -208,4 +222,6 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         "warmup_samples": s0,
         "first_batch_s": first,
         "seconds": t1 - t_start,
+        "storage_threads": deeplake.storage.concurrency(),
+        **tcp,
     }

@@ -67,7 +67,7 @@ def _network(data: dict[str, Any]) -> list[str]:
     for r in data["rows"]:
         if r["loader"] == "netcheck" and "small_get_s" in r["m"]:
             m = r["m"]
-            growth = ", ".join(f"{b / 1e3:,.0f}" for b in m["growth"]["bytes_by_rtt"])
+            growth = ", ".join(f"{b / 1e3:,.0f}" for b in m["growth"]["bytes_by_rtt"]) if r["latency_ms"] else "- (no RTT to count in)"
             out.append(
                 f"| {r['latency_ms']} | {m['small_get_s'] * 1e3:.1f} | {m['handshake_s'] * 1e3:.1f} | {m['connect_s'] * 1e3:.1f} | {growth} | {m['growth']['seconds']:.2f} |"
             )
@@ -79,8 +79,8 @@ def _focus(med: dict[Key, dict[str, Any]], lat: int, order: str, loaders: list[s
     out = [
         f"### {lat} ms RTT, {order} order",
         "",
-        "| reader | samples/s | CPU ms/sample | peak RSS MB | asyncload defaults ÷ reader (samples/s) | runs (samples/s each) |",
-        "|---|---|---|---|---|---|",
+        "| reader | samples/s | CPU ms/sample | peak RSS MB | asyncload defaults ÷ reader (samples/s) | TCP connections opened | storage pool | runs (samples/s each) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for loader in loaders:
         m = med.get((loader, lat, order))
@@ -89,7 +89,8 @@ def _focus(med: dict[Key, dict[str, Any]], lat: int, order: str, loaders: list[s
         ratio = ours["samples_per_s"] / m["samples_per_s"] if ours and m["samples_per_s"] else None
         name = f"**{loader}**" if loader == DEFAULTS else loader
         out.append(
-            f"| {name} | {_f(m['samples_per_s'])} | {m['cpu_ms_per_sample']:.2f} | {m['peak_rss_mb']:,.0f} | {_f(ratio, 2)}× | {m['runs']} ({', '.join(map(str, m['all_sps']))}) |"
+            f"| {name} | {_f(m['samples_per_s'])} | {m['cpu_ms_per_sample']:.2f} | {m['peak_rss_mb']:,.0f} | {_f(ratio, 2)}× "
+            f"| {_f(m.get('tcp_opens'))} | {_f(m.get('storage_threads'))} | {m['runs']} ({', '.join(map(str, m['all_sps']))}) |"
         )
     return out + [""]
 
@@ -155,18 +156,19 @@ def plot(data: dict[str, Any], out: Path) -> None:
 
     med = medians(data["rows"])
     orders = list(data["config"]["orders"])
+    loaders = _loaders(med, variants=False)
+    colour = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(loaders)}  # the same in every panel
     fig, axes = plt.subplots(1, len(orders), figsize=(7 * len(orders), 5.5), sharey=True, squeeze=False)
     for ax, order in zip(axes[0], orders, strict=True):
-        for loader in _loaders(med, variants=False):
+        for loader in loaders:
             pts = sorted((lat, m["samples_per_s"]) for (name, lat, o), m in med.items() if name == loader and o == order)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=loader, linewidth=2.5 if loader == DEFAULTS else 1.2)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=loader, color=colour[loader], linewidth=2.5 if loader == DEFAULTS else 1.2)
         ax.set_yscale("log")
         ax.set_xlabel("round-trip time (ms)")
         ax.set_title(f"{order} order")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("samples/s (log)")
-    axes[0][-1].legend(fontsize=7, loc="lower left")
+    axes[0][0].legend(fontsize=7, loc="lower left")
     fig.suptitle(f"First epoch, cold, photo-like PNG; emulation: {data['network']['emulation']}")
     fig.tight_layout()
     fig.savefig(out / "throughput_vs_latency.png", dpi=110)
