@@ -110,6 +110,43 @@ def remote_data(seaweed: SeaweedServer) -> RemoteData:
     return RemoteData(seaweed, BUCKET, url, f"s3://{BUCKET}/files", images, masks)
 
 
+PROFILE = "asyncload-test"  # the profile aws_files writes with the server's real keys
+WRONG_SECRET = "WRONG-secret-" + "p" * 27  # profile "wrong" has it
+
+
+@pytest.fixture
+def aws_files(remote_data: RemoteData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Shared credentials and config files with three profiles; no other AWS setting in the environment."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # this machine has no instance metadata service
+    server = remote_data.server
+    (tmp_path / "credentials").write_text(
+        f"[{PROFILE}]\naws_access_key_id = {server.access_key}\naws_secret_access_key = {server.secret_key}\n\n"
+        f"[wrong]\naws_access_key_id = {server.access_key}\naws_secret_access_key = {WRONG_SECRET}\n"
+    )
+    counter = tmp_path / "process-calls"
+    script = tmp_path / "creds_process.py"
+    script.write_text(
+        "import datetime as dt, json, sys\n"
+        "open(sys.argv[1], 'a').write('x')\n"
+        "exp = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(sys.argv[2]))\n"
+        f"print(json.dumps({{'Version': 1, 'AccessKeyId': {server.access_key!r}, "
+        f"'SecretAccessKey': {server.secret_key!r}, 'Expiration': exp.isoformat()}}))\n"
+    )
+    (tmp_path / "config").write_text(
+        f"[profile {PROFILE}]\nregion = eu-west-3\nendpoint_url = {server.endpoint_url}\n\n"
+        f"[profile wrong]\nendpoint_url = {server.endpoint_url}\n\n"
+        # expires 603 s from each fetch: fresh for 3 s, then inside the 600 s renewal margin
+        f"[profile process]\nendpoint_url = {server.endpoint_url}\n"
+        f"credential_process = {sys.executable} {script} {counter} 603\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    return tmp_path
+
+
 @pytest.fixture
 def running_seaweed(seaweed: SeaweedServer) -> Iterator[SeaweedServer]:
     """The session server, guaranteed running before and after the test (for tests that stop it)."""
