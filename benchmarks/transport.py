@@ -13,6 +13,7 @@ clients read the whole body into memory, as the source does before decoding. Wit
 round trip; that runs only when ``ip netns list`` is empty (another benchmark may own the namespaces).
 
     python benchmarks/transport.py --rtt 0 [50] --reps 3     # writes benchmarks/results/transport/
+    python benchmarks/transport.py report                    # re-renders transport.md from transport.json
 """
 
 from __future__ import annotations
@@ -109,9 +110,9 @@ def client_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure(server: Any, endpoint: str, transport: str, args: argparse.Namespace) -> dict:
+def _measure(server: Any, endpoint: str, transport: str, args: argparse.Namespace, prefix: list[str]) -> dict:
     env = dict(os.environ, **{k: v for k, v in server.env().items() if k.startswith("AWS_")})
-    cmd = [sys.executable, __file__, "_client", "--transport", transport, "--endpoint", endpoint,
+    cmd = [*prefix, sys.executable, __file__, "_client", "--transport", transport, "--endpoint", endpoint,
            "--region", server.region, "--objects", str(args.objects), "--gets", str(args.gets),
            "--inflight", str(args.inflight), "--warmup", str(args.warmup)]  # fmt: skip
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
@@ -128,7 +129,7 @@ def _netns_free() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", nargs="?", default="run", choices=["run", "_client"])
+    ap.add_argument("mode", nargs="?", default="run", choices=["run", "report", "_client"])
     ap.add_argument("--transport", choices=TRANSPORTS)
     ap.add_argument("--endpoint")
     ap.add_argument("--region", default="us-east-1")
@@ -142,36 +143,42 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.mode == "_client":
         return client_main(args)
+    if args.mode == "report":  # re-render the markdown from the last run's JSON
+        doc = json.loads((OUT / "transport.json").read_text())
+        (OUT / "transport.md").write_text(_markdown(doc["meta"], doc["summary"]))
+        print(_markdown(doc["meta"], doc["summary"]))
+        return 0
 
     from asyncload.testing.seaweed import SeaweedServer
 
     rows: list[dict[str, Any]] = []
     notes: list[str] = []
     for rtt in args.rtt:
-        if rtt:
-            if not _netns_free():
-                notes.append(f"{rtt:g} ms not measured: `ip netns list` shows namespaces of another run")
-                continue
-            notes.append(f"{rtt:g} ms: see benchmarks/netem.py (not wired here yet)")
+        if not rtt:
+            with SeaweedServer() as server:
+                rows += _run_rtt(server, server.endpoint_url, [], 0.0, args)
             continue
-        with SeaweedServer() as server:
-            server.create_bucket(BUCKET)
-            blob = os.urandom(args.size)  # incompressible, one buffer with a distinct head per object
-            for i in range(args.objects):
-                server.put_object(BUCKET, f"obj/{i:05d}.bin", i.to_bytes(4, "big") + blob[4:])
-            for rep in range(args.reps):
-                for transport in TRANSPORTS:  # interleaved, so drift on a shared machine hits both
-                    r = _measure(server, server.endpoint_url, transport, args)
-                    r.update(transport=transport, rtt_ms=rtt, rep=rep)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+        if not _netns_free():
+            notes.append(f"{rtt:g} ms not measured: `ip netns list` showed namespaces of another run")
+            continue
+        sys.path.insert(0, str(HERE))
+        import netem
+
+        with netem.network(HERE.parent / "data" / "netem") as net:
+            net.enter_server()  # set up and upload from the server's side: no delay
+            with SeaweedServer(host=net.server_host) as server:
+                net.set_rtt(rtt / 1000)
+                packet = isinstance(net, netem.PacketNet)
+                prefix = ["ip", "netns", "exec", net.ns["client"]] if packet else []
+                notes.append(f"{rtt:g} ms: {net.emulation}")
+                rows += _run_rtt(server, net.url(server.port), prefix, rtt, args)
     summary = _summarise(rows)
     OUT.mkdir(parents=True, exist_ok=True)
     meta = {
         "objects": args.objects, "size": args.size, "gets": args.gets, "warmup": args.warmup,
         "inflight": args.inflight, "reps": args.reps, "cores": len(os.sched_getaffinity(0)),
         "python": platform.python_version(), "machine": platform.machine(), "notes": notes,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_avg_end": os.getloadavg(),
     }  # fmt: skip
     try:
         import obstore
@@ -183,6 +190,25 @@ def main(argv: list[str] | None = None) -> int:
     (OUT / "transport.md").write_text(_markdown(meta, summary))
     print(_markdown(meta, summary))
     return 0
+
+
+def _run_rtt(server: Any, endpoint: str, prefix: list[str], rtt: float, args: argparse.Namespace) -> list[dict]:
+    """Upload the objects, then every transport ``args.reps`` times, interleaved (drift hits both)."""
+    server.create_bucket(BUCKET)
+    blob = os.urandom(args.size)  # incompressible; a distinct head per object
+    for i in range(args.objects):
+        server.put_object(BUCKET, f"obj/{i:05d}.bin", i.to_bytes(4, "big") + blob[4:])
+    rows = []
+    for rep in range(args.reps):
+        for transport in TRANSPORTS:
+            r = _measure(server, endpoint, transport, args, prefix) | {
+                "transport": transport,
+                "rtt_ms": rtt,
+                "rep": rep,
+            }
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    return rows
 
 
 def _summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,7 +245,17 @@ def _markdown(meta: dict[str, Any], summary: list[dict[str, Any]]) -> str:
             f"{', '.join(f'{v:.0f}' for v in s['cpu_us_per_get'])} | {s['gets_per_s_median']:.0f} | "
             f"{', '.join(f'{v:.0f}' for v in s['gets_per_s'])} |"
         )
-    lines += ["", *[f"- {n}" for n in meta["notes"]], ""]
+    lines.append("")
+    for rtt in sorted({s["rtt_ms"] for s in summary}):
+        by = {s["transport"]: s for s in summary if s["rtt_ms"] == rtt}
+        if len(by) == 2:
+            a, o = by["aiohttp-sigv4"], by["obstore"]
+            cpu = o["cpu_us_per_get_median"] / a["cpu_us_per_get_median"]
+            rate = o["gets_per_s_median"] / a["gets_per_s_median"]
+            lines.append(
+                f"- {rtt:g} ms: obstore's CPU per GET is {cpu:.2f}x aiohttp's, its GETs/s {rate:.2f}x (medians)."
+            )
+    lines += [*[f"- {n}" for n in meta["notes"]], ""]
     return "\n".join(lines)
 
 

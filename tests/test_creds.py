@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import deeplake
 import pytest
 
 from asyncload import AsyncLoader, ObjectStoreSource, SourceError
@@ -38,9 +39,7 @@ def full_text(exc: BaseException) -> str:
     return "".join(traceback.format_exception(exc)) + repr(exc)
 
 
-def test_profile_argument_reads_with_keys_and_region_from_the_files(
-    remote_data: RemoteData, aws_files: Path
-) -> None:
+def test_profile_argument_reads_with_keys_and_region_from_the_files(remote_data: RemoteData, aws_files: Path) -> None:
     src = ObjectStoreSource(remote_data.files_url, profile=PROFILE)
     seen = read_epoch(iter(AsyncLoader(src, batch_size=16, shuffle=True, seed=5, concurrency=32)), remote_data)
     assert collections.Counter(seen) == collections.Counter(range(remote_data.rows))
@@ -59,6 +58,8 @@ def test_aws_profile_variable_and_the_probe_for_deeplake_urls(
     s3 = probe_s3_url(remote_data.deeplake_url)  # what DeepLakeSource runs before Deep Lake opens s3://
     assert s3.region == "eu-west-3" and s3.signed
     assert probe_s3_url(remote_data.deeplake_url, profile=PROFILE).region == "eu-west-3"
+    ds = deeplake.open_read_only(remote_data.deeplake_url, creds=s3.as_creds())  # the chain's keys, to Deep Lake
+    assert len(ds) == remote_data.rows
 
 
 def test_wrong_secret_in_a_profile_fails_fast_naming_profile_endpoint_and_bucket(

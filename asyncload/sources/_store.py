@@ -22,6 +22,17 @@ from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request
 
 
+def split_url(url: str, *schemes: str) -> tuple[str, str]:
+    """``scheme://bucket/a/b/`` → ``("bucket", "a/b")`` for one of ``schemes``; ``ValueError`` otherwise."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() not in schemes:
+        raise ValueError(f"not a {schemes[0]}:// URL: {url!r}")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"no bucket in {url!r}: expected {schemes[0]}://BUCKET/PREFIX")
+    return bucket, prefix.strip("/")
+
+
 class StoreEndpointError(SourceError, ConnectionError):
     """The store's endpoint did not answer (down, refused, unreachable, too slow)."""
 

@@ -34,7 +34,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from ._creds import Renewing, azure_token
 from ._http import HTTPStatusError
-from ._store import Store
+from ._store import Store, split_url
 
 #: The Blob service version asked for (supported by Azure and by Azurite).
 API_VERSION = "2021-08-06"
@@ -43,13 +43,7 @@ _REFUSED = frozenset({"AuthenticationFailed", "InvalidAuthenticationInfo", "NoAu
 
 def split_az_url(url: str) -> tuple[str, str]:
     """``az://container/a/b`` (or ``azure://``) → ``("container", "a/b")``."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in ("az", "azure"):
-        raise ValueError(f"not an az:// URL: {url!r}")
-    container, _, prefix = rest.partition("/")
-    if not container:
-        raise ValueError(f"no container in {url!r}: expected az://CONTAINER/PREFIX")
-    return container, prefix.strip("/")
+    return split_url(url, "az", "azure")
 
 
 @dataclass(frozen=True)
@@ -128,7 +122,7 @@ class AzureContainer(Store):
 
     def parse_list(self, body: bytes) -> tuple[list[str], str | None]:
         root = ET.fromstring(body)
-        keys = [n.text or "" for n in root.iter("Name") if n.text is not None]
+        keys = [name for blob in root.iter("Blob") if (name := blob.findtext("Name"))]
         return keys, (root.findtext("NextMarker") or "").strip() or None
 
     def credentials_refused(self, err: HTTPStatusError) -> bool:

@@ -25,19 +25,14 @@ from urllib.parse import quote
 
 from ._creds import Renewing, gcs_token
 from ._http import HTTPStatusError
-from ._store import Store
+from ._store import Store, split_url
 
 GCS_ENDPOINT = "https://storage.googleapis.com"
 
 
 def split_gs_url(url: str) -> tuple[str, str]:
     """``gs://bucket/a/b/`` → ``("bucket", "a/b")``; raises ``ValueError`` when there is no bucket."""
-    if not url.startswith("gs://"):
-        raise ValueError(f"not a gs:// URL: {url!r}")
-    bucket, _, prefix = url[len("gs://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"no bucket in {url!r}: expected gs://BUCKET/PREFIX")
-    return bucket, prefix.strip("/")
+    return split_url(url, "gs")
 
 
 def _emulator(env: Mapping[str, str]) -> str | None:

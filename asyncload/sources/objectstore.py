@@ -66,7 +66,7 @@ from .base import Columns, Source
 from .gcs import resolve_gcs, split_gs_url
 from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
 
-#: URL scheme → (split the URL into bucket and prefix, resolve the store: blocking, off the loop).
+#: The clouds' URL schemes → how ``scheme://bucket/prefix`` splits into bucket and prefix.
 _CLOUDS = {
     "s3": split_s3_url,
     "gs": split_gs_url,

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from ..sigv4 import EMPTY_SHA256, Credentials, SigV4Signer, query_string, quote_key
 from ._creds import Renewing, aws_chain, aws_profile
 from ._http import HTTPStatusError
-from ._store import Store
+from ._store import Store, split_url
 
 DEFAULT_REGION = "us-east-1"
 
@@ -46,12 +46,7 @@ def _aws_endpoint(region: str) -> str:
 
 def split_s3_url(url: str) -> tuple[str, str]:
     """``s3://bucket/a/b/`` → ``("bucket", "a/b")``; raises ``ValueError`` when there is no bucket."""
-    if not url.startswith("s3://"):
-        raise ValueError(f"not an s3:// URL: {url!r}")
-    bucket, _, prefix = url[len("s3://") :].partition("/")
-    if not bucket:
-        raise ValueError(f"no bucket in {url!r}: expected s3://BUCKET/PREFIX")
-    return bucket, prefix.strip("/")
+    return split_url(url, "s3")
 
 
 class S3Endpoint:
@@ -147,6 +142,17 @@ class S3Endpoint:
             if current is not self.credentials:
                 self.credentials, self._signer = current, SigV4Signer(current, self.region)
         return self.headers(method, url, payload_hash)
+
+    def as_creds(self) -> dict[str, str]:
+        """Deep Lake-style ``creds`` for what was resolved (keys as of now, region, endpoint), for handing
+        a chain's result and the bucket's region to a client that reads ``creds`` only. Holds the secret."""
+        out = {"endpoint_url": self.endpoint_url, "aws_region": self.region}
+        c = self.credentials
+        if c is not None:
+            out |= {"aws_access_key_id": c.access_key, "aws_secret_access_key": c.secret_key}
+            if c.session_token:
+                out["aws_session_token"] = c.session_token
+        return out
 
     def __repr__(self) -> str:
         who = "anonymous" if self.credentials is None else f"signed, {self.source}"
