@@ -43,9 +43,9 @@ not one shared queue:
   one more each time the parent yields a batch of it), so batches in shared memory stay bounded. A
   ``multiprocessing.Queue`` buffers without bound in its feeder thread.
 
-Zero pickled pixels: with the ``file_descriptor`` sharing strategy a tensor travels as the file
-descriptor of its shared-memory storage (passed over a Unix socket); the shm file is unlinked as soon as
-it is created, so a crash leaves nothing in ``/dev/shm``. Workers allocate batch tensors in shared memory
+Zero pickled pixels: a tensor travels as the file descriptor of its shared-memory storage, passed over
+the worker's own pipe with the message that names it (``_FdPickler``); the shm file is unlinked as soon
+as it is created, so a crash leaves nothing in ``/dev/shm``. Workers allocate batch tensors in shared memory
 from the start (``collate.set_allocator``), so sending copies nothing: one copy per sample, from the
 store's buffer into the batch, as in one process. Tensors a custom ``collate_fn`` made on the heap are
 moved to shared memory when pickled (one more copy); anything else is pickled by value. Each tensor a
@@ -71,15 +71,19 @@ from __future__ import annotations
 import atexit
 import bisect
 import collections
+import io
 import logging
 import math
 import multiprocessing
+import multiprocessing.reduction
 import multiprocessing.resource_sharer
 import multiprocessing.util
 import os
 import pickle
 import queue
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -179,6 +183,74 @@ class Cancelled:
 
 Terminal = Union[End, Failed, Cancelled]  # one per StartEpoch, the last message of that epoch
 _TERMINAL = (End, Failed, Cancelled)
+
+
+# -- transport: worker → parent -------------------------------------------------------------------
+_incoming = threading.local()  # parent: the fds that came with the message being unpickled
+_MAX_FDS = 250  # per sendmsg (the kernel takes at most 253)
+
+
+def _storage_from_fd(index: int, nbytes: int) -> torch.UntypedStorage:
+    """Unpickles a storage sent by ``_FdPickler``: maps the shared memory of the ``index``-th fd."""
+    return torch.UntypedStorage._new_shared_fd_cpu(_incoming.fds[index], nbytes)
+
+
+class _FdPickler(ForkingPickler):
+    """``ForkingPickler`` (with torch's reductions) that sends each CPU tensor's shared-memory storage as
+    a file descriptor passed over the pipe itself (SCM_RIGHTS), in the same message.
+
+    Why not torch's own ``file_descriptor`` reduction: it pickles a ``DupFd`` that the receiver fetches
+    from the sender's resource-sharer thread, one connection per tensor; that thread answers only when
+    it gets the worker's GIL, which the worker's loop and CPU pool hold most of the time, so the parent
+    waited on every tensor. Passed with the message, the fds arrive with it, and the parent can map a
+    batch even after its worker died."""
+
+    def __init__(self, file: io.BytesIO, fds: list[int]) -> None:
+        super().__init__(file, pickle.HIGHEST_PROTOCOL)
+        self._fds = fds
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.UntypedStorage) and obj.device.type == "cpu" and obj.nbytes() > 0:
+            fd, nbytes = obj._share_fd_cpu_()  # already shared for batches made by ``_shared_empty``
+            self._fds.append(fd)
+            return _storage_from_fd, (len(self._fds) - 1, nbytes)
+        return NotImplemented
+
+
+@dataclass
+class _Channel:
+    """One end of a worker's pipe, and a socket on the same fd for passing file descriptors."""
+
+    conn: Connection
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket(fileno=os.dup(self.conn.fileno()))
+
+    def send(self, msg: object) -> None:
+        """``msg`` pickled, then the fds of its storages; the storages must live until this returns."""
+        buf, fds = io.BytesIO(), []
+        _FdPickler(buf, fds).dump(msg)
+        self.conn.send_bytes(struct.pack("!I", len(fds)) + buf.getvalue())
+        for i in range(0, len(fds), _MAX_FDS):
+            multiprocessing.reduction.sendfds(self.sock, fds[i : i + _MAX_FDS])
+
+    def recv(self) -> Any:
+        data = self.conn.recv_bytes()
+        (n,) = struct.unpack_from("!I", data)
+        fds: list[int] = []
+        try:
+            while len(fds) < n:
+                fds += multiprocessing.reduction.recvfds(self.sock, min(_MAX_FDS, n - len(fds)))
+            _incoming.fds = fds
+            return pickle.loads(memoryview(data)[4:])
+        finally:
+            _incoming.fds = ()
+            for fd in fds:  # each mapping holds its own
+                os.close(fd)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.conn.close()
 
 
 # -- in the worker ---------------------------------------------------------------------------------
@@ -306,9 +378,9 @@ class _ParentGone(Exception):
     """The pipe to the parent is closed: it is stopping this worker, or it is gone."""
 
 
-def _send(conn: Connection, msg: object) -> None:
+def _send(channel: _Channel, msg: object) -> None:
     try:
-        conn.send(msg)
+        channel.send(msg)
     except OSError as exc:
         raise _ParentGone from exc
 
@@ -331,7 +403,7 @@ def _add_figures(st: Stats, fig: dict[str, Any]) -> None:
     st.latencies.extend(fig["latencies"])
 
 
-def _run_epoch(conn: Connection, loader: AsyncLoader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+def _run_epoch(channel: _Channel, loader: AsyncLoader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
     """Serve one epoch of this worker's sub-shard, one batch per credit."""
     loader.set_epoch(cmd.epoch)
     if cmd.skip:  # resume: the loader leaves these batches out without reading them
@@ -351,7 +423,7 @@ def _run_epoch(conn: Connection, loader: AsyncLoader, ctl: _Control, cmd: StartE
             count, samples = it.stats.samples_yielded - samples, it.stats.samples_yielded
             if not ctl.take(cmd.gen):
                 return Cancelled(cmd.gen)  # leaving the ``with`` stops the epoch's reads
-            _send(conn, Batch(cmd.gen, seq, count, batch))
+            _send(channel, Batch(cmd.gen, seq, count, batch))
             del batch  # the shared memory lives on in the message until the parent maps it
     return End(cmd.gen, _figures(it.stats))
 
@@ -366,6 +438,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     torch.set_num_threads(1)
     ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
     threading.Thread(target=_listen, args=(conn, ctl, commands), name="asyncload-fanout-control", daemon=True).start()
+    channel = _Channel(conn)
     loader: AsyncLoader | None = None
     broken: _RemoteError | None = None
     try:
@@ -382,12 +455,12 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
                 outcome = Cancelled(cmd.gen)
             else:
                 try:
-                    outcome = _run_epoch(conn, loader, ctl, cmd)
+                    outcome = _run_epoch(channel, loader, ctl, cmd)
                 except _ParentGone:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
                     outcome = Failed(cmd.gen, _RemoteError.capture(exc))
-            _send(conn, outcome)
+            _send(channel, outcome)
     except _ParentGone:
         return
     finally:
@@ -426,7 +499,11 @@ class _Proc:
 
     index: int
     process: BaseProcess
-    conn: Connection
+    channel: _Channel
+
+    @property
+    def conn(self) -> Connection:
+        return self.channel.conn
 
 
 def _how_it_ended(exitcode: int | None) -> str:
@@ -471,7 +548,7 @@ def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> No
             w.conn.send(_STOP)
         except OSError:
             pass
-        w.conn.close()  # also unblocks a worker stuck sending: it gets EPIPE
+        w.channel.close()  # also unblocks a worker stuck sending: it gets EPIPE
     _stop_processes([w.process for w in live], timeout)
 
 
@@ -621,7 +698,7 @@ class WorkerPool:
                     return
                 for r in ready:
                     try:
-                        msg = r.recv()  # a dropped batch is mapped and freed here
+                        msg = self.procs[conns[r]].channel.recv()  # a dropped batch is mapped and freed here
                     except Exception:  # noqa: BLE001 - EOF: it is dying; its sentinel tells the rest
                         log.warning("asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url)
                         self.close()
@@ -650,7 +727,7 @@ class WorkerPool:
                 raise
             finally:
                 child_end.close()  # the worker holds its end now; ours would hide its EOF
-            self.procs[k] = _Proc(k, proc, parent_end)
+            self.procs[k] = _Proc(k, proc, _Channel(parent_end))
             self._pids[k] = proc.pid  # type: ignore[assignment]
 
 
@@ -828,7 +905,7 @@ class FanoutEpoch(Iterator[Any]):
             readable = sorted((conns[r] for r in ready if r in conns), key=lambda t: (t.index - self._rotate) % self._k)
             for t in readable:
                 try:
-                    msg = procs[t.index].conn.recv()
+                    msg = procs[t.index].channel.recv()
                 except Exception as exc:  # noqa: BLE001 - EOF, or the fds of a dead sender are gone
                     self._died(t, exc)
                 if getattr(msg, "gen", None) != gen:
