@@ -5,6 +5,7 @@ environment and connection strings Azure's tools read, typed and fast errors, no
 from __future__ import annotations
 
 import collections
+import os
 import pickle
 import time
 import traceback
@@ -111,3 +112,22 @@ def test_pickled_source_reopens_with_its_credentials(azure_data: EmulatedData) -
     copy = pickle.loads(pickle.dumps(src))
     assert copy._store is None and len(copy) == azure_data.rows
     assert azure_data.creds["account_key"] not in repr(copy)
+
+
+def test_without_key_or_sas_the_identity_chain_is_asked_and_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key, SAS or connection string: azure-identity's DefaultAzureCredential is the chain; on a machine
+    with none of its sources (as here: no service principal, managed identity, CLI) the open fails fast
+    with a SourceError that names it. A missing account name is a ConfigError naming the setting."""
+    pytest.importorskip("azure.identity", reason="azure-identity (the azure extra) is not installed")
+    from asyncload import ConfigError, SourceError
+
+    for k in list(os.environ):
+        if k.startswith(("AZURE_", "IDENTITY_", "MSI_")):
+            monkeypatch.delenv(k)
+    with pytest.raises(ConfigError, match="account_name"):
+        ObjectStoreSource("az://c/p").open()
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "asyncloadnoaccount")
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match="DefaultAzureCredential"):
+        ObjectStoreSource("az://c/p").open()
+    assert time.monotonic() - t0 < 15.0

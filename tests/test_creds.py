@@ -209,3 +209,38 @@ def test_credentials_and_expiry_dates_use_aware_times() -> None:
     aware = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     assert _epoch(aware) == _epoch(aware.replace(tzinfo=None)) == aware.timestamp()
     assert _epoch(None) is None
+
+
+@pytest.mark.asyncio
+async def test_renewal_runs_once_off_the_loop_for_many_waiting_requests() -> None:
+    """asyncload's Renewing with a plain fetch function: a credential inside its renewal margin is
+    fetched again once for 50 concurrent requests, in a worker thread, never on the event loop's thread."""
+    import asyncio
+    import threading as th
+
+    from asyncload.sources._creds import Renewing
+
+    calls: list[str] = []
+
+    def fetch() -> tuple[str, float]:
+        calls.append(th.current_thread().name)
+        time.sleep(0.05)  # a token endpoint's round trip
+        return f"token-{len(calls)}", time.time() + 0.3  # fresh for 0.3 s - margin
+
+    renewing = Renewing(fetch, "test", margin_s=0.2)
+    assert renewing.get_blocking() == "token-1"
+    loop_thread = th.current_thread().name
+    time.sleep(0.15)  # now inside the margin
+    tokens = await asyncio.gather(*(renewing.get() for _ in range(50)))
+    assert set(tokens) == {"token-2"} and renewing.renewals == 1 and len(calls) == 2
+    assert calls[1] != loop_thread
+
+
+def test_http_status_error_keeps_the_buckets_region_across_processes() -> None:
+    import pickle
+
+    from asyncload.sources._http import HTTPStatusError
+
+    err = HTTPStatusError(400, "Bad Request", "AuthorizationHeaderMalformed", "wrong region", None, "eu-north-1")
+    back = pickle.loads(pickle.dumps(err))
+    assert back.region == "eu-north-1" and str(back) == str(err)
