@@ -1,38 +1,48 @@
-"""``DeviceFeed``: batches delivered already on the training device, copied ahead of the step that uses them.
+"""``DeviceFeed``: batches delivered already on the training device, prepared on a thread of their own.
 
 Why this exists: the loader hands out CPU tensors. A plain ``batch.to("cuda")`` in the training loop is a
-synchronous copy from pageable memory: the host stalls while the driver stages the bytes, and the GPU
-idles meanwhile. ``DeviceFeed`` takes that off the critical path:
+synchronous copy from pageable memory, and a pinned staging copy made on the training thread is worse:
+on one H100 with 16 cores it cost 20-30% of the loader's throughput (issue 12), while the training
+thread has nothing else to do in that time but wait. ``DeviceFeed`` takes all of it off that thread:
 
-- **Pinned staging, reused.** A non-blocking host-to-device copy needs page-locked (pinned) memory.
-  Pinning a fresh buffer per batch costs a ``cudaHostAlloc`` each time, so each batch tensor is copied
-  into a small ring of pinned buffers kept per ``(shape, dtype)``; batches of one shape reuse them.
-- **A side stream, a few batches ahead.** Copies are issued on a dedicated CUDA stream ``depth`` batches
-  ahead of the one the consumer takes, so they overlap with the compute of the current step.
+- **A pin thread, bounded and woken.** One thread (``asyncload-pin``) takes batches from the upstream
+  iterator, copies each CPU tensor into a reused page-locked (pinned) buffer and issues its copy to the
+  device with ``non_blocking=True`` on a side CUDA stream. Ready batches wait in a hand-off of at most
+  ``max(depth, 1)`` batches; the thread sleeps on a condition when it is full and the consumer sleeps on
+  it when it is empty (no polling). The training thread's ``next()`` only takes a ready batch.
+- **Pinned buffers, reused.** Pinning a fresh buffer per batch costs a ``cudaHostAlloc`` each time, so
+  staging goes through a small ring of pinned buffers per tensor position and ``(shape, dtype)``. A
+  buffer is refilled only once the copy that read it has completed (its event); waiting for that blocks
+  the pin thread, never the consumer.
 - **Never a half-copied batch.** When a batch is handed out, the consumer's *current* stream is made to
-  wait on the event recorded after its copy (device-side wait: the host does not block), and every
+  wait on the event recorded after its copies (a device-side wait: the host does not block), and every
   device tensor is ``record_stream``-ed on the consumer stream, so the caching allocator does not hand
-  its memory to someone else while the consumer's kernels may still read it. A pinned buffer is only
-  refilled once the copy that read it has completed (its event), so staging never overwrites bytes in
-  flight.
+  its memory to another allocation while the consumer's kernels may still read it.
+- **Lifetimes.** The pin thread starts on the first ``next()`` and ends at the end of the upstream
+  iterator, on ``close()``, ``with`` exit, garbage collection (the thread holds no reference to the
+  feed) and on an upstream error, which the consumer's ``next()`` re-raises as the same exception object
+  (its type kept). ``close()`` also closes the upstream iterator, which stops an asyncload epoch at once.
 
-On a machine without CUDA (or ``device="cpu"``) the very same path runs with the device steps left out:
-tensors come back with the same values (made contiguous, the same object when they already are), no
-pinning, no streams. Dtype conversion (``uint8`` images to ``float``) is deliberately *not* done here:
-it belongs to the model step, where it runs on the device after the (4x smaller) uint8 copy.
+On a machine without CUDA, or with ``device="cpu"``, there is no thread, no pinning and no stream: the
+feed is a pass-through that makes tensors contiguous (the same object when they already are), pulling
+``depth`` batches ahead like the CUDA path does. Dtype conversion (``uint8`` images to ``float``) is
+deliberately *not* done here: it belongs to the model step, where it runs on the device after the (4x
+smaller) uint8 copy.
 
-``wait_s`` is the host time the consumer spent inside ``next()``: waiting for the upstream iterator and
-staging. Divided by the step time it is the data-wait fraction a training loop reports.
+``wait_s`` is the host time the consumer spent blocked in ``next()`` for its next batch: on the CUDA
+path the wait for the pin thread, nothing else. It is the data-wait figure of a training loop.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ._closing import Closing
@@ -76,14 +86,14 @@ _PENDING = object()  # a slot being filled for the batch now staged: its copy ha
 
 class _PinnedRing:
     """Pinned host buffers per tensor position and ``(shape, dtype)``, reused round-robin once the copy
-    that read them has completed.
+    that read them has completed. Used by the pin thread alone.
 
     Keying by the tensor's position in the batch means one batch takes at most one buffer per key, so
     ``per_key`` buffers (batches staged at once + 1) suffice; a refill waits on the oldest buffer's copy
-    only when every buffer of that key is still being copied, which is back-pressure, not a stall. At
-    most ``max_keys`` keys are kept (least recently used dropped) so that variable-shaped batches cannot
-    grow pinned memory without bound. Dropping a buffer whose copy is still in flight is safe: PyTorch's
-    pinned-memory allocator keeps the block until the copies recorded on it are done.
+    only when every buffer of that key is still being copied, which is back-pressure on the pin thread.
+    At most ``max_keys`` keys are kept (least recently used dropped) so that variable-shaped batches
+    cannot grow pinned memory without bound. Dropping a buffer whose copy is still in flight is safe:
+    PyTorch's pinned-memory allocator keeps the block until the copies recorded on it are done.
     """
 
     def __init__(self, per_key: int, max_keys: int = 64) -> None:
@@ -111,28 +121,143 @@ class _PinnedRing:
             slot = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True), None]
             self.allocations += 1
         slot[1] = _PENDING
-        slot[0].copy_(t)
+        _host_copy(slot[0], t)
         ring.append(slot)
         return slot[0], slot
 
 
-@dataclass
-class _Staged:
-    batch: Any
-    event: Any  # torch.cuda.Event | None
+def _host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy on this thread alone, the GIL released (numpy). Torch's CPU ``copy_`` of a batch-sized tensor
+    fans out over its OpenMP pool, one thread per core, whose threads then spin-wait: on the 16-core
+    H100 machine that cost ~3.5 ms of CPU per sample and a third of the loader's throughput
+    (benchmarks/results/gpu/). Dtypes numpy lacks (bfloat16) fall back to ``copy_``."""
+    try:
+        np.copyto(dst.numpy(), src.numpy())
+    except TypeError:
+        dst.copy_(src)
+
+
+class _Failure:
+    """An exception raised upstream (or while staging) on the pin thread, re-raised by the consumer."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+_END = object()  # the upstream iterator is exhausted
+
+
+class _Handoff:
+    """A bounded buffer between the pin thread and the consumer: both sleep on one condition, never poll.
+
+    ``put`` blocks while ``size`` items wait and returns False once the hand-off is stopped (the pin
+    thread then ends); ``stop`` drops waiting items and wakes everyone."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._cond = threading.Condition()
+        self._items: deque[Any] = deque()
+        self.stopped = False
+
+    def put(self, item: Any) -> bool:
+        with self._cond:
+            while len(self._items) >= self.size and not self.stopped:
+                self._cond.wait()
+            if self.stopped:
+                return False
+            self._items.append(item)
+            self._cond.notify_all()
+            return True
+
+    def get(self) -> Any:
+        with self._cond:
+            while not self._items:
+                self._cond.wait()
+            item = self._items.popleft()
+            self._cond.notify_all()
+            return item
+
+    def stop(self) -> None:
+        with self._cond:
+            self.stopped = True
+            self._items.clear()
+            self._cond.notify_all()
+
+
+class _Stager:
+    """Moves one batch to the device: pinned staging and copies on the side stream (CUDA), or only
+    ``contiguous()`` (CPU). The CUDA half runs on the pin thread."""
+
+    def __init__(self, device: torch.device, pin_memory: bool, per_key: int) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.ring = _PinnedRing(per_key) if pin_memory else None
+        self.stream = torch.cuda.Stream(device) if self.cuda else None
+
+    def _to_device(self, t: torch.Tensor, slots: list[list[Any]]) -> torch.Tensor:
+        if t.device == self.device:
+            return t.contiguous()
+        if self.ring is not None and t.device.type == "cpu" and not t.is_pinned():
+            t, slot = self.ring.stage(len(slots), t)
+            slots.append(slot)
+        return t.to(self.device, non_blocking=self.cuda and t.is_pinned()).contiguous()
+
+    def stage(self, batch: Any) -> tuple[Any, Any]:
+        """The batch on the device, and the event recorded after its copies (None off CUDA)."""
+        slots: list[list[Any]] = []  # pinned buffers this batch's copies read, in tensor order
+        if self.stream is None:
+            return map_tensors(batch, lambda t: self._to_device(t, slots)), None
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            out = map_tensors(batch, lambda t: self._to_device(t, slots))
+            event = torch.cuda.Event(blocking=True)  # a wait on it (ring refill) sleeps instead of spinning
+            event.record(self.stream)
+        for slot in slots:  # each pinned buffer may be refilled once this copy is done
+            slot[1] = event
+        return out, event
+
+
+def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff) -> None:
+    """The pin thread's body. It holds no reference to the ``DeviceFeed``, so dropping the feed stops it."""
+    try:
+        while not handoff.stopped:
+            try:
+                batch = next(source)
+            except StopIteration:
+                handoff.put(_END)
+                return
+            if handoff.stopped or not handoff.put(stager.stage(batch)):
+                return
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there with its type
+        handoff.put(_Failure(exc))
+    finally:
+        if handoff.stopped:  # closed mid-epoch: the upstream iterator may have been busy in this thread
+            _close(source)
+
+
+def _close(it: Any) -> None:
+    close = getattr(it, "close", None)
+    if callable(close):
+        try:
+            close()
+        except ValueError:  # a generator running in the pin thread: that thread closes it when it returns
+            pass
 
 
 class DeviceFeed(Closing, Iterator[Any]):
     """Iterate ``batches`` (tensors nested in dicts/lists/tuples) with every tensor already on ``device``.
 
-    ``depth``: batches whose copies are issued ahead of the one handed out (0: copy on demand).
+    ``depth``: batches prepared ahead of the one handed out. On CUDA, at most ``max(depth, 1)`` batches
+    wait on the device, pinned, copied and ready, while the pin thread prepares the next. On the CPU,
+    ``depth`` batches are pulled from upstream ahead (0: on demand).
     ``pin_memory``: stage CPU tensors through reused pinned buffers before a CUDA copy (``None``: yes when
     ``device`` is CUDA). It only serves host-to-CUDA copies, so it is skipped for any other device and
     whenever CUDA is absent: the same code runs on CPU-only machines.
+    ``join_timeout``: seconds ``close()`` waits for the pin thread (it is a daemon thread, left to end on
+    its own beyond that, e.g. while an upstream iterator that cannot be interrupted finishes a batch).
 
-    ``wait_s`` accumulates the host seconds spent in ``next()`` (upstream wait + staging), ``batches``
-    the number handed out. ``close()`` (also on ``del`` and at the end) closes the upstream iterator when
-    it has a ``close()``, which stops an asyncload epoch's loop thread at once.
+    ``wait_s`` accumulates the host seconds the consumer was blocked in ``next()``, ``batches`` the number
+    handed out. ``close()`` (also on ``with`` exit, ``del`` and at the end) stops the pin thread and closes
+    the upstream iterator when it has a ``close()``, which stops an asyncload epoch's loop thread at once.
     """
 
     def __init__(
@@ -141,6 +266,7 @@ class DeviceFeed(Closing, Iterator[Any]):
         device: str | torch.device,
         depth: int = 2,
         pin_memory: bool | None = None,
+        join_timeout: float = 10.0,
     ) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ConfigError(f"depth={depth!r} is not allowed: an int >= 0")
@@ -150,18 +276,20 @@ class DeviceFeed(Closing, Iterator[Any]):
             raise ConfigError(
                 f"device={device!r} is not allowed: a torch device such as 'cpu' or 'cuda:0' ({exc})"
             ) from None
-        self._cuda = self.device.type == "cuda"
-        if self._cuda and not torch.cuda.is_available():
+        cuda = self.device.type == "cuda"
+        if cuda and not torch.cuda.is_available():
             raise ConfigError(f"device={device!r} is not allowed: CUDA is not available here; use 'cpu'")
-        if self._cuda and self.device.index is None:
+        if cuda and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.depth = depth
+        self.join_timeout = join_timeout
         # Pinned staging only serves host-to-CUDA copies; without CUDA it is skipped, whatever was asked.
-        self.pin_memory = self._cuda and (pin_memory is None or bool(pin_memory))
+        self.pin_memory = cuda and (pin_memory is None or bool(pin_memory))
         self._source: Iterator[Any] = iter(batches)
-        self._queue: deque[_Staged] = deque()
-        self._ring = _PinnedRing(per_key=depth + 2) if self.pin_memory else None
-        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._stager = _Stager(self.device, self.pin_memory, per_key=max(depth, 1) + 3)
+        self._handoff = _Handoff(max(depth, 1)) if cuda else None
+        self._thread: threading.Thread | None = None
+        self._ahead: deque[Any] = deque()  # the CPU path's batches pulled ahead
         self._exhausted = False
         self._closed = False
         self.wait_s = 0.0
@@ -170,40 +298,14 @@ class DeviceFeed(Closing, Iterator[Any]):
     @property
     def pinned_allocations(self) -> int:
         """Pinned buffers allocated so far (stays flat when batch shapes repeat)."""
-        return self._ring.allocations if self._ring is not None else 0
+        ring = self._stager.ring
+        return ring.allocations if ring is not None else 0
 
-    # -- staging -----------------------------------------------------------------------------------
-    def _to_device(self, t: torch.Tensor, slots: list[list[Any]]) -> torch.Tensor:
-        if t.device == self.device:
-            return t.contiguous()
-        if self._ring is not None and t.device.type == "cpu" and not t.is_pinned():
-            t, slot = self._ring.stage(len(slots), t)
-            slots.append(slot)
-        return t.to(self.device, non_blocking=self._cuda and t.is_pinned()).contiguous()
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The pin thread (CUDA path, once started)."""
+        return self._thread
 
-    def _stage(self, batch: Any) -> _Staged:
-        slots: list[list[Any]] = []  # pinned buffers this batch's copies read, in tensor order
-        if self._stream is None:
-            return _Staged(map_tensors(batch, lambda t: self._to_device(t, slots)), None)
-        with torch.cuda.stream(self._stream):
-            out = map_tensors(batch, lambda t: self._to_device(t, slots))
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        for slot in slots:  # each pinned buffer may be refilled once this copy is done
-            slot[1] = event
-        return _Staged(out, event)
-
-    def _handoff(self, staged: _Staged) -> Any:
-        """Make the consumer's stream wait for the copy and tell the allocator who uses the memory."""
-        if staged.event is not None:
-            consumer = torch.cuda.current_stream(self.device)
-            consumer.wait_event(staged.event)
-            for t in _tensors(staged.batch):
-                if t.device.type == "cuda":
-                    t.record_stream(consumer)
-        return staged.batch
-
-    # -- iteration ---------------------------------------------------------------------------------
     def __iter__(self) -> DeviceFeed:
         return self
 
@@ -212,29 +314,56 @@ class DeviceFeed(Closing, Iterator[Any]):
             raise StopIteration
         t0 = time.perf_counter()
         try:
-            while not self._exhausted and len(self._queue) <= self.depth:
-                try:
-                    batch = next(self._source)
-                except StopIteration:
-                    self._exhausted = True
-                    break
-                self._queue.append(self._stage(batch))
-            if not self._queue:
-                self.close()
-                raise StopIteration
-            out = self._handoff(self._queue.popleft())
+            item = self._next_cuda() if self._handoff is not None else self._next_cpu()
         finally:
             self.wait_s += time.perf_counter() - t0
+        if item is _END:
+            self.close()
+            raise StopIteration
         self.batches += 1
-        return out
+        return item
+
+    def _next_cpu(self) -> Any:
+        while not self._exhausted and len(self._ahead) <= self.depth:
+            try:
+                self._ahead.append(self._stager.stage(next(self._source))[0])
+            except StopIteration:
+                self._exhausted = True
+        return self._ahead.popleft() if self._ahead else _END
+
+    def _next_cuda(self) -> Any:
+        assert self._handoff is not None
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=_pin_thread, args=(self._source, self._stager, self._handoff), name="asyncload-pin", daemon=True
+            )
+            self._thread.start()
+        item = self._handoff.get()
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.exc
+        if item is _END:
+            return item
+        batch, event = item
+        # The consumer's stream waits for the copy on the device; the allocator learns who reads the memory.
+        consumer = torch.cuda.current_stream(self.device)
+        consumer.wait_event(event)
+        for t in _tensors(batch):
+            if t.device.type == "cuda":
+                t.record_stream(consumer)
+        return batch
 
     def close(self) -> None:
-        """Drop staged batches and close the upstream iterator (if it can be closed)."""
+        """Stop the pin thread, drop prepared batches and close the upstream iterator (if it can be closed)."""
         if self._closed:
             return
         self._closed = True
-        self._queue.clear()
-        close = getattr(self._source, "close", None)
-        if callable(close):
-            close()
-
+        self._ahead.clear()
+        thread = self._thread
+        if self._handoff is not None:
+            self._handoff.stop()
+        _close(self._source)  # wakes a pin thread waiting upstream (an asyncload epoch stops at once)
+        # Not from the pin thread itself (a GC pass may run there), nor while the interpreter is being
+        # torn down (a daemon thread cannot run Python any more then, so it would never be seen to end).
+        if thread is not None and thread is not threading.current_thread() and not sys.is_finalizing():
+            thread.join(self.join_timeout)

@@ -599,14 +599,15 @@ class WorkerPool:
     def settle(self, gen: int, stats: Stats | None = None) -> None:
         """End epoch ``gen`` if it is still open: cancel it in every worker that owes its terminal message
         and drop what they send until each has answered (the figures of an ``End`` go to ``stats``). A
-        worker that dies or does not answer within ``timeout`` closes the pool (the next epoch starts
-        fresh workers)."""
+        worker that dies or does not answer within ``2 * timeout`` closes the pool (the next epoch starts
+        fresh workers): a worker sees the cancel once its next batch is ready, then closes its epoch, which
+        waits up to ``timeout`` for its reads in flight."""
         if gen != self.gen or not self.busy or self.closed:
             return
         try:
             for k in self.busy:
                 self.send(k, Cancel(gen))
-            deadline = time.monotonic() + self._timeout
+            deadline = time.monotonic() + 2 * self._timeout
             while self.busy:
                 conns = {self.procs[k].conn: k for k in self.busy}
                 sentinels = {self.procs[k].process.sentinel: k for k in self.busy}
@@ -615,7 +616,7 @@ class WorkerPool:
                     log.warning(
                         "asyncload: fan-out workers %s for %s %s while settling an abandoned epoch; "
                         "restarting the pool at the next epoch", sorted(self._pids[k] for k in self.busy),
-                        self.url, f"did not answer within {self._timeout:.1f}s" if not ready else "died",
+                        self.url, f"did not answer within {2 * self._timeout:.1f}s" if not ready else "died",
                     )  # fmt: skip
                     self.close()
                     return

@@ -139,55 +139,19 @@ class PacketNet:
             raise
 
     def _create(self) -> None:
-        c, s = self.ns["client"], self.ns["server"]
-        _run("ip", "netns", "add", c)
-        _run("ip", "netns", "add", s)
+        _run("ip", "netns", "add", self.ns["client"])
+        _run("ip", "netns", "add", self.ns["server"])
         _run("ip", "link", "add", self.dev["client"], "type", "veth", "peer", "name", self.dev["server"])
         for side, addr in (("client", CLIENT_IP), ("server", SERVER_IP)):
             ns, dev = self.ns[side], self.dev[side]
             _run("ip", "link", "set", dev, "netns", ns)
-            _run("ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", dev)
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "-n", ns, "link", "set", dev, "up")
-            _run(
-                "ip", "netns", "exec", ns, self.iptables, "-A", "INPUT", "-i", dev, "-j", "NFQUEUE", "--queue-num", "0"
-            )
+            for cmd in (f"addr add {addr}/30 dev {dev}", "link set lo up", f"link set {dev} up"):
+                _run("ip", "-n", ns, *cmd.split())
+            inside = ["ip", "netns", "exec", ns]
+            _run(*inside, self.iptables, "-A", "INPUT", "-i", dev, "-j", "NFQUEUE", "--queue-num", "0")
             if self.rate_mbit:
-                _run(
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "tc",
-                    "qdisc",
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "handle",
-                    "1:",
-                    "htb",
-                    "default",
-                    "10",
-                )
-                _run(
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "tc",
-                    "class",
-                    "add",
-                    "dev",
-                    dev,
-                    "parent",
-                    "1:",
-                    "classid",
-                    "1:10",
-                    "htb",
-                    "rate",
-                    f"{self.rate_mbit}mbit",
-                )
+                _run(*inside, *f"tc qdisc add dev {dev} root handle 1: htb default 10".split())
+                _run(*inside, *f"tc class add dev {dev} parent 1: classid 1:10 htb rate {self.rate_mbit}mbit".split())
             self._delayers[side] = self._start_delayer(ns)
         self.set_rtt(self.rtt_s)
 

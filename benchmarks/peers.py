@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 BATCH = 32
+_LIVE: dict[str, Any] = {}  # the AsyncLoader being measured, for its stats() at the end
 #: DataLoader workers are forked (Linux's default): no read is in flight when the DataLoader starts them,
 #: and spawn would add ~5-10 s of imports per run on 2 cores, which the warm-up excludes anyway.
 WORKER_START = "fork"
@@ -48,7 +49,9 @@ def _tensors(images: Any, masks: Any) -> dict[str, torch.Tensor]:
     return {"images": torch.from_numpy(np.stack(images)), "masks": torch.from_numpy(np.stack(masks))}
 
 
-def column_batches(url: str, creds: dict[str, str] | None, order: list[int], request: int = 64, inflight: int = 4) -> Iterator[dict[str, torch.Tensor]]:
+def column_batches(
+    url: str, creds: dict[str, str] | None, order: list[int], request: int = 64, inflight: int = 4
+) -> Iterator[dict[str, torch.Tensor]]:
     """The plain reader: column ``get_async`` of ``request`` indices per column, ``inflight`` requests
     in flight on a loop thread, in order, through a bounded queue."""
     import deeplake
@@ -76,7 +79,9 @@ def column_batches(url: str, creds: dict[str, str] | None, order: list[int], req
         yield batch
 
 
-def spdl_batches(url: str, creds: dict[str, str] | None, order: list[int], concurrency: int = 64) -> Iterator[dict[str, torch.Tensor]]:
+def spdl_batches(
+    url: str, creds: dict[str, str] | None, order: list[int], concurrency: int = 64
+) -> Iterator[dict[str, torch.Tensor]]:
     """SPDL 0.8: source of indices → async per-row fetch (image and mask) → batches of 32 → collate."""
     import deeplake
     from spdl.pipeline import PipelineBuilder
@@ -92,19 +97,35 @@ def spdl_batches(url: str, creds: dict[str, str] | None, order: list[int], concu
         return _tensors([r[0] for r in rows], [r[1] for r in rows])
 
     pipeline = (
-        PipelineBuilder().add_source(order).pipe(fetch, concurrency=concurrency, output_order="input").aggregate(BATCH).pipe(collate).add_sink(4).build(num_threads=2)
+        PipelineBuilder()
+        .add_source(order)
+        .pipe(fetch, concurrency=concurrency, output_order="input")
+        .aggregate(BATCH)
+        .pipe(collate)
+        .add_sink(4)
+        .build(num_threads=2)
     )
     with pipeline.auto_stop():
         yield from pipeline.get_iterator(timeout=120)
 
 
-def dataloader_batches(kind: str, url: str, creds: dict[str, str] | None, order: list[int], workers: int) -> Iterator[Any]:
+def dataloader_batches(
+    kind: str, url: str, creds: dict[str, str] | None, order: list[int], workers: int
+) -> Iterator[Any]:
     """A map-style dataset (``sync``: ours; ``pytorch``: ``ds.pytorch()``) through a DataLoader."""
     from baselines import SyncSegDataset, deeplake_pytorch
     from torch.utils.data import DataLoader
 
     ds = SyncSegDataset(url, creds) if kind == "sync" else deeplake_pytorch(url, creds)
-    return iter(DataLoader(ds, batch_size=BATCH, sampler=order, num_workers=workers, multiprocessing_context=WORKER_START if workers else None))
+    return iter(
+        DataLoader(
+            ds,
+            batch_size=BATCH,
+            sampler=order,
+            num_workers=workers,
+            multiprocessing_context=WORKER_START if workers else None,
+        )
+    )
 
 
 def recipe_batches(url: str, creds: dict[str, str] | None, limit: int) -> Iterator[Any]:
@@ -120,7 +141,9 @@ def asyncload_batches(url: str, creds: dict[str, str] | None, shuffle: bool, opt
     source_opts = {k: options[k] for k in ("storage_concurrency",) if k in options}
     loader_opts = {k: v for k, v in options.items() if k not in source_opts}
     src = DeepLakeSource(url, creds=creds, **source_opts)
-    return iter(AsyncLoader(src, batch_size=BATCH, shuffle=shuffle, **loader_opts))
+    loader = AsyncLoader(src, batch_size=BATCH, shuffle=shuffle, **loader_opts)
+    _LIVE["asyncload"] = loader
+    return iter(loader)
 
 
 def batches(spec: dict[str, Any], order: list[int], limit: int) -> Iterator[Any]:
@@ -165,16 +188,37 @@ def _tree_cpu_s(pid: int) -> float:
     return total
 
 
+def net_counters() -> dict[str, int]:
+    """This network namespace's TCP counters (``/proc/net/snmp``: connections opened, segments
+    retransmitted) and bytes received on its non-loopback interfaces (``/proc/net/dev``). Only one
+    measured process runs in the client namespace at a time, so a delta over a run is that run's."""
+    with open("/proc/net/snmp") as f:
+        head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+    tcp = dict(zip(head[1:], map(int, values[1:]), strict=True))
+    with open("/proc/net/dev") as f:
+        rx = sum(int(line.split(":")[1].split()[0]) for line in f if ":" in line and line.split(":")[0].strip() != "lo")
+    return {"tcp_opens": tcp["ActiveOpens"], "tcp_retrans_segs": tcp["RetransSegs"], "rx_bytes": rx}
+
+
 def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     """Open, read ``warmup`` samples (or ``warmup_s`` seconds), then measure the next ``measure`` samples
-    (or ``measure_s`` seconds): samples/s, CPU ms/sample of the process tree, peak RSS of the tree."""
+    (or ``measure_s`` seconds): samples/s, CPU ms/sample of the process tree, peak RSS of the tree.
+
+    When the warm-up is cut by ``warmup_s`` (a slow first batch) and the reader has most of the
+    measured window in flight already, the window measures a burst of finished reads: ``warmup_samples``
+    below ``warmup`` flags that, and ``run_samples_per_s`` (open to last sample) is the figure to read."""
     from asyncload.measure import PeakRSS
 
     n, warmup, want = spec["rows"], spec["warmup"], spec["measure"]
-    order = list(range(n)) if spec["order"] == "sequential" else [int(i) for i in np.random.default_rng(spec.get("seed", 0)).permutation(n)]
+    order = (
+        list(range(n))
+        if spec["order"] == "sequential"
+        else [int(i) for i in np.random.default_rng(spec.get("seed", 0)).permutation(n)]
+    )
     limit = min(n, warmup + want)
     order = order[:limit]
     rss = PeakRSS()
+    tcp0 = net_counters()
     pid = os.getpid()
     t_start = time.perf_counter()
     it = batches(spec, order, limit)
@@ -193,19 +237,34 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
                 break
     finally:
         t1, c1 = time.perf_counter(), _tree_cpu_s(pid)
+        stats = _LIVE["asyncload"].stats() if "asyncload" in _LIVE else {}
         close = getattr(it, "close", None)
         if close is not None:
             close()
     peak = rss.stop()
+    import deeplake
+
+    tcp = {k: v - tcp0[k] for k, v in net_counters().items()}
     if t0 is None or c0 is None or seen <= s0:
         return {"error": f"only {seen} samples read", "samples": seen}
     got = seen - s0
     return {
         "samples_per_s": got / (t1 - t0),
+        # everything this process read over its whole life, open included: what the first epoch feels
+        # like, and immune to a reader that fetched the whole measured window during the warm-up
+        "run_samples_per_s": seen / (t1 - t_start),
         "cpu_ms_per_sample": 1e3 * (c1 - c0) / got,
         "peak_rss_mb": peak,
         "measured_samples": got,
         "warmup_samples": s0,
         "first_batch_s": first,
         "seconds": t1 - t_start,
+        "rx_bytes_per_sample": (tcp["rx_bytes"] / seen) if seen else None,
+        "storage_threads": deeplake.storage.concurrency(),
+        **tcp,
+        **{
+            f"asyncload_{k}": stats[k]
+            for k in ("concurrency", "read_p50_ms", "read_p99_ms", "consumer_wait_s")
+            if k in stats
+        },
     }

@@ -96,7 +96,9 @@ class Runner:
     def __init__(self, netns: str | None, timeout_s: float) -> None:
         self.netns, self.timeout_s = netns, timeout_s
         self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["torch", "deeplake", "asyncload", "spdl.pipeline", "peers", "netem", "baselines", "recipe"])
+        self.ctx.set_forkserver_preload(
+            ["torch", "deeplake", "asyncload", "spdl.pipeline", "peers", "netem", "baselines", "recipe"]
+        )
 
     def __call__(self, spec: dict[str, Any]) -> dict[str, Any]:
         recv, send = self.ctx.Pipe(duplex=False)
@@ -221,7 +223,17 @@ class WanBench:
             else:
                 m = run(self.spec(lat, order, reader, variant))
                 label = _label(reader, variant)
-                self.rows.append({"loader": label, "reader": reader, "variant": variant, "latency_ms": lat, "order": order, "rep": rep, "m": m})
+                self.rows.append(
+                    {
+                        "loader": label,
+                        "reader": reader,
+                        "variant": variant,
+                        "latency_ms": lat,
+                        "order": order,
+                        "rep": rep,
+                        "m": m,
+                    }
+                )
                 if "error" in m:
                     print(f"\n{label} at {lat} ms {order}: {m['error']}", file=sys.stderr)
             self.save()
@@ -256,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
     from wan_report import render
 
     render(bench.out)
-    print(f"\nwrote {bench.out}/results.json, table.md, throughput_vs_latency.png in {time.perf_counter() - t0:.0f}s", file=sys.stderr)
+    print(
+        f"\nwrote {bench.out}/results.json, table.md, throughput_vs_latency.png in {time.perf_counter() - t0:.0f}s",
+        file=sys.stderr,
+    )
     print((bench.out / "table.md").read_text())
     return 0
 

@@ -35,6 +35,10 @@ def _f(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
+def _kb(v: float | None) -> str:
+    return "-" if v is None else f"{v / 1e3:,.0f}"
+
+
 def _loaders(med: dict[Key, dict[str, Any]], variants: bool) -> list[str]:
     seen: dict[str, None] = {}
     for loader, _, _ in med:
@@ -67,20 +71,24 @@ def _network(data: dict[str, Any]) -> list[str]:
     for r in data["rows"]:
         if r["loader"] == "netcheck" and "small_get_s" in r["m"]:
             m = r["m"]
-            growth = ", ".join(f"{b / 1e3:,.0f}" for b in m["growth"]["bytes_by_rtt"])
+            growth = (
+                ", ".join(f"{b / 1e3:,.0f}" for b in m["growth"]["bytes_by_rtt"])
+                if r["latency_ms"]
+                else "- (no RTT to count in)"
+            )
             out.append(
                 f"| {r['latency_ms']} | {m['small_get_s'] * 1e3:.1f} | {m['handshake_s'] * 1e3:.1f} | {m['connect_s'] * 1e3:.1f} | {growth} | {m['growth']['seconds']:.2f} |"
             )
     return out
 
 
-def _focus(med: dict[Key, dict[str, Any]], lat: int, order: str, loaders: list[str]) -> list[str]:
+def _focus(med: dict[Key, dict[str, Any]], lat: int, order: str, loaders: list[str], warmup: int) -> list[str]:
     ours = med.get((DEFAULTS, lat, order))
     out = [
         f"### {lat} ms RTT, {order} order",
         "",
-        "| reader | samples/s | CPU ms/sample | peak RSS MB | asyncload defaults ÷ reader (samples/s) | runs (samples/s each) |",
-        "|---|---|---|---|---|---|",
+        "| reader | samples/s | samples/s, open to last | CPU ms/sample | peak RSS MB | asyncload defaults ÷ reader (samples/s) | TCP connections opened | KB received per sample | storage pool | runs (samples/s each) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for loader in loaders:
         m = med.get((loader, lat, order))
@@ -89,7 +97,9 @@ def _focus(med: dict[Key, dict[str, Any]], lat: int, order: str, loaders: list[s
         ratio = ours["samples_per_s"] / m["samples_per_s"] if ours and m["samples_per_s"] else None
         name = f"**{loader}**" if loader == DEFAULTS else loader
         out.append(
-            f"| {name} | {_f(m['samples_per_s'])} | {m['cpu_ms_per_sample']:.2f} | {m['peak_rss_mb']:,.0f} | {_f(ratio, 2)}× | {m['runs']} ({', '.join(map(str, m['all_sps']))}) |"
+            f"| {name} | {_f(m['samples_per_s'])}{' (warm-up cut at ' + str(m['warmup_samples']) + ')' if m['warmup_samples'] < warmup else ''} "
+            f"| {_f(m.get('run_samples_per_s'))} | {m['cpu_ms_per_sample']:.2f} | {m['peak_rss_mb']:,.0f} | {_f(ratio, 2)}× "
+            f"| {_f(m.get('tcp_opens'))} | {_kb(m.get('rx_bytes_per_sample'))} | {_f(m.get('storage_threads'))} | {m['runs']} ({', '.join(map(str, m['all_sps']))}) |"
         )
     return out + [""]
 
@@ -101,12 +111,20 @@ def _targets(med: dict[Key, dict[str, Any]], lat: int, order: str) -> list[str]:
         return med.get((name, lat, order))
 
     ours, ceil = get(DEFAULTS), get("plain column reader on a local copy (ceiling)")
-    col, spdl = get("plain column get_async (64 × 4 in flight, pool 64)"), get("SPDL 0.8 pipeline, per-row get_async, 64")
+    col, spdl = (
+        get("plain column get_async (64 × 4 in flight, pool 64)"),
+        get("SPDL 0.8 pipeline, per-row get_async, 64"),
+    )
     sync0 = get("sync Dataset + DataLoader, 0 workers")
     if ours is None:
         return ["- asyncload defaults: not measured"]
     checks: list[tuple[str, float | None, str, bool]] = []
-    for what, ref, want in (("the local-copy ceiling", ceil, 0.75), ("SPDL", spdl, 2.0), ("the plain column reader", col, 1.2), ("sync, 0 workers", sync0, 40.0)):
+    for what, ref, want in (
+        ("the local-copy ceiling", ceil, 0.75),
+        ("SPDL", spdl, 2.0),
+        ("the plain column reader", col, 1.2),
+        ("sync, 0 workers", sync0, 40.0),
+    ):
         r = ours["samples_per_s"] / ref["samples_per_s"] if ref else None
         checks.append((f"samples/s vs {what}", r, f"≥ {want}×", r is not None and r >= want))
     cpu = ours["cpu_ms_per_sample"] / ceil["cpu_ms_per_sample"] if ceil and ceil["cpu_ms_per_sample"] else None
@@ -132,18 +150,30 @@ def tables(data: dict[str, Any]) -> str:
     out += _network(data)
     peers = _loaders(med, variants=False)
     for order in orders:
-        out += ["", f"## samples/s by round-trip time, {order} order", "", "| reader | " + " | ".join(f"{x} ms" for x in lats) + " |", "|---|" + "---|" * len(lats)]
+        out += [
+            "",
+            f"## samples/s by round-trip time, {order} order",
+            "",
+            "| reader | " + " | ".join(f"{x} ms" for x in lats) + " |",
+            "|---|" + "---|" * len(lats),
+        ]
         for loader in peers:
             out.append(f"| {loader} | " + " | ".join(_f(_sps(med, loader, x, order)) for x in lats) + " |")
     out += ["", f"## At {focus} ms", ""]
     for order in orders:
-        out += _focus(med, focus, order, peers)
+        out += _focus(med, focus, order, peers, cfg["warmup"])
     out += [f"### Targets at {focus} ms, shuffled, defaults (issue 11)", ""] + _targets(med, focus, "shuffled")
     variants = _loaders(med, variants=True)
     if variants:
         out += ["", f"## Diagnosis: asyncload with options at {focus} ms (defaults untouched)", ""]
         for order in orders:
-            out += _focus(med, focus, order, [DEFAULTS, *variants, "plain column get_async (64 × 4 in flight, pool 64)"])
+            out += _focus(
+                med,
+                focus,
+                order,
+                [DEFAULTS, *variants, "plain column get_async (64 × 4 in flight, pool 64)"],
+                cfg["warmup"],
+            )
     return "\n".join(out) + "\n"
 
 
@@ -155,18 +185,28 @@ def plot(data: dict[str, Any], out: Path) -> None:
 
     med = medians(data["rows"])
     orders = list(data["config"]["orders"])
+    loaders = _loaders(med, variants=False)
+    colour = {name: plt.get_cmap("tab10")(i % 10) for i, name in enumerate(loaders)}  # the same in every panel
     fig, axes = plt.subplots(1, len(orders), figsize=(7 * len(orders), 5.5), sharey=True, squeeze=False)
     for ax, order in zip(axes[0], orders, strict=True):
-        for loader in _loaders(med, variants=False):
-            pts = sorted((lat, m["samples_per_s"]) for (name, lat, o), m in med.items() if name == loader and o == order)
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=loader, linewidth=2.5 if loader == DEFAULTS else 1.2)
+        for loader in loaders:
+            pts = sorted(
+                (lat, m["samples_per_s"]) for (name, lat, o), m in med.items() if name == loader and o == order
+            )
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                label=loader,
+                color=colour[loader],
+                linewidth=2.5 if loader == DEFAULTS else 1.2,
+            )
         ax.set_yscale("log")
         ax.set_xlabel("round-trip time (ms)")
         ax.set_title(f"{order} order")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("samples/s (log)")
-    axes[0][-1].legend(fontsize=7, loc="lower left")
+    axes[0][0].legend(fontsize=7, loc="lower left")
     fig.suptitle(f"First epoch, cold, photo-like PNG; emulation: {data['network']['emulation']}")
     fig.tight_layout()
     fig.savefig(out / "throughput_vs_latency.png", dpi=110)

@@ -14,17 +14,28 @@ keeps the original arrays to compare pixels against.
 
 from __future__ import annotations
 
+import email.utils
+import http.client
 import io
-from collections.abc import Iterator
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote, urlsplit
 
 import numpy as np
 import pytest
 
 from asyncload import make_dataset
 from asyncload.synthetic import make_sample
-from asyncload.testing.seaweed import SeaweedServer, WeedNotFoundError
+from asyncload.testing.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 REMOTE_ROWS = 96  # a few batches at any batch size used here; small enough to write in about a second
 HEIGHT, WIDTH = 40, 56  # the same shape as the local test dataset (conftest)
@@ -99,6 +110,43 @@ def remote_data(seaweed: SeaweedServer) -> RemoteData:
     return RemoteData(seaweed, BUCKET, url, f"s3://{BUCKET}/files", images, masks)
 
 
+PROFILE = "asyncload-test"  # the profile aws_files writes with the server's real keys
+WRONG_SECRET = "WRONG-secret-" + "p" * 27  # profile "wrong" has it
+
+
+@pytest.fixture
+def aws_files(remote_data: RemoteData, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Shared credentials and config files with three profiles; no other AWS setting in the environment."""
+    for k in list(os.environ):
+        if k.startswith("AWS_"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # this machine has no instance metadata service
+    server = remote_data.server
+    (tmp_path / "credentials").write_text(
+        f"[{PROFILE}]\naws_access_key_id = {server.access_key}\naws_secret_access_key = {server.secret_key}\n\n"
+        f"[wrong]\naws_access_key_id = {server.access_key}\naws_secret_access_key = {WRONG_SECRET}\n"
+    )
+    counter = tmp_path / "process-calls"
+    script = tmp_path / "creds_process.py"
+    script.write_text(
+        "import datetime as dt, json, sys\n"
+        "open(sys.argv[1], 'a').write('x')\n"
+        "exp = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=float(sys.argv[2]))\n"
+        f"print(json.dumps({{'Version': 1, 'AccessKeyId': {server.access_key!r}, "
+        f"'SecretAccessKey': {server.secret_key!r}, 'Expiration': exp.isoformat()}}))\n"
+    )
+    (tmp_path / "config").write_text(
+        f"[profile {PROFILE}]\nregion = eu-west-3\nendpoint_url = {server.endpoint_url}\n\n"
+        f"[profile wrong]\nendpoint_url = {server.endpoint_url}\n\n"
+        # expires 603 s from each fetch: fresh for 3 s, then inside the 600 s renewal margin
+        f"[profile process]\nendpoint_url = {server.endpoint_url}\n"
+        f"credential_process = {sys.executable} {script} {counter} 603\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    return tmp_path
+
+
 @pytest.fixture
 def running_seaweed(seaweed: SeaweedServer) -> Iterator[SeaweedServer]:
     """The session server, guaranteed running before and after the test (for tests that stop it)."""
@@ -112,10 +160,189 @@ def running_seaweed(seaweed: SeaweedServer) -> Iterator[SeaweedServer]:
 def read_epoch(it: Iterator[dict], data: RemoteData, seen: list[int] | None = None) -> list[int]:
     """Consume ``it``; check every sample's pixels against the originals; return the indices seen."""
     seen = [] if seen is None else seen
+    seen += check_epoch(it, data.images, data.masks)
+    return seen
+
+
+# -- GCS and Azure emulators ------------------------------------------------------------------------------------
+# Real servers from the package registries, started here on free loopback ports and always stopped:
+# ``gcp-storage-emulator`` (PyPI, installed next to this Python) speaks GCS's JSON API; Azurite's
+# ``azurite-blob`` (npm, looked for in .venv/azurite, ./node_modules or on PATH) checks Shared Key
+# signatures as Azure does.
+
+AZURITE_ACCOUNT = "devstoreaccount1"
+STORE_ROWS = 48  # rows per emulator dataset: a few batches, quick to upload one object at a time
+
+
+@dataclass(frozen=True)
+class EmulatedData:
+    """A dataset of PNG files on an emulator: ``<url>/{images,masks}/<stem>.png`` and the originals."""
+
+    url: str  # gs://bucket/files or az://container/files
+    endpoint: str
+    images: np.ndarray
+    masks: np.ndarray
+    creds: dict[str, str]
+
+    @property
+    def rows(self) -> int:
+        return len(self.images)
+
+
+class EmulatorProcess:
+    """A server process on a free loopback port, in its own process group, stopped (TERM, then KILL) on
+    :meth:`stop`; :meth:`wait_ready` polls ``ready()`` until it answers or the deadline passes."""
+
+    def __init__(self, argv: list[str], port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, ready: Callable[[], bool], deadline: float = 60.0) -> None:
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                if ready():
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.proc.args[0]} did not answer on port {self.port} within {deadline:.0f}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+                try:
+                    os.killpg(self.proc.pid, sig)
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+
+
+def _http(method: str, port: int, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body if body or method in ("PUT", "POST") else None, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def find_tool(name: str, *candidates: Path) -> str | None:
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return shutil.which(name)
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``gcp-storage-emulator`` on a free loopback port; yields its endpoint URL."""
+    exe = find_tool("gcp-storage-emulator", Path(sys.executable).parent / "gcp-storage-emulator")
+    if exe is None:
+        pytest.skip("gcp-storage-emulator is not installed: pip install gcp-storage-emulator (the test extra)")
+    (port,) = _free_ports("127.0.0.1", 1)
+    log = tmp_path_factory.mktemp("gcs") / "emulator.log"
+    server = EmulatorProcess([exe, "start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "-q"], port, log)
+    try:
+        server.wait_ready(lambda: _http("GET", port, "/storage/v1/b?project=test")[0] == 200)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def gcs_data(gcs_emulator: str) -> EmulatedData:
+    """The synthetic rows as PNG files in bucket ``asyncload-gcs`` (read-only for tests)."""
+    port = int(gcs_emulator.rsplit(":", 1)[1])
+    bucket = "asyncload-gcs"
+    status, body = _http("POST", port, "/storage/v1/b?project=test", json.dumps({"name": bucket}).encode(),
+                         {"Content-Type": "application/json"})  # fmt: skip
+    assert status == 200, body
+    images, masks = originals(STORE_ROWS)
+
+    def put(key: str, data: bytes) -> None:
+        path = f"/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quote(key, safe='')}"
+        status, body = _http("POST", port, path, data, {"Content-Type": "image/png"})
+        assert status == 200, body
+
+    for i in range(STORE_ROWS):
+        put(f"files/images/{stem(i)}.png", png_bytes(images[i]))
+        put(f"files/masks/{stem(i)}.png", png_bytes(masks[i]))
+    put("files/manifest.txt", "\n".join(stem(i) for i in (9, 2, 40)).encode())
+    return EmulatedData(f"gs://{bucket}/files", gcs_emulator, images, masks, {"endpoint_url": gcs_emulator})
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azurite's Blob service on a free loopback port; yields the account's endpoint URL (path style)."""
+    root = Path(__file__).resolve().parent.parent
+    exe = find_tool(
+        "azurite-blob",
+        Path(sys.executable).parent.parent / "azurite/node_modules/.bin/azurite-blob",
+        root / "node_modules/.bin/azurite-blob",
+    )
+    if exe is None:
+        pytest.skip("azurite-blob is not installed: npm install --prefix .venv/azurite azurite (make test does)")
+    (port,) = _free_ports("127.0.0.1", 1)
+    where = tmp_path_factory.mktemp("azurite")
+    argv = [exe, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(where),
+            "--skipApiVersionCheck", "--silent", "--disableTelemetry"]  # fmt: skip
+    server = EmulatorProcess(argv, port, where / "azurite.log")
+    try:
+        server.wait_ready(lambda: _http("GET", port, f"/{AZURITE_ACCOUNT}?comp=list")[0] in (200, 403))
+        yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+    finally:
+        server.stop()
+
+
+def azure_request(endpoint: str, method: str, path: str, body: bytes = b"", extra: dict[str, str] | None = None) -> None:
+    """One Shared Key-signed request to Azurite (setup only), signed by asyncload's own signer."""
+    from asyncload.sources.azure import _AZURITE_KEY, API_VERSION, SharedKey
+
+    url = f"{endpoint}{path}"
+    headers = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": API_VERSION, **(extra or {})}
+    headers["Authorization"] = SharedKey(AZURITE_ACCOUNT, _AZURITE_KEY).sign(method, url, headers, len(body))
+    port = int(endpoint.split(":")[2].split("/")[0])
+    status, text = _http(method, port, urlsplit(url).path + (f"?{urlsplit(url).query}" if urlsplit(url).query else ""),
+                         body, headers | {"Content-Length": str(len(body))})  # fmt: skip
+    assert status in (200, 201), (status, text[:300])
+
+
+@pytest.fixture(scope="session")
+def azure_data(azurite: str) -> EmulatedData:
+    """The synthetic rows as PNG blobs in container ``asyncload-az`` (read-only for tests)."""
+    from asyncload.sources.azure import _AZURITE_KEY
+
+    container = "asyncload-az"
+    azure_request(azurite, "PUT", f"/{container}?restype=container")
+    images, masks = originals(STORE_ROWS)
+    blob = {"x-ms-blob-type": "BlockBlob"}
+    for i in range(STORE_ROWS):
+        azure_request(azurite, "PUT", f"/{container}/files/images/{stem(i)}.png", png_bytes(images[i]), blob)
+        azure_request(azurite, "PUT", f"/{container}/files/masks/{stem(i)}.png", png_bytes(masks[i]), blob)
+    azure_request(azurite, "PUT", f"/{container}/files/manifest.txt",
+                  "\n".join(stem(i) for i in (9, 2, 40)).encode(), blob)  # fmt: skip
+    creds = {"account_name": AZURITE_ACCOUNT, "account_key": _AZURITE_KEY, "endpoint_url": azurite}
+    return EmulatedData(f"az://{container}/files", azurite, images, masks, creds)
+
+
+def check_epoch(it: Iterator[dict], images: np.ndarray, masks: np.ndarray) -> list[int]:
+    """Consume ``it``; check every sample's pixels; return the indices seen (for multiset checks)."""
+    seen: list[int] = []
     for b in it:
         idx = b["index"].tolist()
         for j, i in enumerate(idx):
-            assert np.array_equal(b["images"][j].numpy(), data.images[i]), f"images differ at index {i}"
-            assert np.array_equal(b["masks"][j].numpy(), data.masks[i]), f"masks differ at index {i}"
+            assert np.array_equal(b["images"][j].numpy(), images[i]), f"images differ at index {i}"
+            assert np.array_equal(b["masks"][j].numpy(), masks[i]), f"masks differ at index {i}"
         seen += idx
     return seen

@@ -1,4 +1,4 @@
-"""DeviceFeed: the CPU path everywhere, the CUDA path (pinned ring, side stream) where a GPU exists."""
+"""DeviceFeed: the CPU path everywhere, the CUDA path (pin thread, pinned ring, side stream) where a GPU exists."""
 
 from __future__ import annotations
 
@@ -152,20 +152,23 @@ def test_cuda_without_cuda_is_a_config_error() -> None:
 
 
 @pytest.mark.timeout(60)
-def test_feeds_an_asyncload_epoch_and_stops_its_thread_on_close(seg_url: str, seg_arrays) -> None:
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def test_feeds_an_asyncload_epoch_and_stops_its_thread_on_close(seg_url: str, seg_arrays, device: str) -> None:
     loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=1, concurrency=32)
     seen = []
-    with DeviceFeed(loader, "cpu") as feed:
+    with DeviceFeed(loader, device) as feed:
         for b in feed:
-            idx = b["index"]
+            assert b["images"].device.type == device
+            idx = b["index"].cpu()
             seen.extend(idx.tolist())
-            assert torch.equal(b["images"], torch.from_numpy(seg_arrays["images"][idx.numpy()]))
+            assert torch.equal(b["images"].cpu(), torch.from_numpy(seg_arrays["images"][idx.numpy()]))
     assert sorted(seen) == list(range(ROWS))
     assert feed.wait_s > 0
 
-    feed = DeviceFeed(loader, "cpu")
+    feed = DeviceFeed(loader, device)
     next(feed)
     feed.close()  # closes the epoch iterator: its loop thread stops now, not at garbage collection
+    assert feed.thread is None or not feed.thread.is_alive()  # the pin thread (CUDA) too
     wait_no_loop_threads()
 
 
@@ -186,8 +189,8 @@ def test_cuda_values_devices_and_pinned_ring_reuse(pin: bool | None) -> None:
     tensors_per_batch = 5
     if pin is None:
         assert feed.pin_memory
-        # shapes repeat: the ring stops growing at depth + 2 buffers per tensor position
-        assert 0 < feed.pinned_allocations <= (2 + 2) * tensors_per_batch
+        # shapes repeat: the ring stops growing at depth + 3 buffers per tensor position
+        assert 0 < feed.pinned_allocations <= (2 + 3) * tensors_per_batch
     else:
         assert feed.pinned_allocations == 0
 
@@ -205,3 +208,74 @@ def test_cuda_consumer_on_its_own_stream_never_reads_a_half_copied_batch() -> No
             sums.append(b["x"].sum())  # queued on the consumer stream, right after the hand-off
         torch.cuda.synchronize()
     assert [int(s) for s in sums] == [k * 16 * 1024 * 1024 for k in range(8)]  # int sums: exact
+
+
+def counted(n: int, log: list[str], fail_after: int | None = None) -> Iterator[dict]:
+    """``n`` small batches; records each pull and the generator's close; raises after ``fail_after``."""
+    try:
+        for k in range(n):
+            if fail_after is not None and k == fail_after:
+                raise KeyError(f"batch {k} is missing")
+            log.append(f"pull {k}")
+            yield {"x": torch.full((4, 256), k, dtype=torch.int32)}
+    finally:
+        log.append("closed")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_pin_thread_ends_with_the_epoch_on_close_and_on_gc() -> None:
+    log: list[str] = []
+    feed = DeviceFeed(counted(5, log), "cuda")
+    assert [int(b["x"][0, 0]) for b in feed] == list(range(5))
+    assert feed.thread is not None and feed.thread.name == "asyncload-pin" and not feed.thread.is_alive()
+
+    log.clear()
+    feed = DeviceFeed(counted(1000, log), "cuda", depth=2)
+    next(feed)
+    feed.close()  # the pin thread is parked on the full hand-off: woken, it ends and closes the source
+    assert feed.thread is not None and not feed.thread.is_alive()
+    assert log[-1] == "closed" and len(log) <= 1 + 1 + 2 + 1  # taken + pulled ahead (bounded) + closed
+    assert list(feed) == []
+
+    log.clear()
+    feed = DeviceFeed(counted(1000, log), "cuda")
+    next(feed)
+    thread = feed.thread
+    del feed  # the pin thread holds no reference to the feed: dropping it stops the thread
+    gc.collect()
+    assert thread is not None
+    thread.join(5)
+    assert not thread.is_alive() and log[-1] == "closed"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_upstream_error_reaches_the_consumer_with_its_type_after_the_batches_before_it() -> None:
+    log: list[str] = []
+    feed = DeviceFeed(counted(10, log, fail_after=3), "cuda")
+    got = [int(next(feed)["x"][0, 0]) for _ in range(3)]
+    with pytest.raises(KeyError, match="batch 3 is missing"):
+        next(feed)
+    assert got == [0, 1, 2] and feed.thread is not None and not feed.thread.is_alive()
+    assert list(feed) == []
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(60)
+def test_cuda_slow_consumer_does_not_wait_and_the_pin_thread_stays_depth_ahead() -> None:
+    log: list[str] = []
+    depth = 2
+    feed = DeviceFeed(counted(30, log), "cuda", depth=depth)
+    first = next(feed)
+    assert first["x"].device.type == "cuda"
+    waited_first = feed.wait_s
+    for k, _ in enumerate(feed, start=2):
+        time.sleep(0.01)  # the step: the pin thread has the next batches ready meanwhile
+        pulled = sum(1 for e in log if e.startswith("pull"))
+        assert pulled <= k + depth + 1  # handed out + waiting in the hand-off + one being staged
+    assert feed.batches == 30
+    assert feed.wait_s - waited_first < 0.05  # 29 batches taken ready: no waiting for data

@@ -67,6 +67,13 @@ def empty_batch_5(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def slow_while_flagged(sample: dict[str, Any]) -> dict[str, Any]:
+    """Stalls every sample after the first two batches of 8 in workers spawned while the flag was set."""
+    if os.environ.get("ASYNCLOAD_TEST_STALL") and sample["index"] >= 16:
+        time.sleep(30)
+    return sample
+
+
 def fail_at_85(sample: dict[str, Any]) -> dict[str, Any]:
     if sample["index"] == 85:
         raise ValueError("bad pixel at 85")
@@ -498,3 +505,27 @@ def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_mem
     assert_gone(pids.values())
     wait_no_loop_threads()
     assert worker_shm([me, *pids.values()]) == []
+
+
+@pytest.mark.timeout(120)
+def test_workers_that_cannot_settle_an_abandoned_epoch_are_replaced_and_the_next_epoch_is_exact(seg_url, monkeypatch, caplog) -> None:
+    """The fallback when cancelling cannot be made prompt (a transform stuck in a worker): the pool is
+    stopped after 2 x shutdown_timeout and the next epoch runs on fresh workers, none of the old batches."""
+    monkeypatch.setenv("ASYNCLOAD_TEST_STALL", "1")  # inherited by the workers spawned now
+    loader = AsyncLoader(
+        DeepLakeSource(seg_url), batch_size=8, transform=slow_while_flagged, processes=2, shutdown_timeout=1.0
+    )
+    it = iter(loader)
+    assert index_lists([next(it), next(it)]) == EpochSampler(ROWS, 8).batches(0)[:2]
+    pids = it.pids
+    monkeypatch.delenv("ASYNCLOAD_TEST_STALL")
+    t0 = time.monotonic()
+    it.close()
+    assert time.monotonic() - t0 < 15  # 2 s to settle, then ask, SIGTERM, SIGKILL 1 s apart
+    assert_gone(pids.values())
+    assert "restarting the pool at the next epoch" in caplog.text
+    got, fresh = epoch_of(loader, 0)
+    assert index_lists(got) == EpochSampler(ROWS, 8).batches(0)
+    assert set(fresh.values()).isdisjoint(pids.values())
+    loader.close()
+    assert_gone(fresh.values())

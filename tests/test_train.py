@@ -18,7 +18,7 @@ import torch
 from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, make_dataset
 from asyncload.config import load_config, parse_overrides, setting, validate
 from asyncload.synthetic import CLASSES
-from asyncload.train import RangeSource, TrainConfig, UNet, main, train
+from asyncload.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
 
 from .conftest import wait_no_loop_threads
 
@@ -36,7 +36,8 @@ def tiny_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def tiny(url: str, tmp: Path, **kw: Any) -> TrainConfig:
     base: dict[str, Any] = dict(
         data=url, make_data=False, rows=0, batch_size=8, epochs=1, holdout=0.25, width=8, lr=3e-3,
-        concurrency=16, checkpoint=str(tmp / "ck.pt"), progress=False, threads=1,
+        concurrency=16, checkpoint=str(tmp / "ck.pt"), progress=False, threads=1, model_only_steps=0,
+        device="cpu",  # these tests mean the CPU, also on a machine with a GPU
     )  # fmt: skip
     base.update(kw)
     return TrainConfig(**base)
@@ -191,6 +192,7 @@ def test_a_few_steps_train_evaluate_and_checkpoint(tiny_url: str, tmp_path: Path
     assert row["epoch"] == 0 and row["step"] == 3 and row["samples"] == 24
     assert math.isfinite(row["loss"]) and 0.0 <= row["miou"] <= 1.0
     assert 0.0 < row["data_wait"] < 1.0 and row["samples_per_s"] > 0
+    assert row["device_sync"] == 0.0  # the CPU never queues work
     ck = torch.load(cfg.checkpoint, weights_only=True)
     assert (ck["epoch"], ck["step"], ck["step_in_epoch"]) == (1, 3, 0)
     assert set(ck) >= {"model", "optimizer", "config", "loader"}
@@ -249,6 +251,7 @@ def test_two_ranks_under_torchrun_cover_each_epoch_once(tiny_url: str, tmp_path:
         "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "rows=0", "--set", "batch_size=8",
         "--set", "epochs=2", "--set", "holdout=0.25", "--set", "width=8", "--set", "progress=false",
         "--set", f"checkpoint={tmp_path / 'ck.pt'}", "--set", f"index_log={log}",
+        "--set", "device=cpu",  # two ranks on the CPU (gloo), also on a machine with one GPU
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=110)
@@ -262,3 +265,71 @@ def test_two_ranks_under_torchrun_cover_each_epoch_once(tiny_url: str, tmp_path:
     assert ranks[0][0]["indices"] != ranks[0][1]["indices"]  # reshuffled per epoch
     ck = torch.load(tmp_path / "ck.pt", weights_only=True)
     assert (ck["epoch"], ck["step"]) == (2, 6)
+
+
+@pytest.mark.timeout(20)
+def test_more_ranks_than_gpus_is_a_config_error_naming_both_counts() -> None:
+    assert [cuda_index_for_rank("auto", r, 2, 2) for r in (0, 1)] == [0, 1]
+    with pytest.raises(ConfigError) as e:
+        cuda_index_for_rank("auto", 1, 2, 1)
+    assert str(e.value) == (
+        "device='auto' is not allowed: 2 rank(s) run on this machine but it has 1 CUDA device(s); "
+        "start at most 1 per machine (torchrun --nproc_per_node=1) or set device: cpu"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^device='cuda' is not allowed: 1 rank\(s\) run on this machine but it has 0"
+    ):
+        cuda_index_for_rank("cuda", 0, 1, 0)
+
+
+@pytest.mark.timeout(60)
+def test_model_only_rate_is_reported_and_leaves_the_model_as_it_was(tiny_url: str, tmp_path: Path) -> None:
+    (row,) = train(tiny(tiny_url, tmp_path, max_steps_per_epoch=2, model_only_steps=4))
+    assert row["model_only_samples_per_s"] > 0 and row["of_model_only"] == pytest.approx(
+        row["samples_per_s"] / row["model_only_samples_per_s"]
+    )
+    # The timed steps trained on a copy of nothing: the checkpoint (saved before) matches the weights
+    # a run without the measurement ends with.
+    (plain,) = train(tiny(tiny_url, tmp_path / "plain", max_steps_per_epoch=2))
+    assert "model_only_samples_per_s" not in plain
+    a = torch.load(tmp_path / "ck.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "plain" / "ck.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- CUDA --------------------------------------------------------------------------------------------
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fast", [True, False])
+def test_cuda_training_with_and_without_bf16_and_channels_last(tiny_url: str, tmp_path: Path, fast: bool) -> None:
+    cfg = tiny(tiny_url, tmp_path, device="cuda", bf16=fast, channels_last=fast, model_only_steps=10)
+    (row,) = train(cfg)
+    assert math.isfinite(row["loss"]) and 0.0 <= row["miou"] <= 1.0
+    assert 0.0 <= row["data_wait"] < 1.0 and 0.0 < row["device_sync"] < 1.0
+    assert row["model_only_samples_per_s"] > 0
+    ck = torch.load(cfg.checkpoint, weights_only=True)
+    assert all(v.dtype != torch.bfloat16 for v in ck["model"].values())  # autocast leaves fp32 weights
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.timeout(120)
+def test_more_ranks_than_gpus_under_torchrun_fails_with_both_counts(tiny_url: str, tmp_path: Path) -> None:
+    ranks = torch.cuda.device_count() + 1
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
+        "-m", "asyncload.train", "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "progress=false",
+        "--set", f"checkpoint={tmp_path / 'ck.pt'}",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=110)
+    assert proc.returncode != 0
+    assert (
+        f"device='auto' is not allowed: {ranks} rank(s) run on this machine but it has {ranks - 1} CUDA device(s)"
+        in proc.stderr
+    ), proc.stderr[-3000:]
+    assert "invalid device ordinal" not in proc.stderr.lower()

@@ -11,13 +11,15 @@ Why these settings:
 - **TLS verified by default.** Turning verification off takes an explicit ``verify_tls=False``; a path
   gives a CA bundle instead.
 - **Errors keep the server's word.** A non-2xx answer becomes :class:`HTTPStatusError` with the status,
-  S3's error ``Code``/``Message`` when the body is S3's XML, and ``Retry-After`` parsed, which is what the
-  retry policy and the error messages need.
+  the error code and message when the body is S3's or Azure's XML or GCS's JSON, ``Retry-After`` parsed,
+  and S3's ``x-amz-bucket-region``, which is what the retry policy, the region lookup and the error
+  messages need.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import re
 import ssl
 import time
@@ -44,7 +46,8 @@ class Timeouts:
 
 
 class HTTPStatusError(Exception):
-    """A non-2xx answer. ``status``, S3's ``code`` and ``message`` when given, ``retry_after`` seconds."""
+    """A non-2xx answer. ``status``, the store's ``code`` and ``message`` when given, ``retry_after``
+    seconds, and ``region``: the bucket's region when S3 named it (``x-amz-bucket-region``)."""
 
     def __init__(
         self,
@@ -53,12 +56,14 @@ class HTTPStatusError(Exception):
         code: str | None = None,
         message: str = "",
         retry_after: float | None = None,
+        region: str | None = None,
     ) -> None:
         self.status = status
         self.reason = reason
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        self.region = region
         text = f"HTTP {status}"
         if code:
             text += f" {code}"
@@ -70,26 +75,39 @@ class HTTPStatusError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # ``args`` holds the formatted text, not the fields: rebuild from the fields across processes.
-        return type(self), (self.status, self.reason, self.code, self.message, self.retry_after)
+        return type(self), (self.status, self.reason, self.code, self.message, self.retry_after, self.region)
 
     @classmethod
     def from_response(cls, status: int, reason: str, headers: Mapping[str, str], body: bytes) -> HTTPStatusError:
-        code, message = parse_s3_error(body)
-        return cls(status, reason, code, message, parse_retry_after(headers.get("Retry-After")))
+        code, message = parse_error_body(body)
+        retry_after = parse_retry_after(headers.get("Retry-After"))
+        return cls(status, reason, code, message, retry_after, headers.get("x-amz-bucket-region"))
 
 
 _CODE = re.compile(rb"<Code>([^<]{1,200})</Code>")
 _MESSAGE = re.compile(rb"<Message>([^<]{0,500})</Message>")
 
 
-def parse_s3_error(body: bytes) -> tuple[str | None, str]:
-    """``(Code, Message)`` from S3's XML error body; ``(None, "")`` for anything else."""
+def parse_error_body(body: bytes) -> tuple[str | None, str]:
+    """``(code, message)`` from an S3/Azure XML error body (``<Code>``, ``<Message>``; Azure's message is
+    cut at its first line, before the request id) or a GCS JSON one (``error.errors[0].reason``,
+    ``error.message``); ``(None, "")`` for anything else."""
     head = body[:4096]
+    if head.lstrip().startswith(b"{"):
+        try:
+            err = json.loads(body).get("error")
+        except (ValueError, AttributeError):
+            return None, ""
+        if not isinstance(err, dict):
+            return None, ""
+        reasons = [e.get("reason") for e in err.get("errors", []) if isinstance(e, dict) and e.get("reason")]
+        return (str(reasons[0]) if reasons else None), str(err.get("message", ""))[:500]
     code = _CODE.search(head)
     if code is None:
         return None, ""
     msg = _MESSAGE.search(head)
-    return code.group(1).decode(errors="replace"), (msg.group(1).decode(errors="replace") if msg else "")
+    text = msg.group(1).decode(errors="replace").split("\n", 1)[0] if msg else ""
+    return code.group(1).decode(errors="replace"), text
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -131,6 +149,26 @@ def new_session(
     return aiohttp.ClientSession(connector=connector, timeout=timeouts.client_timeout(), auto_decompress=False)
 
 
+async def request(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    headers: Mapping[str, str] | None = None,
+    *,
+    data: bytes | None = None,
+    allow_redirects: bool = True,
+) -> tuple[bytes, Mapping[str, str]]:
+    """One request; the body and headers of a 2xx answer, else :class:`HTTPStatusError`. ``url`` is sent
+    as encoded."""
+    async with session.request(
+        method, URL(url, encoded=True), headers=headers, data=data, allow_redirects=allow_redirects
+    ) as resp:
+        body = await resp.read()
+        if resp.status >= 300:
+            raise HTTPStatusError.from_response(resp.status, resp.reason or "", resp.headers, body)
+        return body, resp.headers
+
+
 async def request_bytes(
     session: aiohttp.ClientSession,
     method: str,
@@ -140,11 +178,6 @@ async def request_bytes(
     data: bytes | None = None,
     allow_redirects: bool = True,
 ) -> bytes:
-    """One request; the body of a 2xx answer, else :class:`HTTPStatusError`. ``url`` is sent as encoded."""
-    async with session.request(
-        method, URL(url, encoded=True), headers=headers, data=data, allow_redirects=allow_redirects
-    ) as resp:
-        body = await resp.read()
-        if resp.status >= 300:
-            raise HTTPStatusError.from_response(resp.status, resp.reason or "", resp.headers, body)
-        return body
+    """:func:`request`'s body only."""
+    body, _ = await request(session, method, url, headers, data=data, allow_redirects=allow_redirects)
+    return body

@@ -12,46 +12,34 @@ Every message names the endpoint and the bucket, never the secret. Without crede
 requests, or credentials Deep Lake finds by other means) a 403 proves nothing, so only reachability and
 a missing bucket are judged. Listing is what Deep Lake does first when it opens a dataset, so a probe
 that passes asks for no permission the store did not need anyway.
+
+Credentials and region come the standard way (:func:`~.s3.resolve_s3`: ``creds``, then the chain with
+``profile``/``AWS_PROFILE``). When no region is configured, the bucket's answer names it
+(``x-amz-bucket-region``, sent by AWS on success and on a wrong-region refusal alike) and the probe
+signs again for that region. ``enabled=False`` skips the request (for stores that do not allow listing,
+or to save the round trip); the region is then the configured one or ``us-east-1``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import DatasetNotFoundError, SourceError
-from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
-from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
+from ..errors import SourceError
 from ._perloop import run_blocking
-from .s3 import S3Endpoint, split_s3_url
-
-#: Error codes that mean "these credentials are not accepted" rather than "this is forbidden".
-_CREDENTIAL_CODES = frozenset(
-    {
-        "SignatureDoesNotMatch",
-        "InvalidAccessKeyId",
-        "InvalidToken",
-        "ExpiredToken",
-        "TokenRefreshRequired",
-        "InvalidClientTokenId",
-    }
-)
+from ._store import BucketNotFoundError, StoreAccessError, StoreEndpointError, probe_store
+from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
 
 
-class S3EndpointError(SourceError, ConnectionError):
+class S3EndpointError(StoreEndpointError):
     """The S3 endpoint did not answer (down, refused, unreachable, too slow)."""
 
 
-class S3AccessError(SourceError, PermissionError):
+class S3AccessError(StoreAccessError):
     """The S3 endpoint refused the credentials, or denied access to the bucket."""
 
 
-class S3BucketNotFoundError(DatasetNotFoundError):
+class S3BucketNotFoundError(BucketNotFoundError):
     """The bucket does not exist at the endpoint."""
-
-
-def _probe_policy(deadline: float) -> RetryPolicy:
-    # A refused connection is retried briefly (a server a moment from listening), never for long.
-    return RetryPolicy(max_attempts=3, base_delay=0.1, max_delay=0.5, max_elapsed=deadline, budget=10)
 
 
 async def probe_bucket_async(
@@ -62,46 +50,12 @@ async def probe_bucket_async(
     deadline: float = 5.0,
     verify_tls: bool | str = True,
     what: str = "",
-) -> None:
-    """Raise a :class:`SourceError` subclass unless the bucket answers a (signed) list within ``deadline`` s."""
-    where = f"bucket {bucket!r} at S3 endpoint {s3.endpoint_url}" + (f" (for {what})" if what else "")
-    query = {"list-type": "2", "max-keys": "1"}
-    if prefix:
-        query["prefix"] = prefix.rstrip("/") + "/"
-    url = s3.url(bucket, query=query)
-    timeouts = Timeouts(connect=min(2.0, deadline), read=deadline, total=deadline)
-    policy = _probe_policy(deadline)
-    async with new_session(1, timeouts, verify_tls) as session:
-
-        async def attempt() -> bytes:
-            return await request_bytes(session, "GET", url, s3.headers("GET", url), allow_redirects=False)
-
-        try:
-            await policy.call(attempt, what=f"listing {where}", budget=RetryBudget(10, 0), stats=RetryStats())
-        except GiveUp as g:
-            err = _classify(g, s3, bucket, where, deadline)
-            if err is not None:
-                raise err from None
-
-
-def _classify(g: GiveUp, s3: S3Endpoint, bucket: str, where: str, deadline: float) -> SourceError | None:
-    last = g.last
-    if isinstance(last, HTTPStatusError):
-        if last.status == 404 and last.code in ("NoSuchBucket", None):
-            return S3BucketNotFoundError(f"{where}: the bucket does not exist ({describe(last)})")
-        if last.status == 403 or last.code in _CREDENTIAL_CODES:
-            if not s3.signed:
-                return None  # anonymous: a denial proves nothing about the credentials used later
-            if last.code in _CREDENTIAL_CODES:
-                return S3AccessError(
-                    f"{where} rejected the credentials ({describe(last)}): check aws_access_key_id / "
-                    "aws_secret_access_key (or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY) and aws_region"
-                )
-            return S3AccessError(f"{where}: access denied when listing the bucket ({describe(last)})")
-        return SourceError(f"{where} answered {describe(last)} to a list request (after {g.attempts} attempts)")
-    return S3EndpointError(
-        f"{where} is unreachable: {describe(last)} (after {g.attempts} attempts within {deadline:.0f}s)"
-    )
+) -> S3Endpoint:
+    """Raise a :class:`SourceError` subclass unless the bucket answers a (signed) list within ``deadline``
+    s; the endpoint to use from now on (in the bucket's own region when it named one and none was set)."""
+    store = await probe_store(S3Bucket(s3, bucket), prefix, deadline=deadline, verify_tls=verify_tls, what=what)
+    assert isinstance(store, S3Bucket)
+    return store.s3
 
 
 def probe_bucket(
@@ -112,30 +66,37 @@ def probe_bucket(
     deadline: float = 5.0,
     verify_tls: bool | str = True,
     what: str = "",
-) -> None:
+) -> S3Endpoint:
     """Blocking :func:`probe_bucket_async`, usable from any thread (runs on a private loop)."""
     err: SourceError | None = None
     try:
-        run_blocking(
+        return run_blocking(
             lambda: probe_bucket_async(s3, bucket, prefix, deadline=deadline, verify_tls=verify_tls, what=what),
-            timeout=deadline + 2.0,
+            timeout=deadline * 2 + 2.0,  # a second round when the bucket names another region
             what=f"probing bucket {bucket!r} at {s3.endpoint_url}",
         )
-    except SourceError as exc:
-        err = exc
     except TimeoutError as exc:
         err = S3EndpointError(f"bucket {bucket!r} at S3 endpoint {s3.endpoint_url} is unreachable: {exc}")
-    if err is not None:
-        raise err
+    raise err
 
 
 def probe_s3_url(
-    url: str, creds: Mapping[str, str] | None = None, *, deadline: float = 5.0, verify_tls: bool | str = True
-) -> None:
-    """Probe the bucket of ``s3://bucket/prefix`` with ``creds`` (or ``AWS_*``); see the module docstring."""
+    url: str,
+    creds: Mapping[str, str] | None = None,
+    *,
+    profile: str | None = None,
+    enabled: bool = True,
+    deadline: float = 5.0,
+    verify_tls: bool | str = True,
+) -> S3Endpoint:
+    """Resolve the identity for ``s3://bucket/prefix`` (``creds``, else the chain with ``profile``) and
+    probe its bucket unless ``enabled`` is False; the endpoint, in the bucket's region. See the module
+    docstring."""
     bucket, prefix = split_s3_url(url)
     try:
-        s3 = S3Endpoint.resolve(creds)
+        s3 = resolve_s3(creds, profile)
     except ValueError as exc:
         raise SourceError(f"cannot open {url}: {exc}") from None
-    probe_bucket(s3, bucket, prefix, deadline=deadline, verify_tls=verify_tls, what=url)
+    if not enabled:
+        return s3
+    return probe_bucket(s3, bucket, prefix, deadline=deadline, verify_tls=verify_tls, what=url)

@@ -1,0 +1,210 @@
+"""S3 credentials and regions the standard way, against the real SeaweedFS server (signatures checked):
+profiles from shared credentials and config files written here (``AWS_SHARED_CREDENTIALS_FILE``,
+``AWS_CONFIG_FILE``), ``profile=`` and ``AWS_PROFILE``, a ``credential_process`` whose keys expire and are
+renewed mid-run, clear errors for a wrong or unknown profile, the region from configuration, and the
+region from the bucket's own answer (``x-amz-bucket-region``).
+
+SeaweedFS does not send ``x-amz-bucket-region`` (checked: neither on a list nor on HEAD bucket), so that
+case runs through a small reverse proxy in front of it that behaves as AWS does: every answer names the
+bucket's region, and a request signed for another region is refused with ``AuthorizationHeaderMalformed``.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import http.client
+import re
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from asyncload import AsyncLoader, ObjectStoreSource, SourceError
+from asyncload.sources.s3probe import S3AccessError, probe_s3_url
+from asyncload.testing.seaweed import _free_ports
+
+from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, aws_files, read_epoch, remote_data, seaweed
+
+FIXTURES = (aws_files, remote_data, seaweed)
+pytestmark = pytest.mark.timeout(60)
+
+
+def full_text(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)) + repr(exc)
+
+
+def test_profile_argument_reads_with_keys_and_region_from_the_files(
+    remote_data: RemoteData, aws_files: Path
+) -> None:
+    src = ObjectStoreSource(remote_data.files_url, profile=PROFILE)
+    seen = read_epoch(iter(AsyncLoader(src, batch_size=16, shuffle=True, seed=5, concurrency=32)), remote_data)
+    assert collections.Counter(seen) == collections.Counter(range(remote_data.rows))
+    s3 = src.store().s3
+    assert s3.region == "eu-west-3" and s3.region_pinned  # the profile's region (config file)
+    assert s3.endpoint_url == remote_data.server.endpoint_url  # the profile's endpoint_url
+    assert s3.source == f"shared-credentials-file, profile {PROFILE!r}"
+    assert remote_data.server.secret_key not in repr(src.store()) + repr(s3)
+
+
+def test_aws_profile_variable_and_the_probe_for_deeplake_urls(
+    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_PROFILE", PROFILE)
+    assert len(ObjectStoreSource(remote_data.files_url)) == remote_data.rows
+    s3 = probe_s3_url(remote_data.deeplake_url)  # what DeepLakeSource runs before Deep Lake opens s3://
+    assert s3.region == "eu-west-3" and s3.signed
+    assert probe_s3_url(remote_data.deeplake_url, profile=PROFILE).region == "eu-west-3"
+
+
+def test_wrong_secret_in_a_profile_fails_fast_naming_profile_endpoint_and_bucket(
+    remote_data: RemoteData, aws_files: Path
+) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(S3AccessError) as info:
+        ObjectStoreSource(remote_data.files_url, profile="wrong").open()
+    assert time.monotonic() - t0 < 5.0
+    msg = str(info.value)
+    assert "SignatureDoesNotMatch" in msg and "profile 'wrong'" in msg
+    assert remote_data.server.endpoint_url in msg and repr(remote_data.bucket) in msg
+    text = full_text(info.value)
+    assert WRONG_SECRET not in text and remote_data.server.secret_key not in text
+
+
+def test_unknown_profile_fails_at_once_naming_it(remote_data: RemoteData, aws_files: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match="'no-such-profile'") as info:
+        ObjectStoreSource(remote_data.files_url, profile="no-such-profile").open()
+    assert time.monotonic() - t0 < 5.0
+    assert str(aws_files / "config") in str(info.value)
+
+
+def test_expiring_credentials_are_renewed_before_they_expire(remote_data: RemoteData, aws_files: Path) -> None:
+    """``credential_process`` keys that expire 603 s after each fetch: fresh for 3 s, then inside the 600 s
+    margin, so the next request renews them (in a worker thread) and every read still succeeds."""
+    src = ObjectStoreSource(remote_data.files_url, profile="process")
+    loader = AsyncLoader(src, batch_size=16, concurrency=16)
+    first = read_epoch(iter(loader), remote_data)
+    calls_before = len((aws_files / "process-calls").read_text())
+    renewing = src.store().s3._renewing
+    assert renewing is not None and renewing.renewals == 0
+    time.sleep(3.5)
+    second = read_epoch(iter(loader), remote_data)
+    assert sorted(first) == sorted(second) == list(range(remote_data.rows))
+    assert renewing.renewals >= 1
+    assert len((aws_files / "process-calls").read_text()) > calls_before  # the process was asked again
+    assert src.retry_stats()["gave_up"] == 0
+
+
+def test_probe_can_be_turned_off(remote_data: RemoteData, aws_files: Path) -> None:
+    """Without the probe a wrong key is met by the listing itself (a plain SourceError, not the probe's)."""
+    with pytest.raises(SourceError) as info:
+        ObjectStoreSource(remote_data.files_url, profile="wrong", probe=False).open()
+    assert not isinstance(info.value, S3AccessError) and "cannot list" in str(info.value)
+    (dead,) = _free_ports("127.0.0.1", 1)
+    t0 = time.monotonic()
+    s3 = probe_s3_url("s3://b/p", {"endpoint_url": f"http://127.0.0.1:{dead}"}, enabled=False)
+    assert time.monotonic() - t0 < 1.0 and s3.endpoint_url.endswith(str(dead))  # no request was made
+
+
+# -- the bucket's own region ------------------------------------------------------------------------------------
+
+_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([^/]+)/s3/aws4_request")
+
+
+class RegionProxy(ThreadingHTTPServer):
+    """In front of SeaweedFS, answering as AWS does for a bucket in ``region``: ``x-amz-bucket-region`` on
+    every answer, 400 ``AuthorizationHeaderMalformed`` for a request signed for another region."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: tuple[str, int], region: str) -> None:
+        self.upstream, self.region, self.scopes = upstream, region, []
+        super().__init__(("127.0.0.1", 0), _RegionHandler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _RegionHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: RegionProxy
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        match = _SCOPE.search(self.headers.get("Authorization", ""))
+        scope = match.group(1) if match else None
+        self.server.scopes.append(scope)
+        if scope != self.server.region:
+            body = (f"<Error><Code>AuthorizationHeaderMalformed</Code><Message>the region '{scope}' is wrong; "
+                    f"expecting '{self.server.region}'</Message></Error>").encode()  # fmt: skip
+            return self._answer(400, body, {})
+        conn = http.client.HTTPConnection(*self.server.upstream, timeout=10)
+        try:
+            conn.putrequest("GET", self.path, skip_host=True, skip_accept_encoding=True)
+            for k, v in self.headers.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            resp = conn.getresponse()
+            self._answer(resp.status, resp.read(), {"Content-Type": resp.getheader("Content-Type", "")})
+        finally:
+            conn.close()
+
+    def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+        self.send_response(status)
+        for k, v in (headers | {"x-amz-bucket-region": self.server.region}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def region_proxy(remote_data: RemoteData) -> Iterator[RegionProxy]:
+    proxy = RegionProxy(("127.0.0.1", remote_data.server.port), "eu-north-1")
+    thread = threading.Thread(target=proxy.serve_forever, name="region-proxy", daemon=True)
+    thread.start()
+    try:
+        yield proxy
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+        thread.join(5)
+
+
+def test_region_comes_from_the_buckets_answer_when_none_is_configured(
+    remote_data: RemoteData, aws_files: Path, region_proxy: RegionProxy
+) -> None:
+    creds = {k: v for k, v in remote_data.creds().items() if k != "aws_region"} | {"endpoint_url": region_proxy.url}
+    src = ObjectStoreSource(remote_data.files_url, creds=creds)
+    seen = read_epoch(iter(AsyncLoader(src, batch_size=16, concurrency=16)), remote_data)
+    assert sorted(seen) == list(range(remote_data.rows))
+    assert src.store().s3.region == "eu-north-1"
+    assert region_proxy.scopes[0] == "us-east-1"  # the first probe, before the bucket named its region
+    assert set(region_proxy.scopes[1:]) == {"eu-north-1"}
+    assert src.retry_stats()["retries"] == 0
+
+
+def test_a_configured_region_is_kept(remote_data: RemoteData, aws_files: Path, region_proxy: RegionProxy) -> None:
+    """``aws_region`` says where the bucket is; the bucket disagreeing is an error naming the endpoint."""
+    creds = dict(remote_data.creds(), endpoint_url=region_proxy.url, aws_region="ap-south-2")
+    with pytest.raises(S3AccessError, match="AuthorizationHeaderMalformed") as info:
+        ObjectStoreSource(remote_data.files_url, creds=creds).open()
+    assert region_proxy.url in str(info.value)
+    assert set(region_proxy.scopes) == {"ap-south-2"}
+
+
+def test_credentials_and_expiry_dates_use_aware_times() -> None:
+    """botocore hands back aware datetimes, google-auth naive UTC ones: both become the same instant."""
+    from asyncload.sources._creds import _epoch
+
+    aware = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert _epoch(aware) == _epoch(aware.replace(tzinfo=None)) == aware.timestamp()
+    assert _epoch(None) is None
