@@ -1,5 +1,5 @@
-"""Fan-out over processes: K persistent worker processes, each running its own ``AsyncLoader`` on 1/K of
-every epoch's batches.
+"""Fan-out over processes: K persistent worker processes, each reading 1/K of every epoch's batches with
+its own ``ShardReader`` (event loop, CPU pool, store handle).
 
 Why processes: one loader's loop thread and CPU pool share one GIL, so a transform written in Python (or
 any per-sample work that holds the GIL) caps an epoch at one core however many reads are in flight.
