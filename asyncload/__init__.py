@@ -13,6 +13,7 @@ from ._version import __version__
 from .config import load_config
 from .dataset import AsyncIterableDataset
 from .device import DeviceFeed
+from .epoch import Epoch, EpochIterator
 from .errors import (
     AsyncLoadError,
     ColumnNotFoundError,
@@ -23,13 +24,13 @@ from .errors import (
     SourceError,
     WorkerError,
 )
-from .loader import AsyncLoader, EpochIterator
+from .loader import AsyncLoader
+from .options import LoaderOptions
 from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .sources.deeplake import DeepLakeSource
 from .sources.objectstore import ObjectStoreSource
 from .synthetic import make_dataset
-
 
 __all__ = [
     "__version__",
@@ -41,8 +42,10 @@ __all__ = [
     "DatasetNotFoundError",
     "DeepLakeSource",
     "DeviceFeed",
+    "Epoch",
     "EpochIterator",
     "EpochSampler",
+    "LoaderOptions",
     "ObjectStoreSource",
     "ReadError",
     "RemoteError",

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.utils.data
 
+from .epoch import Epoch
 from .errors import ConfigError, portable
-from .loader import AsyncLoader, EpochIterator
+from .loader import AsyncLoader
+from .options import LoaderOptions
 from .sampler import EpochSampler, Remainder, Shard, distributed_rank_world
 from .sources.base import Source
 from .state import check_dataset_version
@@ -74,24 +75,20 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         **loader_options: Any,
     ) -> None:
         super().__init__()
-        self.source = source
-        self.batch_size = batch_size
-        self.shuffle = shuffle
-        self.seed = seed
-        self.drop_last = drop_last
-        self.remainder: Remainder = remainder
+        if not isinstance(source, Source):
+            raise ConfigError(f"source={source!r} is not allowed: pass a Source such as DeepLakeSource(url)")
+        # Validated now, in the constructing process, so that mistakes surface before workers start; the
+        # source is opened for the same reason (a missing dataset or column fails here, not in a worker).
+        self.options = LoaderOptions.of(
+            dict(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder, **loader_options)
+        )
+        self.source = source.open()
         self.rank = rank
         self.world_size = world_size
-        self.loader_options = loader_options
         # [epoch, rank batches of that epoch already consumed]: shared with every worker (module doc).
         self._cell = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._pending: dict[str, Any] | None = None  # a Stateful state for this process's next iterator
         self._here: AsyncLoader | None = None  # the loader of this process's latest iterator
-        # Validate every option now, in the constructing process, so mistakes surface before workers start.
-        AsyncLoader(
-            source, batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder,
-            shard=Shard(), **loader_options,
-        )  # fmt: skip
 
     # -- the epoch, shared with workers --------------------------------------------------------------
     @property
@@ -192,9 +189,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         return Shard(rank=rank, world_size=world, worker=worker, num_workers=workers)
 
     def _sampler(self, shard: Shard) -> EpochSampler:
+        o = self.options
         return EpochSampler(
-            len(self.source), self.batch_size, shuffle=self.shuffle, seed=self.seed,
-            drop_last=self.drop_last, remainder=self.remainder, shard=shard,
+            len(self.source), o.batch_size, shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
+            remainder=o.remainder, shard=shard,
         )  # fmt: skip
 
     def _rank_batches(self) -> int:
@@ -207,16 +205,13 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         steps from where it stood, and like LR schedules sized ``epochs * len(loader)``."""
         return self._rank_batches()
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Epoch:
         pending, self._pending = self._pending, None
         if pending is not None:  # a Stateful state: its own epoch and the deal it was cut with
             epoch, start = int(pending.get("epoch", 0)), int(pending.get("plan", {}).get("start", 0))
         else:
             epoch, start = self.epoch, self._start
-        loader = AsyncLoader(
-            self.source, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
-            remainder=self.remainder, shard=self.shard(), start_batch=start, **self.loader_options,
-        )  # fmt: skip
+        loader = AsyncLoader(self.source, shard=self.shard(), options=self.options.replace(start_batch=start))
         loader.set_epoch(epoch)
         if pending is not None:
             loader.load_state_dict(pending)
@@ -244,15 +239,17 @@ def _warn_forked(url: str) -> None:
         )  # fmt: skip
 
 
-class _WorkerEpoch(Iterator[Any]):
+class _WorkerEpoch(Epoch):
     """An epoch iterated inside a DataLoader worker: every exception leaves in a form that pickles.
 
     DataLoader sends a worker's exception class to the main process by pickle; a class that does not
     pickle is dropped on the way and the epoch simply ends short. ``portable`` makes that impossible.
     """
 
-    def __init__(self, it: Iterator[Any]) -> None:
+    def __init__(self, it: Epoch) -> None:
         self._it = it
+        self._progress = it.state()
+        self._stats = it.stats()
 
     def __next__(self) -> Any:
         try:
@@ -266,12 +263,10 @@ class _WorkerEpoch(Iterator[Any]):
             raise carried from None
 
     def __len__(self) -> int:
-        return len(self._it)  # type: ignore[arg-type]
+        return len(self._it)
 
     def close(self) -> None:
-        close = getattr(self._it, "close", None)
-        if close is not None:
-            close()
+        self._it.close()
 
 
-__all__ = ["AsyncIterableDataset", "EpochIterator"]
+__all__ = ["AsyncIterableDataset"]

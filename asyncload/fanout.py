@@ -1,5 +1,5 @@
-"""Fan-out over processes: K persistent worker processes, each running its own ``AsyncLoader`` on 1/K of
-every epoch's batches.
+"""Fan-out over processes: K persistent worker processes, each reading 1/K of every epoch's batches with
+its own ``ShardReader`` (event loop, CPU pool, store handle).
 
 Why processes: one loader's loop thread and CPU pool share one GIL, so a transform written in Python (or
 any per-sample work that holds the GIL) caps an epoch at one core however many reads are in flight.
@@ -89,18 +89,21 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Union
+from typing import Any
 
 import torch
 
+from ._protocol import END
 from .collate import set_allocator
+from .epoch import Epoch
 from .errors import ConfigError, WorkerError, _short, portable
-from .loader import AsyncLoader
+from .options import LoaderOptions
+from .reader import ShardReader
 from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .state import EpochProgress
@@ -181,7 +184,7 @@ class Cancelled:
     gen: int
 
 
-Terminal = Union[End, Failed, Cancelled]  # one per StartEpoch, the last message of that epoch
+Terminal = End | Failed | Cancelled  # one per StartEpoch, the last message of that epoch
 _TERMINAL = (End, Failed, Cancelled)
 
 
@@ -303,7 +306,7 @@ class _WorkerSpec:
 
     index: int
     source: Source[Any]
-    loader_kwargs: dict[str, Any]
+    options: LoaderOptions
     shard: Shard
     credits: int
 
@@ -403,29 +406,27 @@ def _add_figures(st: Stats, fig: dict[str, Any]) -> None:
     st.latencies.extend(fig["latencies"])
 
 
-def _run_epoch(channel: _Channel, loader: AsyncLoader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
     """Serve one epoch of this worker's sub-shard, one batch per credit."""
-    loader.set_epoch(cmd.epoch)
-    if cmd.skip:  # resume: the loader leaves these batches out without reading them
-        state = loader.state_dict()
-        state.update(epoch=cmd.epoch, next=0, extra=sorted(cmd.skip))
-        loader.load_state_dict(state)
-    # Which batch each one yielded is: the loader marks every batch it consumed in ``progress``,
+    total = len(reader.sampler)
+    progress = EpochProgress(cmd.epoch, total)
+    for j in cmd.skip:  # resume: these batches are left out without being read
+        progress.mark(j)
+    # Which batch each one yielded is: the epoch marks every batch it consumed in its progress,
     # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
-    expected = collections.deque(s for s in range(len(loader)) if s not in cmd.skip)
+    expected = collections.deque(s for s in range(total) if s not in cmd.skip)
     samples = 0
-    with iter(loader) as it:
-        assert hasattr(it, "progress")  # an in-process EpochIterator: workers never fan out again
+    with reader.epoch(cmd.epoch, progress) as it:
         for batch in it:
             seq = -1
-            while expected and it.progress.done(expected[0]):
+            while expected and progress.done(expected[0]):
                 seq = expected.popleft()
-            count, samples = it.stats.samples_yielded - samples, it.stats.samples_yielded
+            count, samples = it.stats().samples_yielded - samples, it.stats().samples_yielded
             if not ctl.take(cmd.gen):
                 return Cancelled(cmd.gen)  # leaving the ``with`` stops the epoch's reads
             _send(channel, Batch(cmd.gen, seq, count, batch))
             del batch  # the shared memory lives on in the message until the parent maps it
-    return End(cmd.gen, _figures(it.stats))
+    return End(cmd.gen, _figures(it.stats()))
 
 
 def _serve(conn: Connection, spec: _WorkerSpec) -> None:
@@ -439,23 +440,23 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
     threading.Thread(target=_listen, args=(conn, ctl, commands), name="asyncload-fanout-control", daemon=True).start()
     channel = _Channel(conn)
-    loader: AsyncLoader | None = None
+    reader: ShardReader | None = None
     broken: _RemoteError | None = None
     try:
-        loader = AsyncLoader(spec.source, shard=spec.shard, **spec.loader_kwargs)
+        reader = ShardReader(spec.source.open(), spec.options, spec.shard)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
         broken = _RemoteError.capture(exc)
     try:
         while (cmd := commands.get()) is not _STOP:
             outcome: Terminal
-            if loader is None:
+            if reader is None:
                 assert broken is not None
                 outcome = Failed(cmd.gen, broken)
             elif not ctl.begin(cmd.gen, spec.credits):
                 outcome = Cancelled(cmd.gen)
             else:
                 try:
-                    outcome = _run_epoch(channel, loader, ctl, cmd)
+                    outcome = _run_epoch(channel, reader, ctl, cmd)
                 except _ParentGone:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
@@ -463,9 +464,6 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
             _send(channel, outcome)
     except _ParentGone:
         return
-    finally:
-        if loader is not None:
-            loader.close()
 
 
 def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
@@ -566,20 +564,20 @@ def _close_all_at_exit() -> None:
 
 
 class WorkerPool:
-    """``processes`` persistent worker processes, each with ``AsyncLoader(source, shard=sub_shard(...),
-    **loader_kwargs)`` built once; epochs are run on it with ``epoch()``, one at a time.
+    """``processes`` persistent worker processes, each reading its sub-shard (``sub_shard``) with a
+    ``ShardReader`` built once; epochs are run on it with ``epoch()``, one at a time.
 
     ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
     hangs or segfaults). ``timeout``: seconds each step of stopping the workers may take (ask, SIGTERM,
     SIGKILL), and how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
-    this shard when the caller has validated the options already (``AsyncLoader``); otherwise a loader is
-    built here to validate them. ``transform`` and ``collate_fn`` must be picklable (module level).
+    this shard when the caller has one already (``AsyncLoader``). ``options``: a ``LoaderOptions``, or the
+    keyword arguments of one. ``transform`` and ``collate_fn`` must be picklable (module level).
     """
 
     def __init__(
         self,
         source: Source[Any],
-        loader_kwargs: Mapping[str, Any],
+        options: LoaderOptions | Mapping[str, Any],
         shard: Shard,
         processes: int,
         *,
@@ -598,13 +596,16 @@ class WorkerPool:
             raise ConfigError(f"processes={processes!r} is not allowed: an int >= 1")
         if not timeout > 0:
             raise ConfigError(f"timeout={timeout!r} is not allowed: a number of seconds > 0")
-        for key in ("shard", "processes"):
-            if key in loader_kwargs:
-                raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
-        # Workers run their loaders in order so that every message names its batch (see the module doc).
-        kwargs = {k: v for k, v in loader_kwargs.items() if k != "in_order"}
-        if sampler is None:  # the same loader in this process validates the options and gives the plan
-            sampler = AsyncLoader(source, shard=shard, **kwargs).sampler
+        if not isinstance(options, LoaderOptions):
+            for key in ("shard", "processes"):
+                if key in options:
+                    raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
+            options = LoaderOptions(**options)
+        # Workers read in order so that every message names its batch (see the module doc), and never
+        # fan out again.
+        options = options.replace(in_order=True, processes=0)
+        if sampler is None:  # the plan of this shard, as each worker computes its share of it
+            sampler = ShardReader(source.open(), options, shard).sampler
         self.sampler = sampler
         self.processes = processes
         self.url = source.url
@@ -612,7 +613,7 @@ class WorkerPool:
         self._timeout = float(timeout)
         # A worker with no batch in any epoch (fewer batches than processes) is not worth a process.
         self._specs = [
-            _WorkerSpec(k, source, kwargs, sub_shard(shard, k, processes), _CREDITS)
+            _WorkerSpec(k, source, options, sub_shard(shard, k, processes), _CREDITS)
             for k in range(min(processes, len(sampler)))
         ]  # fmt: skip
         try:
@@ -692,7 +693,7 @@ class WorkerPool:
                     log.warning(
                         "asyncload: fan-out workers %s for %s %s while settling an abandoned epoch; "
                         "restarting the pool at the next epoch", sorted(self._pids[k] for k in self.busy),
-                        self.url, "did not answer within %.1fs" % (2 * self._timeout) if not ready else "died",
+                        self.url, f"did not answer within {2 * self._timeout:.1f}s" if not ready else "died",
                     )  # fmt: skip
                     self.close()
                     return
@@ -764,9 +765,9 @@ class _Lease:
             self.pool.close()
 
 
-class FanoutEpoch(Iterator[Any]):
-    """One epoch of ``AsyncLoader(source, shard=shard, **loader_kwargs)`` read by ``processes`` worker
-    processes; yields the same batches (in the same order when ``in_order``).
+class FanoutEpoch(Epoch):
+    """One epoch of ``source``'s ``shard`` read by ``processes`` worker processes; yields the batches one
+    in-process ``AsyncLoader`` with the same options would (in the same order when ``in_order``).
 
     Built on its own it starts a private ``WorkerPool`` (see there for ``context`` and ``timeout``) and
     closes it at the end; ``WorkerPool.epoch()`` builds one on a persistent pool instead.
@@ -822,10 +823,12 @@ class FanoutEpoch(Iterator[Any]):
         self._in_order = in_order
         self._pos = 0  # in_order: position in ``_order`` of the next batch to yield
         self._rotate = 0  # in_order=False: where the next search for a ready worker starts
-        self._progress = progress  # the parent's record of consumed batches (AsyncLoader.state_dict)
-        self.stats = Stats()  # what ``AsyncLoader.stats()`` reports: this epoch's, workers' figures added
+        # The record of consumed batches (``AsyncLoader.state_dict`` reads it) and this epoch's figures
+        # (``AsyncLoader.stats()`` reports them), the workers' added at the end.
+        self._progress = progress if progress is not None else EpochProgress(epoch, len(self._batches), extra=set(skip))
+        self._stats = Stats()
         self._closed = False
-        self._lease = _Lease(pool, owns_pool, self.stats)
+        self._lease = _Lease(pool, owns_pool, self._stats)
         self._finalizer = weakref.finalize(self, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
@@ -838,20 +841,11 @@ class FanoutEpoch(Iterator[Any]):
         """Worker index → pid of the pool's workers (see ``WorkerPool.pids``)."""
         return self._pool.pids
 
-    def __iter__(self) -> FanoutEpoch:
-        return self
-
-    def __enter__(self) -> FanoutEpoch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __next__(self) -> Any:
         if self._closed or (self._lease.gen is not None and self._lease.gen != self._pool.gen):
             self.close()  # ended, or a newer epoch took the pool (which settled this one)
             raise StopIteration
-        st = self.stats
+        st = self._stats
         t0 = st.waiting_since = time.perf_counter()
         try:
             if self._lease.gen is None:
@@ -867,7 +861,7 @@ class FanoutEpoch(Iterator[Any]):
         now = time.perf_counter()
         st.wait_s += now - t0
         st.waiting_since = None
-        if batch is _DONE:
+        if batch is END:
             self.close()
             raise StopIteration
         st.batches_yielded += 1
@@ -881,7 +875,7 @@ class FanoutEpoch(Iterator[Any]):
         if self._closed:
             return
         self._closed = True
-        self.stats.finished = time.perf_counter()
+        self._stats.finished = time.perf_counter()
         self._finalizer()
 
     # -- receiving -------------------------------------------------------------------------------
@@ -913,7 +907,7 @@ class FanoutEpoch(Iterator[Any]):
                 if isinstance(msg, _TERMINAL):
                     self._pool.busy.discard(t.index)  # the worker is idle again
                 if isinstance(msg, End):
-                    _add_figures(self.stats, msg.figures)
+                    _add_figures(self._stats, msg.figures)
                 if not isinstance(msg, Cancelled):
                     return t, msg
             for r in ready:
@@ -945,8 +939,7 @@ class FanoutEpoch(Iterator[Any]):
         t.next = bisect.bisect_right(t.seqs, at)
         assert self._lease.gen is not None
         self._pool.send(t.index, Credit(self._lease.gen))
-        if self._progress is not None:
-            self._progress.mark(at)
+        self._progress.mark(at)
         return msg.count, msg.batch
 
     def _next_in_order(self) -> tuple[int, Any]:
@@ -965,17 +958,16 @@ class FanoutEpoch(Iterator[Any]):
             self._pos += 1
             if isinstance(msg, (Batch, Failed)):
                 return self._deliver(t, msg)
-            if self._progress is not None:  # batch j was left out whole (on_error="skip"): consumed
-                self._progress.mark(j)
+            self._progress.mark(j)  # batch j was left out whole (on_error="skip"): consumed
             t.ended = t.ended or isinstance(msg, End)  # it sends nothing more: its remaining turns are empty
             t.next = max(t.next, bisect.bisect_right(t.seqs, j))
-        return 0, _DONE
+        return 0, END
 
     def _next_ready(self) -> tuple[int, Any]:
         while True:
             owing = [t for t in self._turns.values() if t.owes]
             if not owing:
-                return 0, _DONE
+                return 0, END
             t, msg = self._receive(owing)
             self._rotate = t.index + 1
             if isinstance(msg, End):
@@ -983,7 +975,5 @@ class FanoutEpoch(Iterator[Any]):
                 continue
             return self._deliver(t, msg)
 
-
-_DONE = object()
 
 __all__ = ["FanoutEpoch", "WorkerPool", "sub_shard"]

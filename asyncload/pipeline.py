@@ -26,29 +26,18 @@ import math
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ._loop import LoopThread
+from ._protocol import EMPTY, END, Failure, Ready
 from .collate import CollateFn, RaggedSpec, Transform, collate_columns, default_collate, rows
 from .errors import ReadError, read_error
+from .options import OnError
 from .sources.base import Source
 from .stats import Stats
 from .tuning import ConcurrencyTuner, Observation
 
 log = logging.getLogger("asyncload")
-
-OnError = Literal["raise", "skip"]
-
-END = object()
-EMPTY = object()  # every sample of a batch was skipped: the consumer records the batch and moves on
-
-
-@dataclass
-class Failure:
-    """An error to raise in the consumer, at the failed batch's place in the order."""
-
-    exc: BaseException
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -346,7 +335,7 @@ class Pipeline:
             self._fail(batch, exc)
             return
         self.stats.record_skipped(batch.skipped + skipped)
-        self._deliver(batch.pos, (batch.seq, count, out))
+        self._deliver(batch.pos, Ready(batch.seq, count, out))
 
     def _assemble(self, batch: _Batch) -> tuple[int, Any, list[tuple[int, str]]]:
         """On the CPU pool: parts in position order → transform → collate. Returns the sample count,

@@ -10,7 +10,6 @@ processes unpickle them by name.
 from __future__ import annotations
 
 import gc
-import inspect
 import itertools
 import multiprocessing
 import os
@@ -205,8 +204,6 @@ def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> None:
-    if "on_error" not in inspect.signature(AsyncLoader).parameters:
-        pytest.skip("AsyncLoader has no on_error option")
     src = DeepLakeSource(seg_url)
     opts = {"batch_size": 16, "transform": empty_batch_5, "on_error": "skip"}
     ref = [b["index"].tolist() for b in AsyncLoader(src, **opts)]

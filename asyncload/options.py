@@ -1,0 +1,99 @@
+"""``LoaderOptions``: how a loader reads, as one frozen, validated value.
+
+Why one object: the loader, the torch adapter and every fan-out worker build their epochs from the same
+settings. Validated once where the user wrote them (with the messages ``config`` gives every setting:
+``prefetch=0 is not allowed: an int >= 1``), then passed around whole and pickled into worker processes,
+so no copy of the rules lives anywhere else and no throwaway loader is built just to check them.
+
+What is *not* here: the source (what to read) and the shard (which share of it), which differ between the
+processes that share one set of options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import numbers
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ._loop import LoopKind
+from .collate import RAGGED, CollateFn, RaggedSpec, Transform
+from .config import setting, validate
+from .errors import ConfigError
+from .sampler import Remainder
+
+ReadMode = Literal["auto", "row", "column"]
+OnError = Literal["raise", "skip"]
+MpContext = Literal["spawn", "forkserver"]
+
+
+def _ragged_ok(v: Any) -> bool:
+    if v is None or isinstance(v, str):
+        return v is None or v in RAGGED
+    return all(isinstance(k, str) and p in RAGGED for k, p in v.items())
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every setting of ``AsyncLoader`` but the source and the shard; see ``AsyncLoader`` for each."""
+
+    batch_size: int = setting(32, "an int >= 1", lambda v: v >= 1)
+    shuffle: bool = False
+    seed: Any = setting(0, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
+    concurrency: int | Literal["auto"] = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or v >= 1)
+    max_concurrency: int = setting(512, "an int >= 1", lambda v: v >= 1)
+    prefetch: int = setting(4, "an int >= 1", lambda v: v >= 1)
+    in_order: bool = True
+    drop_last: bool = False
+    transform: Transform | None = setting(None, "None or a callable")
+    collate_fn: CollateFn | None = setting(None, "None or a callable")
+    ragged: RaggedSpec = setting(None, "None, 'list', 'pad' or a dict of column -> 'list' | 'pad'", _ragged_ok)
+    read_mode: ReadMode = setting("auto", "'auto', 'row' or 'column'")
+    request_size: int | None = setting(None, "None or an int >= 1", lambda v: v is None or v >= 1)
+    with_index: bool = True
+    on_error: OnError = setting("raise", "'raise' or 'skip'")
+    remainder: Remainder = setting("pad", "'pad' or 'drop'")
+    start_batch: int = setting(0, "an int >= 0", lambda v: v >= 0)
+    cpu_workers: int | None = setting(None, "an int >= 1", lambda v: v is None or v >= 1)
+    loop: LoopKind = setting("auto", "'auto', 'uvloop' or 'asyncio'")
+    shutdown_timeout: float = setting(10.0, "a number of seconds > 0", lambda v: v > 0)
+    log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
+    hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
+    processes: int = setting(0, "an int >= 0 (0: read in this process)", lambda v: v >= 0)
+    mp_context: MpContext = setting(
+        "spawn", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if isinstance(self.ragged, Mapping):  # frozen and hashable-free: keep a private copy
+            object.__setattr__(self, "ragged", dict(self.ragged))
+
+    @property
+    def cpu_pool(self) -> int:
+        """Threads of the loop's CPU pool (transform and collate): ``cpu_workers``, or up to 4 cores."""
+        return self.cpu_workers or min(4, os.cpu_count() or 1)
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], base: LoaderOptions | None = None) -> LoaderOptions:
+        """Options from keyword arguments (on top of ``base``). An unknown name is refused with the
+        nearest known one: a misspelt setting must never be silently ignored."""
+        names = tuple(cls.__dataclass_fields__)
+        for name in settings:
+            if name not in names:
+                near = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(f"{name}={settings[name]!r} is not allowed: no such option{hint}")
+        if base is None:
+            return cls(**settings)
+        return base.replace(**settings) if settings else base
+
+    def replace(self, **changes: Any) -> LoaderOptions:
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["LoaderOptions", "MpContext", "OnError", "ReadMode"]

@@ -1,0 +1,65 @@
+"""``ShardReader``: how one process reads its shard of a source, epoch after epoch.
+
+The loader (``processes=0``) and every fan-out worker process read the same way: the sampler's plan for
+an epoch, minus the batches already consumed, becomes a pipeline ``Plan`` (indices per request, fetcher
+count, the limit in flight) and an ``EpochIterator`` that owns that epoch's loop thread. The concurrency
+tuner lives here, across epochs, so that a new epoch starts where the last one settled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .epoch import EpochIterator
+from .options import LoaderOptions, ReadMode
+from .pipeline import Plan
+from .sampler import EpochSampler, Shard
+from .sources.base import Source
+from .state import EpochProgress
+from .tuning import ConcurrencyTuner
+
+
+class ShardReader:
+    """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time."""
+
+    def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard) -> None:
+        self.source = source
+        self.options = o = options
+        self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
+        self.sampler = EpochSampler(
+            len(source), o.batch_size, shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
+            remainder=o.remainder, shard=shard, start=o.start_batch,
+        )  # fmt: skip
+        self._tuner: ConcurrencyTuner | None = None
+
+    def plan(self, epoch: int, progress: EpochProgress) -> Plan:
+        """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``."""
+        o = self.options
+        auto = o.concurrency == "auto"
+        most = o.max_concurrency if auto else int(o.concurrency)
+        group = 1 if self.read_mode == "row" else min(o.request_size or o.batch_size, o.batch_size, most)
+        fetchers = max(1, most // group)
+        tuner = None
+        if auto:  # one tuner for the reader's life: a new epoch starts where the last one settled
+            if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
+                self._tuner = ConcurrencyTuner(start=max(128, group), low=group, high=fetchers * group)
+            tuner = self._tuner
+        limit = max(1, tuner.limit // group) if tuner else fetchers
+        self.source.configure(fetchers, fetchers * group)
+        batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
+        return Plan(
+            source=self.source, batches=batches, group=group, fetchers=fetchers, limit=limit,
+            batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
+            collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
+            log_every=o.log_every, hedge=o.hedge, ragged=o.ragged,
+        )  # fmt: skip
+
+    def epoch(self, epoch: int, progress: EpochProgress) -> EpochIterator:
+        """An iterator over the rest of ``epoch`` (its loop thread starts on the first ``next()``)."""
+        o = self.options
+        return EpochIterator(
+            self.plan(epoch, progress), progress, loop=o.loop, cpu_workers=o.cpu_pool, shutdown_timeout=o.shutdown_timeout
+        )
+
+
+__all__ = ["ShardReader"]
