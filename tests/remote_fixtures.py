@@ -203,7 +203,9 @@ class EmulatorProcess:
         end = time.monotonic() + deadline
         while time.monotonic() < end:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"{self.proc.args[0]} exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}"
+                )
             try:
                 if ready():
                     return
@@ -227,7 +229,9 @@ class EmulatorProcess:
                     continue
 
 
-def _http(method: str, port: int, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+def _http(
+    method: str, port: int, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request(method, path, body=body if body or method in ("PUT", "POST") else None, headers=headers or {})
@@ -305,7 +309,9 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
-def azure_request(endpoint: str, method: str, path: str, body: bytes = b"", extra: dict[str, str] | None = None) -> None:
+def azure_request(
+    endpoint: str, method: str, path: str, body: bytes = b"", extra: dict[str, str] | None = None
+) -> None:
     """One Shared Key-signed request to Azurite (setup only), signed by asyncload's own signer."""
     from asyncload.sources.azure import _AZURITE_KEY, API_VERSION, SharedKey
 

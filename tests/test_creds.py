@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import http.client
+import json
 import re
 import threading
 import time
@@ -244,3 +245,71 @@ def test_http_status_error_keeps_the_buckets_region_across_processes() -> None:
     err = HTTPStatusError(400, "Bad Request", "AuthorizationHeaderMalformed", "wrong region", None, "eu-north-1")
     back = pickle.loads(pickle.dumps(err))
     assert back.region == "eu-north-1" and str(back) == str(err)
+
+
+# -- an instance role -------------------------------------------------------------------------------------------
+
+
+class _Imds(BaseHTTPRequestHandler):
+    """EC2's instance metadata service as botocore asks it (IMDSv2: a session token, then the role's keys)."""
+
+    protocol_version = "HTTP/1.1"
+    keys: tuple[str, str] = ("", "")
+    asked: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _send(self, body: str, status: int = 200) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_PUT(self) -> None:
+        self.asked.append(self.path)
+        self._send("imds-session-token" if self.path == "/latest/api/token" else "", 200)
+
+    def do_GET(self) -> None:
+        self.asked.append(self.path)
+        if self.headers.get("X-aws-ec2-metadata-token") != "imds-session-token":
+            return self._send("", 401)
+        base = "/latest/meta-data/iam/security-credentials/"
+        if self.path == base:
+            return self._send("asyncload-role")
+        if self.path == base + "asyncload-role":
+            expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            access, secret = self.keys
+            doc = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": access, "SecretAccessKey": secret,
+                   "Token": "", "Expiration": expires}  # fmt: skip
+            return self._send(json.dumps(doc))
+        self._send("", 404)
+
+
+def test_instance_role_credentials_from_the_metadata_service(
+    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The issue's case: no keys anywhere but an instance role. botocore's chain asks the metadata service
+    (here a loopback one that hands out the server's keys with an expiry, and an empty session token since
+    SeaweedFS refuses unknown ones), and reads are signed with them instead of going out unsigned (403)."""
+    server = remote_data.server
+    handler = type("Imds", (_Imds,), {"keys": (server.access_key, server.secret_key), "asked": []})
+    imds = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    imds.daemon_threads = True
+    thread = threading.Thread(target=imds.serve_forever, name="imds", daemon=True)
+    thread.start()
+    try:
+        monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{imds.server_address[1]}/")
+        monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws_files / "none"))
+        monkeypatch.setenv("AWS_CONFIG_FILE", str(aws_files / "none"))
+        src = ObjectStoreSource(remote_data.files_url, creds={"endpoint_url": server.endpoint_url})
+        seen = read_epoch(iter(AsyncLoader(src, batch_size=16, concurrency=16)), remote_data)
+        assert sorted(seen) == list(range(remote_data.rows))
+        assert src.store().s3.source == "iam-role" and src.store().s3._renewing is not None
+        assert "/latest/meta-data/iam/security-credentials/asyncload-role" in handler.asked
+    finally:
+        imds.shutdown()
+        imds.server_close()
+        thread.join(5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import gc
+import json
 import logging
 import pickle
 import threading
@@ -118,6 +119,27 @@ def test_objectstore_manifest_over_plain_http(remote_data: RemoteData, tmp_path)
         assert np.array_equal(batch["masks"][j].numpy(), remote_data.masks[i])
     with pytest.raises(Exception, match="manifest"):
         ObjectStoreSource(url)  # HTTP cannot be listed
+
+
+def test_objectstore_manifest_object_on_s3_gives_rows_in_its_order(remote_data: RemoteData) -> None:
+    order = [31, 4, 77, 4]  # a repeated stem is a repeated row
+    key = "manifests/order.json"
+    remote_data.server.put_object(remote_data.bucket, key, json.dumps({"stems": [f"{i:06d}" for i in order]}).encode())
+    src = ObjectStoreSource(
+        remote_data.files_url, creds=remote_data.creds(), manifest=f"s3://{remote_data.bucket}/{key}"
+    )
+    assert len(src) == len(order)
+    batch = next(iter(AsyncLoader(src, batch_size=4)))
+    assert batch["index"].tolist() == [0, 1, 2, 3]
+    for j, i in enumerate(order):
+        assert np.array_equal(batch["images"][j].numpy(), remote_data.images[i])
+        assert np.array_equal(batch["masks"][j].numpy(), remote_data.masks[i])
+    with pytest.raises(DatasetNotFoundError, match="manifests/missing.json"):
+        ObjectStoreSource(
+            remote_data.files_url,
+            creds=remote_data.creds(),
+            manifest=f"s3://{remote_data.bucket}/manifests/missing.json",
+        ).open()
 
 
 # -- clear, fast errors ----------------------------------------------------------------------------

@@ -170,14 +170,7 @@ async def request(
 
 
 async def request_bytes(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    headers: Mapping[str, str] | None = None,
-    *,
-    data: bytes | None = None,
-    allow_redirects: bool = True,
+    session: aiohttp.ClientSession, method: str, url: str, headers: Mapping[str, str] | None = None, **kw: Any
 ) -> bytes:
     """:func:`request`'s body only."""
-    body, _ = await request(session, method, url, headers, data=data, allow_redirects=allow_redirects)
-    return body
+    return (await request(session, method, url, headers, **kw))[0]
