@@ -15,7 +15,10 @@ import collections
 import datetime as dt
 import http.client
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -313,3 +316,22 @@ def test_instance_role_credentials_from_the_metadata_service(
         imds.shutdown()
         imds.server_close()
         thread.join(5)
+
+
+def test_without_botocore_the_aws_variables_still_work(remote_data: RemoteData) -> None:
+    """botocore is the s3 extra: without it (hidden here in a fresh interpreter) keys in ``AWS_*`` still
+    sign, and finding none says once why requests go unsigned."""
+    code = (
+        "import sys, logging; sys.modules['botocore'] = None\n"
+        "logging.basicConfig(level=logging.WARNING)\n"
+        "from asyncload import ObjectStoreSource\n"
+        "from asyncload.sources.s3 import resolve_s3\n"
+        f"print(len(ObjectStoreSource({remote_data.files_url!r})))\n"
+        "import os; [os.environ.pop(k) for k in list(os.environ) if k.startswith('AWS_')]\n"
+        "resolve_s3(); resolve_s3()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | remote_data.server.env()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [str(remote_data.rows)]
+    assert out.stderr.count("botocore is not installed") == 1, out.stderr[-2000:]

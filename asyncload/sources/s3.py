@@ -15,6 +15,8 @@ never put in a URL, a message or a repr.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
@@ -25,6 +27,7 @@ from ._http import HTTPStatusError
 from ._store import Store, split_url
 
 DEFAULT_REGION = "us-east-1"
+log = logging.getLogger("asyncload")
 
 #: Error codes that mean "these credentials are not accepted" rather than "this is forbidden".
 CREDENTIAL_CODES = frozenset(
@@ -163,6 +166,18 @@ class S3Endpoint:
         return (S3Endpoint, (self.endpoint_url, self.region, self.credentials))
 
 
+_warned_no_chain = False
+
+
+def _warn_no_chain() -> None:
+    global _warned_no_chain
+    _warned_no_chain = True
+    log.warning(
+        "asyncload: no S3 keys in creds or AWS_* variables, and botocore is not installed, so profiles, SSO, "
+        "web identity and instance roles are not looked at; requests go unsigned. pip install 'asyncload[s3]'"
+    )
+
+
 def resolve_s3(creds: Mapping[str, str] | None = None, profile: str | None = None) -> S3Endpoint:
     """The endpoint, region and credentials for ``creds`` / ``profile``, the standard way (see the module
     docstring). Blocking (the chain may read files or ask a metadata service): call it off the loop."""
@@ -171,6 +186,12 @@ def resolve_s3(creds: Mapping[str, str] | None = None, profile: str | None = Non
     if "aws_access_key_id" in c or "aws_secret_access_key" in c:
         return S3Endpoint.resolve(c)  # explicit keys: Deep Lake's precedence, no chain
     name = aws_profile(creds, profile)
+    if name is None and importlib.util.find_spec("botocore") is None:
+        # Without the s3 extra: the AWS_* variables only, as before the chain (said once, not per open).
+        endpoint = S3Endpoint.resolve(c)
+        if endpoint.credentials is None and not _warned_no_chain:
+            _warn_no_chain()
+        return endpoint
     renewing, chain_region, chain_endpoint = aws_chain(name)
     region = c.get("aws_region") or env.get("AWS_REGION") or chain_region
     endpoint = c.get("endpoint_url") or env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or chain_endpoint
