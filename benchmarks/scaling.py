@@ -210,6 +210,7 @@ def main() -> int:
     ap.add_argument("--processes", type=int, nargs="+", default=None, help="worker counts (default 1…cores)")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--systems", nargs="+", default=["asyncload", "DataLoader"], choices=["asyncload", "DataLoader"])
     ap.add_argument("--data", default=None, help="dataset directory (made once; default /tmp/asyncload-scaling-<rows>)")
     ap.add_argument("--name", default=None, help="results folder name (default: cores and GPU)")
     ap.add_argument("--out", default=str(HERE / "results" / "scaling"))
@@ -226,8 +227,10 @@ def main() -> int:
         make_dataset(url, args.rows, overwrite=True, progress=False)
         print(f"made {args.rows} rows of 256x256 PNG + masks at {path} in {time.perf_counter() - t0:.0f}s", flush=True)
 
+    out = Path(args.out) / (args.name or machine_name(info))
+    out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
-    steps = [("asyncload", 0)] + [(s, k) for k in ks for s in ("asyncload", "DataLoader")]
+    steps = [("asyncload", 0)] + [(s, k) for k in ks for s in args.systems]
     for system, k in steps:
         run = run_asyncload if system == "asyncload" else run_dataloader
         r = run(url, args.rows, k, args.batch_size, args.epochs)
@@ -238,10 +241,14 @@ def main() -> int:
             f"epoch 2 {e2.samples_per_s:7,.0f}/s (first batch {e2.first_batch_s:6.3f}s)  "
             f"load {os.getloadavg()[0]:.1f}", flush=True,
         )  # fmt: skip
-    info["load_average_end"] = os.getloadavg()[0]
+        write(out, rows, info, args)  # after every step: a run cut short keeps what it measured
+    plot(rows, info, out / "scaling.png")
+    print(f"\n{table(rows, info, args)}\nwritten to {out}")
+    return 0
 
-    out = Path(args.out) / (args.name or machine_name(info))
-    out.mkdir(parents=True, exist_ok=True)
+
+def write(out: Path, rows: list[Row], info: dict[str, Any], args: argparse.Namespace) -> None:
+    info["load_average_end"] = os.getloadavg()[0]
     result = {
         "machine": info, "rows": args.rows, "batch_size": args.batch_size, "epochs": args.epochs,
         "command": " ".join(["python", *sys.argv]),
@@ -251,9 +258,6 @@ def main() -> int:
     }  # fmt: skip
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "table.md").write_text(table(rows, info, args))
-    plot(rows, info, out / "scaling.png")
-    print(f"\n{table(rows, info, args)}\nwritten to {out}")
-    return 0
 
 
 if __name__ == "__main__":
