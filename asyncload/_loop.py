@@ -15,12 +15,6 @@ written as if it were plain asyncio code.
   still complete into a running loop. A loop must never be closed while a store's C++ thread may still
   complete a future into it (Deep Lake aborts the process with "Event loop is closed"), so the exit hook
   asks the loop's *owner* (``owner_close``) to stop its work and wait for reads in flight first.
-- A Ctrl-C can interrupt ``start()`` while it waits for the new thread (``Thread.start``, the loop
-  being made). So the loop is known to the exit hook *before* its thread exists, and ``stop()`` works
-  on a loop whose thread has not made it yet (a stop flag the thread checks before running the loop).
-  Without both, a ``KeyboardInterrupt`` landing in that window left a loop thread that the exit hook
-  did not know and that ``stop()`` could not reach: the owner's finaliser then sat out its whole join
-  timeout (10 s) at interpreter exit, when daemon threads can no longer run.
 """
 
 from __future__ import annotations
@@ -30,7 +24,6 @@ import concurrent.futures
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
@@ -86,30 +79,6 @@ def _register_exit_hook() -> None:
         atexit.register(_stop_all_at_exit)
 
 
-def _join(thread: threading.Thread, timeout: float) -> None:
-    """``thread.join(timeout)``, also for a thread whose ``start()`` was interrupted before the thread
-    said it runs (``join`` refuses such a thread; it says so within microseconds)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            thread.join(max(0.0, deadline - time.monotonic()))
-            return
-        except RuntimeError:  # "cannot join thread before it is started"
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.001)
-
-
-def _settle(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
-    """Hand a finished task's outcome to the thread-safe future of ``LoopThread.submit``."""
-    if task.cancelled():
-        future.set_exception(concurrent.futures.CancelledError())
-    elif task.exception() is not None:
-        future.set_exception(task.exception())
-    else:
-        future.set_result(task.result())
-
-
 class LoopThread:
     """One event loop on one daemon thread, plus a CPU thread pool, started lazily and stopped once.
 
@@ -136,7 +105,6 @@ class LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._stop_asked = False  # set by stop(); the thread checks it before running the loop
 
     # -- lifecycle -------------------------------------------------------------------------------
     @property
@@ -152,7 +120,6 @@ class LoopThread:
             # Anything inherited through fork belongs to the parent: forget it, never touch it.
             self._loop = self._thread = self._pool = None
             self._pid = os.getpid()
-            self._stop_asked = False
             ready = threading.Event()
             failure: list[BaseException] = []
 
@@ -164,19 +131,13 @@ class LoopThread:
                     ready.set()
                     return
                 asyncio.set_event_loop(loop)
-                self._loop = loop  # published before the stop flag is read; stop() sets it before reading this
+                self._loop = loop
                 loop.call_soon(ready.set)
                 try:
-                    if not self._stop_asked:
-                        loop.run_forever()
+                    loop.run_forever()
                 finally:
-                    ready.set()
                     self._close_loop(loop)
 
-            # Known to the exit hook before the thread exists: a Ctrl-C in one of the waits below must
-            # not leave a loop that nobody stops.
-            _register_exit_hook()
-            _live.add(self)
             self._pool = concurrent.futures.ThreadPoolExecutor(self._cpu_workers, thread_name_prefix=f"{self._name}-cpu")
             self._thread = threading.Thread(target=main, name=self._name, daemon=True)
             self._thread.start()
@@ -184,8 +145,9 @@ class LoopThread:
             if failure:
                 self._thread.join()
                 self._pool.shutdown()
-                _live.discard(self)
                 raise failure[0]
+            _register_exit_hook()
+            _live.add(self)
 
     @staticmethod
     def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
@@ -209,17 +171,15 @@ class LoopThread:
         with self._lock:
             if self._pid != os.getpid() or self._thread is None:
                 return True
-            thread, pool = self._thread, self._pool
+            thread, loop, pool = self._thread, self._loop, self._pool
             if threading.current_thread() is thread:
                 raise RuntimeError("LoopThread.stop() called from its own loop thread")
-            self._stop_asked = True  # a thread that has not made its loop yet will not run it
-            loop = self._loop
             if loop is not None and not loop.is_closed():
                 try:
                     loop.call_soon_threadsafe(loop.stop)
                 except RuntimeError:  # closed between the check and the call
                     pass
-            _join(thread, timeout)
+            thread.join(timeout)
             ok = not thread.is_alive()
             if pool is not None:
                 pool.shutdown(wait=ok, cancel_futures=True)
@@ -240,31 +200,12 @@ class LoopThread:
     def in_loop_thread(self) -> bool:
         return self._thread is not None and threading.current_thread() is self._thread
 
-    def submit(
-        self, coro: Coroutine[Any, Any, T], future: concurrent.futures.Future[T] | None = None
-    ) -> concurrent.futures.Future[T]:
-        """Schedule ``coro`` on the loop; the returned future may be waited on from any other thread.
-
-        ``future``: one the caller already holds (stored where its ``close()`` looks), so that a Ctrl-C
-        raised during this call cannot leave the coroutine running unbeknown to its owner. Cancelling
-        it before the coroutine has started (``future.cancel()`` is True) means it never runs; once
-        it runs, ``cancel()`` is False and the owner must stop it and wait, as for any running work.
-        """
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedule ``coro`` on the loop; the returned future may be waited on from any other thread."""
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("refusing to submit to the asyncload loop from its own thread (it would deadlock)")
-        if future is None:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop)
-        loop = self.loop
-
-        def begin() -> None:
-            if not future.set_running_or_notify_cancel():
-                coro.close()  # cancelled before it started: it never runs
-                return
-            loop.create_task(coro).add_done_callback(lambda task: _settle(future, task))
-
-        loop.call_soon_threadsafe(begin)
-        return future
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop thread soon; silently dropped once the loop is closed."""
