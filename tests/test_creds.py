@@ -12,6 +12,7 @@ bucket's region, and a request signed for another region is refused with ``Autho
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import http.client
 import json
@@ -25,6 +26,7 @@ import traceback
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs
 
 import deeplake
 import pytest
@@ -171,17 +173,25 @@ class _RegionHandler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+@contextlib.contextmanager
+def serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    """Serve on a thread until the block ends; yields ``http://127.0.0.1:<port>``."""
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 @pytest.fixture
 def region_proxy(remote_data: RemoteData) -> Iterator[RegionProxy]:
     proxy = RegionProxy(("127.0.0.1", remote_data.server.port), "eu-north-1")
-    thread = threading.Thread(target=proxy.serve_forever, name="region-proxy", daemon=True)
-    thread.start()
-    try:
+    with serving(proxy):
         yield proxy
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
-        thread.join(5)
 
 
 def test_region_comes_from_the_buckets_answer_when_none_is_configured(
@@ -298,13 +308,9 @@ def test_instance_role_credentials_from_the_metadata_service(
     SeaweedFS refuses unknown ones), and reads are signed with them instead of going out unsigned (403)."""
     server = remote_data.server
     handler = type("Imds", (_Imds,), {"keys": (server.access_key, server.secret_key), "asked": []})
-    imds = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    imds.daemon_threads = True
-    thread = threading.Thread(target=imds.serve_forever, name="imds", daemon=True)
-    thread.start()
-    try:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as imds:
         monkeypatch.delenv("AWS_EC2_METADATA_DISABLED")
-        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", f"http://127.0.0.1:{imds.server_address[1]}/")
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", imds + "/")
         monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(aws_files / "none"))
         monkeypatch.setenv("AWS_CONFIG_FILE", str(aws_files / "none"))
         src = ObjectStoreSource(remote_data.files_url, creds={"endpoint_url": server.endpoint_url})
@@ -312,10 +318,6 @@ def test_instance_role_credentials_from_the_metadata_service(
         assert sorted(seen) == list(range(remote_data.rows))
         assert src.store().s3.source == "iam-role" and src.store().s3._renewing is not None
         assert "/latest/meta-data/iam/security-credentials/asyncload-role" in handler.asked
-    finally:
-        imds.shutdown()
-        imds.server_close()
-        thread.join(5)
 
 
 def test_without_botocore_the_aws_variables_still_work(remote_data: RemoteData) -> None:
@@ -335,3 +337,61 @@ def test_without_botocore_the_aws_variables_still_work(remote_data: RemoteData) 
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(remote_data.rows)]
     assert out.stderr.count("botocore is not installed") == 1, out.stderr[-2000:]
+
+
+# -- web identity (EKS, GitHub Actions, ...) --------------------------------------------------------------------
+
+
+class _Sts(BaseHTTPRequestHandler):
+    """STS's AssumeRoleWithWebIdentity as botocore calls it (a form POST), answering with the given keys."""
+
+    keys: tuple[str, str] = ("", "")
+    forms: list[dict[str, list[str]]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        form = parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode())
+        self.forms.append(form)
+        expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+        access, secret = self.keys
+        body = (
+            '<AssumeRoleWithWebIdentityResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+            "<AssumeRoleWithWebIdentityResult><Credentials>"
+            f"<AccessKeyId>{access}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>"
+            f"<SessionToken></SessionToken><Expiration>{expires}</Expiration></Credentials>"
+            "<SubjectFromWebIdentityToken>ci</SubjectFromWebIdentityToken><AssumedRoleUser>"
+            "<Arn>arn:aws:sts::123456789012:assumed-role/reader/asyncload</Arn><AssumedRoleId>AROA:asyncload</AssumedRoleId>"
+            "</AssumedRoleUser></AssumeRoleWithWebIdentityResult>"
+            "<ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_web_identity_credentials_through_sts(
+    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``AWS_ROLE_ARN`` + ``AWS_WEB_IDENTITY_TOKEN_FILE`` (as EKS and CI runners set them): botocore trades
+    the token at STS (a loopback one, ``AWS_ENDPOINT_URL_STS``) for keys, and the reads are signed with them."""
+    server = remote_data.server
+    handler = type("Sts", (_Sts,), {"keys": (server.access_key, server.secret_key), "forms": []})
+    token = aws_files / "web-identity-token"
+    token.write_text("eyJ-a-web-identity-token")
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as sts:
+        monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::123456789012:role/reader")
+        monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+        monkeypatch.setenv("AWS_ROLE_SESSION_NAME", "asyncload")
+        monkeypatch.setenv("AWS_ENDPOINT_URL_STS", sts)
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        src = ObjectStoreSource(remote_data.files_url, creds={"endpoint_url": server.endpoint_url})
+        assert len(src) == remote_data.rows
+        assert src.store().s3.source == "assume-role-with-web-identity"
+        (form,) = handler.forms
+        assert form["Action"] == ["AssumeRoleWithWebIdentity"] and form["WebIdentityToken"] == [
+            "eyJ-a-web-identity-token"
+        ]
