@@ -395,3 +395,61 @@ def test_web_identity_credentials_through_sts(
         assert form["Action"] == ["AssumeRoleWithWebIdentity"] and form["WebIdentityToken"] == [
             "eyJ-a-web-identity-token"
         ]
+
+
+# -- SSO (IAM Identity Center) ----------------------------------------------------------------------------------
+
+
+class _SsoPortal(BaseHTTPRequestHandler):
+    """The SSO portal's GetRoleCredentials as botocore calls it, after ``aws sso login`` cached a token."""
+
+    keys: tuple[str, str] = ("", "")
+    asked: list[tuple[str, str | None]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.asked.append((self.path, self.headers.get("x-amz-sso_bearer_token")))
+        access, secret = self.keys
+        expires_ms = int((time.time() + 3600) * 1000)
+        body = json.dumps({"roleCredentials": {"accessKeyId": access, "secretAccessKey": secret,
+                                               "sessionToken": "", "expiration": expires_ms}}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_sso_profile_credentials_from_the_cached_login(
+    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profile with ``sso_start_url`` etc.: botocore reads the token ``aws sso login`` cached under
+    ~/.aws/sso/cache and asks the portal (a loopback one, ``AWS_ENDPOINT_URL_SSO``) for role keys."""
+    import hashlib
+
+    server = remote_data.server
+    handler = type("Sso", (_SsoPortal,), {"keys": (server.access_key, server.secret_key), "asked": []})
+    start_url = "https://asyncload.awsapps.com/start"
+    home = aws_files / "home"
+    cache = home / ".aws" / "sso" / "cache"
+    cache.mkdir(parents=True)
+    expires = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=8)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    (cache / f"{hashlib.sha1(start_url.encode()).hexdigest()}.json").write_text(
+        json.dumps(
+            {"startUrl": start_url, "region": "eu-west-1", "accessToken": "sso-access-token", "expiresAt": expires}
+        )
+    )
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as portal:
+        (aws_files / "config").write_text(
+            f"[profile sso]\nsso_start_url = {start_url}\nsso_region = eu-west-1\nsso_account_id = 123456789012\n"
+            f"sso_role_name = reader\nregion = eu-west-1\nendpoint_url = {server.endpoint_url}\n"
+        )
+        monkeypatch.setenv("HOME", str(home))
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal)
+        src = ObjectStoreSource(remote_data.files_url, profile="sso")
+        assert len(src) == remote_data.rows
+        assert src.store().s3.source == "sso, profile 'sso'"
+        path, bearer = handler.asked[0]
+        assert path.startswith("/federation/credentials") and bearer == "sso-access-token"
