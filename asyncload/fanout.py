@@ -701,7 +701,9 @@ class WorkerPool:
                     try:
                         msg = self.procs[conns[r]].channel.recv()  # a dropped batch is mapped and freed here
                     except Exception:  # noqa: BLE001 - EOF: it is dying; its sentinel tells the rest
-                        log.warning("asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url)
+                        log.warning(
+                            "asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url
+                        )
                         self.close()
                         return
                     if isinstance(msg, _TERMINAL) and msg.gen == gen:
@@ -922,7 +924,9 @@ class FanoutEpoch(Epoch):
         pid, exitcode, name = proc.pid, proc.exitcode, self._name(t)
         self._pool.close()
         if exitcode is None:  # alive, yet its message could not be read
-            raise WorkerError(f"asyncload could not receive a batch from {name}: {type(cause).__name__}: {cause}") from cause
+            raise WorkerError(
+                f"asyncload could not receive a batch from {name}: {type(cause).__name__}: {cause}"
+            ) from cause
         held = [i for j in t.seqs[t.next :] for i in self._batches[j]]
         err = WorkerError(
             f"asyncload {name} {_how_it_ended(exitcode)} holding "

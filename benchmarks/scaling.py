@@ -188,11 +188,19 @@ def plot(rows: list[Row], info: dict[str, Any], path: Path) -> None:
         ax.plot(ks, [r.epochs[-1].samples_per_s for r in rs], marker=marker, label=f"{name}, epoch 2")
         ax.plot(ks, [r.epochs[0].samples_per_s for r in rs], marker=marker, ls=":", alpha=0.6, label=f"{name}, epoch 1")
         ax2.plot(ks, [r.epochs[-1].first_batch_s for r in rs], marker=marker, label=f"{name}, epoch 2")
-        ax2.plot(ks, [r.epochs[0].first_batch_s for r in rs], marker=marker, ls=":", alpha=0.6, label=f"{name}, epoch 1")
+        ax2.plot(
+            ks, [r.epochs[0].first_batch_s for r in rs], marker=marker, ls=":", alpha=0.6, label=f"{name}, epoch 1"
+        )
     one = [r for r in series["asyncload processes=K"] if r.workers == 1]
     if one:
         kmax = max(r.workers for r in rows)
-        ax.plot([1, kmax], [one[0].epochs[-1].samples_per_s, kmax * one[0].epochs[-1].samples_per_s], "k--", lw=0.8, label="linear from processes=1")
+        ax.plot(
+            [1, kmax],
+            [one[0].epochs[-1].samples_per_s, kmax * one[0].epochs[-1].samples_per_s],
+            "k--",
+            lw=0.8,
+            label="linear from processes=1",
+        )
     ax.set(xlabel="worker processes", ylabel="samples/s (whole epoch)", title="throughput")
     ax2.set(xlabel="worker processes", ylabel="seconds", title="time to first batch", yscale="log")
     for a in (ax, ax2):

@@ -467,6 +467,7 @@ def test_a_worker_killed_in_the_second_epoch_is_named_and_the_next_epoch_starts_
 @pytest.mark.timeout(120)
 def test_an_exception_in_a_worker_leaves_the_workers_reusable(seg_url) -> None:
     loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, transform=fail_at_85, processes=2)
+    seen_pids = []
     for _ in range(2):
         it = iter(loader)
         got = []
@@ -474,10 +475,10 @@ def test_an_exception_in_a_worker_leaves_the_workers_reusable(seg_url) -> None:
             for b in it:
                 got.append(b["index"][0].item())
         assert got == [0, 16, 32, 48, 64]
-        pids = it.pids if _ == 0 else pids
-        assert it.pids == pids  # the second epoch ran on the same workers
+        seen_pids.append(it.pids)
+    assert len(seen_pids[0]) == 2 and seen_pids[0] == seen_pids[1]  # the second epoch ran on the same workers
     loader.close()
-    assert_gone(pids.values())
+    assert_gone(seen_pids[0].values())
 
 
 @pytest.mark.timeout(120)
@@ -517,7 +518,9 @@ def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_mem
 
 
 @pytest.mark.timeout(120)
-def test_workers_that_cannot_settle_an_abandoned_epoch_are_replaced_and_the_next_epoch_is_exact(seg_url, monkeypatch, caplog) -> None:
+def test_workers_that_cannot_settle_an_abandoned_epoch_are_replaced_and_the_next_epoch_is_exact(
+    seg_url, monkeypatch, caplog
+) -> None:
     """The fallback when cancelling cannot be made prompt (a transform stuck in a worker): the pool is
     stopped after 2 x shutdown_timeout and the next epoch runs on fresh workers, none of the old batches."""
     monkeypatch.setenv("ASYNCLOAD_TEST_STALL", "1")  # inherited by the workers spawned now
