@@ -29,7 +29,8 @@ from ._closing import Closing
 from ._loop import LoopKind, LoopThread
 from ._protocol import EMPTY, END, Failure
 from .errors import WorkerError
-from .pipeline import Pipeline, Plan
+from .pipeline import Pipeline
+from .plan import Plan
 from .state import EpochProgress
 from .stats import Stats
 

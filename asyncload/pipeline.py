@@ -1,4 +1,7 @@
-"""The coroutines of one epoch: producer, fetchers, assembly, ordered delivery. All on the loop thread.
+"""The coroutines of one epoch: producer, fetchers, flow control, ordered delivery. On the loop thread.
+
+What a fetcher calls to read is in ``hedging`` (a straggler gets a second request); what turns a batch's
+parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to read is the ``plan``.
 
 ::
 
@@ -22,49 +25,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import queue
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._loop import LoopThread
-from ._protocol import EMPTY, END, Failure, Ready
-from .collate import CollateFn, RaggedSpec, Transform, collate_columns, default_collate, rows
+from ._protocol import END, Failure, Ready
+from .assembly import assemble
 from .errors import ReadError, read_error
-from .options import OnError
-from .sources.base import Source
+from .hedging import Hedger
+from .plan import Plan
 from .stats import Stats
-from .tuning import ConcurrencyTuner, Observation
+from .tuning import Observation
 
 log = logging.getLogger("asyncload")
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything an epoch's pipeline needs, fixed when the epoch starts."""
-
-    source: Source[Any]
-    batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
-    group: int  # indices per request
-    fetchers: int  # fetcher tasks (the most requests that can ever be in flight)
-    limit: int  # requests allowed in flight at the start
-    batch_size: int
-    prefetch: int
-    in_order: bool
-    transform: Transform | None
-    collate_fn: CollateFn | None
-    with_index: bool
-    on_error: OnError
-    tuner: ConcurrencyTuner | None = None
-    log_every: float | None = None
-    hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
-    hedge_min_s: float = 0.05
-    ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
-
-    def slots(self, limit: int) -> int:
-        """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
-        return self.prefetch + math.ceil(limit * self.group / self.batch_size) + 1
-
 
 class _Limiter:
     """Requests in flight, with a limit the tuner can move while fetchers wait on it."""
@@ -122,10 +97,8 @@ class Pipeline:
         self._next_pos = 0
         self._reorder: dict[int, Any] = {}
         self._assembling: set[asyncio.Task[None]] = set()
-        self._stragglers: set[asyncio.Future[Any]] = set()  # hedged-away reads still running
         self._issued_all = False  # the producer has issued every batch of the epoch
-        self._hedge_s: float | None = None
-        self._hedge_at = 0
+        self._hedger = Hedger(plan.source.read, stats, plan.hedge, plan.hedge_min_s)
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
         self._slots = asyncio.Semaphore(plan.slots(plan.limit))
@@ -151,10 +124,12 @@ class Pipeline:
         for _ in fetchers:
             self._work.put_nowait(None)
         await asyncio.gather(*fetchers)
-        while self._assembling:
-            await asyncio.gather(*list(self._assembling))
-        while self._stragglers:  # reads lost to a hedge must end before the loop may close
-            await asyncio.gather(*list(self._stragglers), return_exceptions=True)
+        # Wait on tasks not yet done: from Python 3.12 ``gather`` of finished futures returns without
+        # letting the loop run, so a finished task whose discard callback is still queued would keep
+        # ``while self._assembling`` spinning forever (seen under Ctrl-C on a 16-core machine).
+        while busy := [t for t in self._assembling if not t.done()]:
+            await asyncio.gather(*busy)
+        await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
         if watcher is not None:
             watcher.cancel()  # it only sleeps and reads counters: safe to cancel
         if not self.stopping:
@@ -232,7 +207,7 @@ class Pipeline:
         stats.requests += 1
         stats.in_flight += len(idx)
         try:
-            part, seconds = await self._hedged(idx)
+            part, seconds = await self._hedger.read(idx)
         except ReadError:
             raise
         except Exception as exc:
@@ -244,55 +219,6 @@ class Pipeline:
         stats.samples_read += len(idx)
         stats.bytes_read += _nbytes(part)
         return part
-
-    async def _timed(self, idx: list[int]) -> tuple[Any, float]:
-        t0 = time.perf_counter()
-        part = await self.plan.source.read(idx)
-        return part, time.perf_counter() - t0
-
-    def _hedge_after(self) -> float | None:
-        """Seconds after which a read is a straggler worth a second request: ``hedge`` × the recent p99
-        of read latency, once there are enough reads to know it (recomputed every 64 reads)."""
-        st, factor = self.stats, self.plan.hedge
-        if not factor or len(st.latencies) < 64:
-            return None
-        if st.requests - self._hedge_at >= 64 or self._hedge_s is None:
-            lat = sorted(st.latencies)
-            self._hedge_s = max(self.plan.hedge_min_s, factor * lat[int(0.99 * (len(lat) - 1))])
-            self._hedge_at = st.requests
-        return self._hedge_s
-
-    async def _hedged(self, idx: list[int]) -> tuple[Any, float]:
-        """Read ``idx``; if it is far slower than recent reads, race a second request for it.
-
-        The first answer wins. The loser is never cancelled (a cancelled Deep Lake future hangs): it
-        runs to its end in the background, its result dropped, and ``run()`` waits for it before the
-        epoch's loop may close.
-        """
-        after = self._hedge_after()
-        first = asyncio.ensure_future(self._timed(idx))
-        if after is None:
-            return await first
-        done, _ = await asyncio.wait({first}, timeout=after)
-        if done:
-            return first.result()
-        self.stats.hedges += 1
-        second = asyncio.ensure_future(self._timed(idx))
-        pending = {first, second}
-        error: BaseException | None = None
-        while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                if task.exception() is None:
-                    for loser in pending:  # left to finish on their own
-                        self._stragglers.add(loser)
-                        loser.add_done_callback(_forget(self._stragglers))
-                    if task is second:
-                        self.stats.hedges_won += 1
-                    return task.result()
-                error = error or task.exception()
-        assert error is not None
-        raise error
 
     async def _fetch(self) -> None:
         while (item := await self._work.get()) is not None:
@@ -329,50 +255,14 @@ class Pipeline:
     # -- assemble and deliver --------------------------------------------------------------------
     async def _finish(self, batch: _Batch) -> None:
         try:
-            count, out, skipped = await self.lt.run_cpu(self._assemble, batch)
+            ordered = [batch.parts[s] for s in sorted(batch.parts)]
+            count, out, skipped = await self.lt.run_cpu(assemble, self.plan, ordered)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer
             exc.add_note(f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}")
             self._fail(batch, exc)
             return
         self.stats.record_skipped(batch.skipped + skipped)
         self._deliver(batch.pos, Ready(batch.seq, count, out))
-
-    def _assemble(self, batch: _Batch) -> tuple[int, Any, list[tuple[int, str]]]:
-        """On the CPU pool: parts in position order → transform → collate. Returns the sample count,
-        the batch (``EMPTY`` if every sample was skipped) and samples skipped by the transform."""
-        plan = self.plan
-        ordered = [batch.parts[s] for s in sorted(batch.parts)]
-        indices = plan.source.row_ids([i for idx, _ in ordered for i in idx])
-        parts = [p for _, p in ordered]
-        cols = plan.source.columns
-        if not indices:
-            return 0, EMPTY, []
-        if plan.transform is None and plan.collate_fn is None:
-            return len(indices), collate_columns(cols, parts, indices, plan.with_index, plan.ragged), []
-        samples: list[Any] = rows(cols, parts, indices)
-        skipped: list[tuple[int, str]] = []
-        if plan.transform is not None:
-            out = []
-            for s in samples:
-                try:
-                    t = plan.transform(s)
-                except Exception as exc:
-                    if plan.on_error == "raise":
-                        raise
-                    skipped.append((s["index"], f"{type(exc).__name__} in transform: {exc}"))
-                    continue
-                if plan.with_index and isinstance(t, dict) and "index" not in t:
-                    t["index"] = s["index"]
-                out.append(t)
-            samples = out
-        elif not plan.with_index:
-            for s in samples:
-                del s["index"]
-        if not samples:
-            return 0, EMPTY, skipped
-        if plan.collate_fn is not None:
-            return len(samples), plan.collate_fn(samples), skipped
-        return len(samples), default_collate(samples, plan.ragged), skipped
 
     def _fail(self, batch: _Batch, exc: BaseException) -> None:
         if batch.failed:
@@ -400,14 +290,3 @@ def _nbytes(part: Any) -> int:
         else:
             total += sum(int(getattr(v, "nbytes", 0)) for v in value)
     return total
-
-
-def _forget(group: set[asyncio.Future[Any]]) -> Any:
-    """A done-callback that drops a finished background read and consumes its error, if any."""
-
-    def done(fut: asyncio.Future[Any]) -> None:
-        group.discard(fut)
-        if not fut.cancelled():
-            fut.exception()
-
-    return done

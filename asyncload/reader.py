@@ -12,7 +12,7 @@ from typing import Any
 
 from .epoch import EpochIterator
 from .options import LoaderOptions, ReadMode
-from .pipeline import Plan
+from .plan import Plan
 from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .state import EpochProgress
@@ -58,7 +58,11 @@ class ShardReader:
         """An iterator over the rest of ``epoch`` (its loop thread starts on the first ``next()``)."""
         o = self.options
         return EpochIterator(
-            self.plan(epoch, progress), progress, loop=o.loop, cpu_workers=o.cpu_pool, shutdown_timeout=o.shutdown_timeout
+            self.plan(epoch, progress),
+            progress,
+            loop=o.loop,
+            cpu_workers=o.cpu_pool,
+            shutdown_timeout=o.shutdown_timeout,
         )
 
 

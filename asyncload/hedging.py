@@ -1,0 +1,97 @@
+"""Hedged reads: a read far slower than recent ones gets a second request, and the first answer wins.
+
+Why: on object stores a few requests in a thousand stall for seconds (a slow disk, a lost packet waiting
+for its retransmission timer), and with batches delivered in order one stalled read holds up everything
+behind it. Racing a second request for it after ``hedge`` × the recent p99 latency costs a few percent
+more requests and removes the tail.
+
+The loser is never cancelled (a cancelled Deep Lake future hangs forever): it runs to its end in the
+background, its result dropped, and ``drain()`` waits for it before the epoch's loop may close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .stats import Stats
+
+
+class Hedger:
+    """Reads through ``read(indices)``, hedging stragglers; counts hedges in ``stats``."""
+
+    def __init__(
+        self, read: Callable[[list[int]], Awaitable[Any]], stats: Stats, factor: float | None, floor_s: float
+    ) -> None:
+        self._read = read
+        self._stats = stats
+        self._factor = factor
+        self._floor_s = floor_s
+        self._after_s: float | None = None
+        self._at = 0  # requests counted when ``_after_s`` was last computed
+        self._stragglers: set[asyncio.Future[Any]] = set()  # hedged-away reads still running
+
+    def after(self) -> float | None:
+        """Seconds after which a read is a straggler worth a second request: ``factor`` × the recent p99
+        of read latency, once there are enough reads to know it (recomputed every 64 reads)."""
+        st = self._stats
+        if not self._factor or len(st.latencies) < 64:
+            return None
+        if st.requests - self._at >= 64 or self._after_s is None:
+            lat = sorted(st.latencies)
+            self._after_s = max(self._floor_s, self._factor * lat[int(0.99 * (len(lat) - 1))])
+            self._at = st.requests
+        return self._after_s
+
+    async def _timed(self, idx: list[int]) -> tuple[Any, float]:
+        t0 = time.perf_counter()
+        part = await self._read(idx)
+        return part, time.perf_counter() - t0
+
+    async def read(self, idx: list[int]) -> tuple[Any, float]:
+        """``(result, seconds)`` of reading ``idx``, racing a second request if the first straggles."""
+        after = self.after()
+        first = asyncio.ensure_future(self._timed(idx))
+        if after is None:
+            return await first
+        done, _ = await asyncio.wait({first}, timeout=after)
+        if done:
+            return first.result()
+        self._stats.hedges += 1
+        second = asyncio.ensure_future(self._timed(idx))
+        pending = {first, second}
+        error: BaseException | None = None
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if task.exception() is None:
+                    for loser in pending:  # left to finish on their own
+                        self._stragglers.add(loser)
+                        loser.add_done_callback(_forget(self._stragglers))
+                    if task is second:
+                        self._stats.hedges_won += 1
+                    return task.result()
+                error = error or task.exception()
+        assert error is not None
+        raise error
+
+    async def drain(self) -> None:
+        """Wait for reads lost to a hedge: they must end before the loop may close."""
+        while busy := [t for t in self._stragglers if not t.done()]:  # done ones: see Pipeline.run
+            await asyncio.gather(*busy, return_exceptions=True)
+
+
+def _forget(group: set[asyncio.Future[Any]]) -> Any:
+    """A done-callback that drops a finished background read and consumes its error, if any."""
+
+    def done(fut: asyncio.Future[Any]) -> None:
+        group.discard(fut)
+        if not fut.cancelled():
+            fut.exception()
+
+    return done
+
+
+__all__ = ["Hedger"]

@@ -1,0 +1,46 @@
+"""``Plan``: everything one epoch's pipeline needs, fixed when the epoch starts.
+
+``reader.ShardReader`` makes it (which batches, how many indices per request, how many requests in
+flight); ``pipeline``, ``hedging`` and ``assembly`` only read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .collate import CollateFn, RaggedSpec, Transform
+from .options import OnError
+from .sources.base import Source
+from .tuning import ConcurrencyTuner
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's work and how to do it."""
+
+    source: Source[Any]
+    batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
+    group: int  # indices per request
+    fetchers: int  # fetcher tasks (the most requests that can ever be in flight)
+    limit: int  # requests allowed in flight at the start
+    batch_size: int
+    prefetch: int
+    in_order: bool
+    transform: Transform | None
+    collate_fn: CollateFn | None
+    with_index: bool
+    on_error: OnError
+    tuner: ConcurrencyTuner | None = None
+    log_every: float | None = None
+    hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
+    hedge_min_s: float = 0.05
+    ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
+
+    def slots(self, limit: int) -> int:
+        """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
+        return self.prefetch + math.ceil(limit * self.group / self.batch_size) + 1
+
+
+__all__ = ["Plan"]
