@@ -163,6 +163,7 @@ class EpochIterator(Epoch):
         if not self._closed:
             self._closed = True
             self._stats.finished = time.perf_counter()
+            self._out.put(END)  # wakes a consumer blocked in next() on another thread (a pin thread)
         if self._future is not None and self._lt.running:
             self._lt.call_soon(self._pipeline.stop)
             try:
