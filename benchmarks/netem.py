@@ -343,15 +343,33 @@ def check_path(url: str, bucket: str, rtt_s: float) -> dict[str, Any]:
     return {"rtt_set_ms": rtt_s * 1e3, **path, "growth": window_growth(url, large, rtt_s)}
 
 
+@contextlib.contextmanager
+def inside(enter: Callable[[], None]) -> Iterator[None]:
+    """The calling thread in another namespace (``enter``) for the block, then back where it was.
+
+    Fork or start worker processes *inside* it, never setns in the child: a library that registers
+    pthread_atfork handlers (Deep Lake does) recreates its threads in the child at fork time, before any
+    child code runs, so they stay in the parent's namespace. Measured: a Deep Lake reader forked from the
+    server's namespace then setns'd into the client's sent its default-pool reads around the delay.
+    """
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        enter()
+        yield
+    finally:
+        _setns_fd(home)
+        os.close(home)
+
+
 def fork_call(enter: Callable[[], None], fn: Callable[..., Any], *args: Any, timeout: float = 120.0) -> Any:
-    """``fn(*args)`` in a forked child after ``enter()`` (e.g. into the client namespace); its JSON result."""
+    """``fn(*args)`` in a child forked inside ``enter()``'s namespace (e.g. the client's); its JSON result."""
     r, w = os.pipe()
-    pid = os.fork()
+    with inside(enter):
+        pid = os.fork()
     if pid == 0:  # child: never returns
         code = 0
         try:
             os.close(r)
-            enter()
             out = json.dumps({"ok": fn(*args)})
         except BaseException as exc:  # noqa: BLE001 - reported to the parent
             out, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}), 1

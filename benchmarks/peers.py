@@ -50,14 +50,22 @@ def _tensors(images: Any, masks: Any) -> dict[str, torch.Tensor]:
 
 
 def column_batches(
-    url: str, creds: dict[str, str] | None, order: list[int], request: int = 64, inflight: int = 4
+    url: str,
+    creds: dict[str, str] | None,
+    order: list[int],
+    request: int = 64,
+    inflight: int = 4,
+    pool_after_open: bool = False,
 ) -> Iterator[dict[str, torch.Tensor]]:
     """The plain reader: column ``get_async`` of ``request`` indices per column, ``inflight`` requests
     in flight on a loop thread, in order, through a bounded queue."""
     import deeplake
 
-    deeplake.storage.set_concurrency(64)
+    if not pool_after_open:
+        deeplake.storage.set_concurrency(64)
     ds = _open(url, creds)
+    if pool_after_open:  # the diagnosis: does the pool size still change connections once a dataset is open?
+        deeplake.storage.set_concurrency(64)
     out: queue.Queue[Any] = queue.Queue(maxsize=inflight)
 
     async def fetch(idx: list[int]) -> dict[str, torch.Tensor]:
@@ -155,8 +163,8 @@ def batches(spec: dict[str, Any], order: list[int], limit: int) -> Iterator[Any]
         return recipe_batches(url, creds, limit)
     if kind == "spdl":
         return spdl_batches(url, creds, order)
-    if kind in ("column", "ceiling"):
-        return column_batches(url, creds, order)
+    if kind in ("column", "ceiling", "column_late"):
+        return column_batches(url, creds, order, pool_after_open=kind == "column_late")
     if kind == "asyncload":
         return asyncload_batches(url, creds, spec["order"] == "shuffled", spec.get("options", {}))
     raise ValueError(f"unknown reader {kind!r}")

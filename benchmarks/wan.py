@@ -37,7 +37,7 @@ import netem  # noqa: E402
 from asyncload.config import load_config, parse_overrides, setting, validate  # noqa: E402
 from asyncload.errors import ConfigError  # noqa: E402
 
-PEERS = ("sync:0", "sync:2", "sync:4", "pytorch:4", "recipe", "spdl", "column", "ceiling", "asyncload")
+PEERS = ("sync:0", "sync:2", "sync:4", "pytorch:4", "recipe", "spdl", "column", "column_late", "ceiling", "asyncload")
 _ORDERS = ("sequential", "shuffled")
 
 
@@ -73,16 +73,16 @@ class WanConfig:
         validate(self)
 
 
-def _child(netns: str | None, spec: dict[str, Any], conn: Any) -> None:
-    """In the forked child: into the client's namespace, measure, send, exit hard (Deep Lake's threads
-    can crash a normal interpreter exit after ``get_async``; the result is already out)."""
+def _child(spec: dict[str, Any], conn: Any) -> None:
+    """In the forked child (already in the client's namespace): measure, send, exit hard (Deep Lake's
+    threads can crash a normal interpreter exit after ``get_async``; the result is already out)."""
     try:
-        if netns:
-            netem._setns(netns)
         import peers
 
-        fn = netem.check_path if spec["reader"] == "netcheck" else peers.measure_reader
-        out = fn(spec["url"], spec["bucket"], spec["rtt_s"]) if spec["reader"] == "netcheck" else fn(spec)
+        if spec["reader"] == "netcheck":
+            out = netem.check_path(spec["url"], spec["bucket"], spec["rtt_s"])
+        else:
+            out = peers.measure_reader(spec)
     except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
         out = {"error": f"{type(exc).__name__}: {exc}"}
     conn.send(out)
@@ -91,18 +91,26 @@ def _child(netns: str | None, spec: dict[str, Any], conn: Any) -> None:
 
 
 class Runner:
-    """Fresh processes from one forkserver that preloaded the heavy imports (~3 s each otherwise)."""
+    """Fresh processes from one forkserver that preloaded the heavy imports (~3 s each otherwise).
 
-    def __init__(self, netns: str | None, timeout_s: float) -> None:
-        self.netns, self.timeout_s = netns, timeout_s
+    The forkserver starts inside the client's namespace (``netem.inside``), so every thread of every
+    child, including those Deep Lake recreates at fork time, is on the emulated path.
+    """
+
+    def __init__(self, net: netem.Network, timeout_s: float) -> None:
+        from multiprocessing import forkserver
+
+        self.timeout_s = timeout_s
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(
             ["torch", "deeplake", "asyncload", "spdl.pipeline", "peers", "netem", "baselines", "recipe"]
         )
+        with netem.inside(net.enter_client):
+            forkserver.ensure_running()
 
     def __call__(self, spec: dict[str, Any]) -> dict[str, Any]:
         recv, send = self.ctx.Pipe(duplex=False)
-        p = self.ctx.Process(target=_child, args=(self.netns, spec, send), daemon=False)
+        p = self.ctx.Process(target=_child, args=(spec, send), daemon=False)
         p.start()
         send.close()
         try:
@@ -126,6 +134,7 @@ def _label(reader: str, variant: str | None = None) -> str:
         "recipe": "published asyncio recipe (128 coroutines)",
         "spdl": "SPDL 0.8 pipeline, per-row get_async, 64",
         "column": "plain column get_async (64 × 4 in flight, pool 64)",
+        "column_late": "plain column reader, pool set to 64 after opening",
         "ceiling": "plain column reader on a local copy (ceiling)",
         "asyncload": "asyncload, defaults",
     }
@@ -261,8 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
         with SeaweedServer(host=net.server_host) as server:
             bench.prepare(net, server)
-            netns = f"/run/netns/{net.ns['client']}" if isinstance(net, netem.PacketNet) else None
-            bench.execute(net, Runner(netns, cfg.run_timeout_s))
+            bench.execute(net, Runner(net, cfg.run_timeout_s))
     bench.meta["wall_s"] = time.perf_counter() - t0
     bench.save()
     from wan_report import render
