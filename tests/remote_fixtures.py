@@ -14,6 +14,7 @@ keeps the original arrays to compare pixels against.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import http.client
 import io
@@ -23,10 +24,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -283,7 +286,8 @@ def gcs_data(gcs_emulator: str) -> EmulatedData:
         put(f"files/images/{stem(i)}.png", png_bytes(images[i]))
         put(f"files/masks/{stem(i)}.png", png_bytes(masks[i]))
     put("files/manifest.txt", "\n".join(stem(i) for i in (9, 2, 40)).encode())
-    return EmulatedData(f"gs://{bucket}/files", gcs_emulator, images, masks, {"endpoint_url": gcs_emulator})
+    creds = {"endpoint_url": gcs_emulator, "anonymous": "true"}  # the emulator checks no credentials
+    return EmulatedData(f"gs://{bucket}/files", gcs_emulator, images, masks, creds)
 
 
 @pytest.fixture(scope="session")
@@ -352,3 +356,17 @@ def check_epoch(it: Iterator[dict], images: np.ndarray, masks: np.ndarray) -> li
             assert np.array_equal(b["masks"][j].numpy(), masks[i]), f"masks differ at index {i}"
         seen += idx
     return seen
+
+
+@contextlib.contextmanager
+def serving(server: ThreadingHTTPServer) -> Iterator[str]:
+    """Serve on a thread until the block ends; yields ``http://127.0.0.1:<port>``."""
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)

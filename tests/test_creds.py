@@ -1,18 +1,20 @@
-"""S3 credentials and regions the standard way, against the real SeaweedFS server (signatures checked):
-profiles from shared credentials and config files written here (``AWS_SHARED_CREDENTIALS_FILE``,
-``AWS_CONFIG_FILE``), ``profile=`` and ``AWS_PROFILE``, a ``credential_process`` whose keys expire and are
-renewed mid-run, clear errors for a wrong or unknown profile, the region from configuration, and the
-region from the bucket's own answer (``x-amz-bucket-region``).
+"""S3 credentials and regions the standard way, against the real SeaweedFS server (signatures checked),
+through botocore's chain: profiles from shared credentials and config files written here
+(``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``), ``profile=`` and ``AWS_PROFILE``, a
+``credential_process`` whose keys expire and are renewed mid-run, an instance role (a loopback metadata
+service), web identity (a loopback STS), SSO (a cached login and a loopback portal); clear errors for a
+wrong or unknown profile; the region from configuration and from the bucket's own answer.
 
 SeaweedFS does not send ``x-amz-bucket-region`` (checked: neither on a list nor on HEAD bucket), so that
 case runs through a small reverse proxy in front of it that behaves as AWS does: every answer names the
 bucket's region, and a request signed for another region is refused with ``AuthorizationHeaderMalformed``.
+SeaweedFS also refuses session tokens it did not issue, so the loopback credential services hand out the
+server's keys with an empty session token.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import datetime as dt
 import http.client
 import json
@@ -20,7 +22,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ from asyncload import AsyncLoader, ObjectStoreSource, SourceError
 from asyncload.sources.s3probe import S3AccessError, probe_s3_url
 from asyncload.testing.seaweed import _free_ports
 
-from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, aws_files, read_epoch, remote_data, seaweed
+from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, aws_files, read_epoch, remote_data, seaweed, serving
 
 FIXTURES = (aws_files, remote_data, seaweed)
 pytestmark = pytest.mark.timeout(60)
@@ -171,20 +172,6 @@ class _RegionHandler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-
-
-@contextlib.contextmanager
-def serving(server: ThreadingHTTPServer) -> Iterator[str]:
-    """Serve on a thread until the block ends; yields ``http://127.0.0.1:<port>``."""
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 @pytest.fixture
@@ -422,9 +409,7 @@ class _SsoPortal(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-def test_sso_profile_credentials_from_the_cached_login(
-    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_sso_profile_credentials_from_the_cached_login(remote_data: RemoteData, aws_files: Path) -> None:
     """A profile with ``sso_start_url`` etc.: botocore reads the token ``aws sso login`` cached under
     ~/.aws/sso/cache and asks the portal (a loopback one, ``AWS_ENDPOINT_URL_SSO``) for role keys."""
     import hashlib
@@ -446,10 +431,15 @@ def test_sso_profile_credentials_from_the_cached_login(
             f"[profile sso]\nsso_start_url = {start_url}\nsso_region = eu-west-1\nsso_account_id = 123456789012\n"
             f"sso_role_name = reader\nregion = eu-west-1\nendpoint_url = {server.endpoint_url}\n"
         )
-        monkeypatch.setenv("HOME", str(home))
-        monkeypatch.setenv("AWS_ENDPOINT_URL_SSO", portal)
-        src = ObjectStoreSource(remote_data.files_url, profile="sso")
-        assert len(src) == remote_data.rows
-        assert src.store().s3.source == "sso, profile 'sso'"
+        # botocore fixes ~/.aws/sso/cache when it is imported: a fresh interpreter with this HOME reads it.
+        env = dict(os.environ, HOME=str(home), AWS_ENDPOINT_URL_SSO=portal)
+        code = (
+            "from asyncload import ObjectStoreSource\n"
+            f"src = ObjectStoreSource({remote_data.files_url!r}, profile='sso')\n"
+            "print(len(src)); print(src.store().s3.source)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.splitlines() == [str(remote_data.rows), "sso, profile 'sso'"]
         path, bearer = handler.asked[0]
         assert path.startswith("/federation/credentials") and bearer == "sso-access-token"

@@ -1,13 +1,17 @@
 """Google Cloud Storage (``gs://``) through ``ObjectStoreSource`` against a real local emulator
 (``gcp-storage-emulator`` from PyPI, started by the session fixture): listing, manifests, exact rows,
 typed and fast errors naming the URL. The emulator checks no credentials, so the credential tests here
-are of the chain (google-auth) failing clearly at open; Azure's tests cover a server refusing a key."""
+are of the chain (google-auth): a service-account key traded for a token at a loopback token endpoint,
+and broken keys failing clearly at open; Azure's tests cover a server refusing a key."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import json
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -16,7 +20,7 @@ from asyncload.sources._store import BucketNotFoundError, StoreEndpointError
 from asyncload.sources.gcs import GCSBucket, resolve_gcs
 from asyncload.testing.seaweed import _free_ports
 
-from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator
+from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, serving
 
 FIXTURES = (gcs_data, gcs_emulator)
 pytestmark = pytest.mark.timeout(60)
@@ -81,7 +85,7 @@ def test_missing_bucket_and_down_endpoint_fail_fast_naming_them(gcs_data: Emulat
     assert "'no-such-bucket'" in str(info.value) and gcs_data.endpoint in str(info.value)
     (dead,) = _free_ports("127.0.0.1", 1)
     with pytest.raises(StoreEndpointError) as down:
-        ObjectStoreSource(gcs_data.url, creds={"endpoint_url": f"http://127.0.0.1:{dead}"}).open()
+        ObjectStoreSource(gcs_data.url, creds=dict(gcs_data.creds, endpoint_url=f"http://127.0.0.1:{dead}")).open()
     assert f"127.0.0.1:{dead}" in str(down.value) and "'asyncload-gcs'" in str(down.value)
     assert time.monotonic() - t0 < 2 * FAST_FAIL_S
 
@@ -105,3 +109,54 @@ def test_broken_application_credentials_fail_at_open_naming_the_file(
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))
     with pytest.raises(SourceError, match="missing.json"):
         ObjectStoreSource("gs://asyncload-gcs/files").open()
+
+
+class _TokenEndpoint(BaseHTTPRequestHandler):
+    """Google's OAuth token endpoint as google-auth calls it for a service account (a JWT grant)."""
+
+    grants: list[dict[str, list[str]]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.grants.append(parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()))
+        body = json.dumps({"access_token": f"ya29.loopback-{len(self.grants)}", "expires_in": 3600}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_application_default_credentials_from_a_service_account_file(
+    gcs_data: EmulatedData, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GOOGLE_APPLICATION_CREDENTIALS names a service-account key (a real RSA key made here): google-auth
+    signs a JWT grant and trades it at the key's token_uri (a loopback endpoint) for the bearer token that
+    every read then carries; the private key is in no repr."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        .decode()
+    )
+    handler = type("Token", (_TokenEndpoint,), {"grants": []})
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as token_endpoint:
+        key = tmp_path / "sa.json"
+        key.write_text(json.dumps({
+            "type": "service_account", "project_id": "p", "private_key_id": "k1", "private_key": pem,
+            "client_email": "reader@p.iam.gserviceaccount.com", "client_id": "1",
+            "token_uri": f"{token_endpoint}/token",
+        }))  # fmt: skip
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key))
+        src = ObjectStoreSource(gcs_data.url, creds={"endpoint_url": gcs_data.endpoint})
+        seen = check_epoch(iter(AsyncLoader(src, batch_size=16)), gcs_data.images, gcs_data.masks)
+        assert sorted(seen) == list(range(gcs_data.rows))
+        store = src.store()
+        assert asyncio.run(store.headers("GET", store.object_url("x"))) == {"Authorization": "Bearer ya29.loopback-1"}
+        (grant,) = handler.grants  # one token for the whole run
+        assert grant["grant_type"] == ["urn:ietf:params:oauth:grant-type:jwt-bearer"]
+        assert "PRIVATE KEY" not in repr(store) + repr(src)

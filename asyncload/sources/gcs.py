@@ -10,9 +10,9 @@ here against a real server. The JSON API is what Google's own clients use.
 Credentials, the standard way (:func:`~._creds.gcs_token`): ``creds={"token": ...}`` (a bearer token
 used as is), a service-account key mapping (``type: service_account``), else google-auth's application
 default credentials (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's ADC file, workload identity federation,
-the metadata server), renewed before expiry. ``STORAGE_EMULATOR_HOST`` (the variable Google's clients
-read) or ``creds["endpoint_url"]`` points at another endpoint; an emulator gets anonymous requests,
-as Google's clients send it, unless creds are given.
+the metadata server), renewed before expiry; ``creds={"anonymous": "true"}`` for public data.
+``STORAGE_EMULATOR_HOST`` (the variable Google's clients read) or ``creds["endpoint_url"]`` points at
+another endpoint; the emulator variable alone means anonymous requests, as Google's clients send them.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def resolve_gcs(url: str, creds: Mapping[str, Any] | None = None, env: Mapping[s
         return GCSBucket(bucket, endpoint, str(c["token"]))
     if c.get("type") == "service_account":
         return GCSBucket(bucket, endpoint, gcs_token(c))
-    if endpoint != GCS_ENDPOINT and not c:
-        return GCSBucket(bucket, endpoint, None)  # an emulator or a private gateway: anonymous
+    if str(c.get("anonymous", "")).lower() in ("1", "true", "yes") or (_emulator(env) and not creds):
+        return GCSBucket(bucket, endpoint, None)  # public data, or an emulator (as Google's clients do)
     renewing = gcs_token(None)
     renewing.get_blocking()  # fail at open if the chain has nothing
     return GCSBucket(bucket, endpoint, renewing)
