@@ -4,11 +4,14 @@ environment and connection strings Azure's tools read, typed and fast errors, no
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import json
 import os
 import pickle
 import time
 import traceback
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -16,7 +19,7 @@ from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, Read
 from asyncload.sources._store import BucketNotFoundError, StoreAccessError
 from asyncload.sources.azure import AzureContainer, resolve_azure
 
-from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch
+from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch, serving
 
 FIXTURES = (azure_data, azurite)
 pytestmark = pytest.mark.timeout(60)
@@ -131,3 +134,45 @@ def test_without_key_or_sas_the_identity_chain_is_asked_and_fails_clearly(monkey
     with pytest.raises(SourceError, match="DefaultAzureCredential"):
         ObjectStoreSource("az://c/p").open()
     assert time.monotonic() - t0 < 15.0
+
+
+class _ManagedIdentity(BaseHTTPRequestHandler):
+    """App Service's managed-identity endpoint as azure-identity calls it (``IDENTITY_ENDPOINT``)."""
+
+    asked: list[tuple[str, str | None]] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.asked.append((self.path, self.headers.get("X-IDENTITY-HEADER")))
+        body = json.dumps({"access_token": f"eyJ.managed-{len(self.asked)}", "expires_on": str(int(time.time()) + 3600),
+                           "resource": "https://storage.azure.com", "token_type": "Bearer"}).encode()  # fmt: skip
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_managed_identity_token_from_the_identity_chain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No key: DefaultAzureCredential finds a managed identity (a loopback App Service identity endpoint)
+    and every request carries its OAuth token. Azurite takes OAuth only over HTTPS with --oauth, so this
+    checks the headers the store would send rather than a read."""
+    pytest.importorskip("azure.identity", reason="azure-identity (the azure extra) is not installed")
+    for k in list(os.environ):
+        if k.startswith(("AZURE_", "IDENTITY_", "MSI_")):
+            monkeypatch.delenv(k)
+    handler = type("Mi", (_ManagedIdentity,), {"asked": []})
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), handler)) as endpoint:
+        monkeypatch.setenv("IDENTITY_ENDPOINT", f"{endpoint}/msi/token")
+        monkeypatch.setenv("IDENTITY_HEADER", "identity-header-value")
+        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "asyncloadacct")
+        store = resolve_azure("az://data/train")
+        assert store.endpoint == "https://asyncloadacct.blob.core.windows.net" and "DefaultAzureCredential" in repr(
+            store
+        )
+        headers = asyncio.run(store.headers("GET", store.object_url("images/000001.png")))
+    assert headers is not None and headers["Authorization"] == "Bearer eyJ.managed-1"
+    path, header = handler.asked[0]
+    assert path.startswith("/msi/token") and "resource=https" in path and header == "identity-header-value"
