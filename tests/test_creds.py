@@ -443,3 +443,15 @@ def test_sso_profile_credentials_from_the_cached_login(remote_data: RemoteData, 
         assert out.stdout.splitlines() == [str(remote_data.rows), "sso, profile 'sso'"]
         path, bearer = handler.asked[0]
         assert path.startswith("/federation/credentials") and bearer == "sso-access-token"
+
+
+def test_a_failing_credential_source_fails_the_open_naming_it(remote_data: RemoteData, aws_files: Path) -> None:
+    """A ``credential_process`` that exits non-zero: a SourceError naming the profile, not botocore's own."""
+    (aws_files / "config").write_text(
+        f"[profile broken]\nendpoint_url = {remote_data.server.endpoint_url}\n"
+        f"credential_process = {sys.executable} -c \"import sys; sys.exit('no credentials today')\"\n"
+    )
+    t0 = time.monotonic()
+    with pytest.raises(SourceError, match="profile 'broken'") as info:
+        ObjectStoreSource(remote_data.files_url, profile="broken").open()
+    assert time.monotonic() - t0 < 5.0 and "no credentials today" in str(info.value)

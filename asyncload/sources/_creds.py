@@ -129,7 +129,10 @@ def aws_chain(profile: str | None) -> tuple[Renewing[Credentials] | None, str | 
     what = f"{method}" + (f", profile {profile!r}" if profile else "")
 
     def fetch() -> tuple[Credentials, float | None]:
-        frozen = found.get_frozen_credentials()  # refreshes a refreshable set when it is due
+        try:
+            frozen = found.get_frozen_credentials()  # refreshes a refreshable set when it is due
+        except BotoCoreError as exc:
+            raise SourceError(f"cannot get AWS credentials from {what}: {exc}") from None
         expiry = getattr(found, "_expiry_time", None)  # botocore's own record of the current set's expiry
         return Credentials(frozen.access_key, frozen.secret_key, frozen.token or None), _epoch(expiry)
 

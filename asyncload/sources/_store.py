@@ -173,6 +173,8 @@ def classify(g: GiveUp, store: Store, what: str, deadline: float) -> SourceError
     s3 = store.kind == "S3"
     where = store.where() + (f" (for {what})" if what else "")
     last = g.last
+    if isinstance(last, SourceError):
+        return last  # the credentials could not be fetched (a chain's own, clear error)
     if isinstance(last, HTTPStatusError):
         if store.bucket_missing(last):
             cls: type[SourceError] = S3BucketNotFoundError if s3 else BucketNotFoundError
