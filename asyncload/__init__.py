@@ -30,6 +30,7 @@ from .sampler import EpochSampler, Shard
 from .sources.base import Source
 from .sources.deeplake import DeepLakeSource
 from .sources.objectstore import ObjectStoreSource
+from .sources.subset import RangeSource
 from .synthetic import make_dataset
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "EpochSampler",
     "LoaderOptions",
     "ObjectStoreSource",
+    "RangeSource",
     "ReadError",
     "RemoteError",
     "Shard",

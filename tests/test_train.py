@@ -156,7 +156,7 @@ def test_the_helper_serves_other_dataclasses(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_range_source_serves_exactly_its_rows_renumbered_from_zero(tiny_url: str) -> None:
+def test_range_source_serves_exactly_its_rows_named_by_dataset_row(tiny_url: str) -> None:
     import deeplake
     import numpy as np
 
@@ -164,10 +164,10 @@ def test_range_source_serves_exactly_its_rows_renumbered_from_zero(tiny_url: str
     split = RangeSource(DeepLakeSource(tiny_url), 48, 64)
     assert len(split) == 16
     batches = list(AsyncLoader(split, batch_size=5, shuffle=True, seed=2))
-    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(16))
+    assert sorted(i for b in batches for i in b["index"].tolist()) == list(range(48, 64))  # dataset rows
     for b in batches:
         for i, image in zip(b["index"].tolist(), b["images"], strict=True):
-            assert np.array_equal(image.numpy(), np.array(ds[48 + i]["images"]))
+            assert np.array_equal(image.numpy(), np.array(ds[i]["images"]))
     with pytest.raises(ValueError, match=r"RangeSource: \[60, 65\) is not within the 64 rows of file://"):
         RangeSource(DeepLakeSource(tiny_url), 60, 65)
 

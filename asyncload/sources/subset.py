@@ -1,0 +1,58 @@
+"""``RangeSource``: rows ``[start, stop)`` of another source, as a source of its own (one split).
+
+Positions are renumbered from 0, so shuffling, shards and resume count within the split; reads, errors
+and each batch's ``"index"`` use the real row numbers of the dataset underneath.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from .base import Columns, Source
+
+
+class RangeSource(Source[Any]):
+    """Rows ``[start, stop)`` of ``inner``. Picklable like every source (``inner`` travels as its
+    description); the loader's hooks (pool sizes, retry and throttle counts) go to ``inner``."""
+
+    def __init__(self, inner: Source[Any], start: int, stop: int) -> None:
+        super().__init__(inner.url, inner.columns)
+        if not 0 <= start <= stop <= len(inner):
+            raise ValueError(f"RangeSource: [{start}, {stop}) is not within the {len(inner)} rows of {inner.url}")
+        self.inner, self.start, self.stop = inner, start, stop
+        self.fork_safe = inner.fork_safe
+
+    def _open(self) -> Any:
+        return self.inner.handle()
+
+    def _length(self, handle: Any) -> int:
+        return self.stop - self.start
+
+    def _version(self, handle: Any) -> str | None:
+        inner = self.inner.version
+        return None if inner is None else f"{inner}[{self.start}:{self.stop}]"
+
+    def row_ids(self, positions: list[int]) -> list[int]:
+        return self.inner.row_ids([self.start + i for i in positions])
+
+    @property
+    def preferred_read_mode(self) -> Literal["row", "column"]:
+        return self.inner.preferred_read_mode
+
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
+        self.inner.configure(requests_in_flight, samples_in_flight)
+
+    def throttle_count(self) -> int:
+        return self.inner.throttle_count()
+
+    def retry_count(self) -> int:
+        return self.inner.retry_count()
+
+    async def read(self, indices: list[int]) -> Columns:
+        return await self.inner.read([self.start + i for i in indices])
+
+    def __repr__(self) -> str:
+        return f"RangeSource({self.inner!r}, {self.start}, {self.stop})"
+
+
+__all__ = ["RangeSource"]

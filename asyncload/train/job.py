@@ -1,0 +1,288 @@
+"""The training run: epochs, evaluation, checkpoints and resume, and the command line."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import math
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from itertools import islice
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..config import check, load_config, parse_overrides
+from ..device import DeviceFeed
+from ..errors import ConfigError
+from ..sources.deeplake import DeepLakeSource, normalize_url
+from ..synthetic import CLASSES
+from .config import TrainConfig
+from .data import Split, first_n
+from .model import UNet
+from .steps import SYNC_EVERY, StepOptions, StepTimes, iou_counts, model_only_rate, timed_steps, train_step
+from .world import World, make_world
+
+
+def _ensure_data(cfg: TrainConfig, w: World) -> str:
+    """The dataset URL; rank 0 writes the synthetic dataset first when it is missing and allowed to."""
+    import deeplake
+
+    from ..synthetic import make_dataset
+
+    url = normalize_url(cfg.data)
+    if w.main and cfg.make_data and not deeplake.exists(url):
+        print(f"making {cfg.rows or 1200} synthetic rows of {cfg.image_size}x{cfg.image_size} at {url}", flush=True)
+        make_dataset(
+            url, cfg.rows or 1200, height=cfg.image_size, width=cfg.image_size, seed=cfg.seed, progress=cfg.progress
+        )
+    w.barrier()
+    return url
+
+
+def _save(path: str, state: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _loader_state(loader: Any, consumed: int) -> dict[str, Any] | None:
+    """The loader's resume point after ``consumed`` batches of the current epoch, when it offers one.
+
+    ``AsyncIterableDataset.state_dict(batches_consumed)`` is told the count (only the training loop
+    knows what DataLoader handed out); a loader that tracks it itself takes no argument."""
+    fn = getattr(loader, "state_dict", None)
+    if fn is None:
+        return None
+    if "batches_consumed" in inspect.signature(fn).parameters:
+        return dict(fn(batches_consumed=consumed))
+    return dict(fn())
+
+
+def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Run the training job of ``cfg``; returns one dict of figures per epoch run (the same on all ranks).
+
+    ``on_step`` (optional) is called after every optimizer step with ``{"epoch", "step", "loss",
+    "indices"}``; an exception raised there stops the run like a crash would (checkpoints stay)."""
+    w = make_world(cfg)
+    threads = torch.get_num_threads()
+    benchmark = torch.backends.cudnn.benchmark
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)  # process-wide: put back below for in-process callers
+        return _run(cfg, w, on_step)
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.benchmark = benchmark
+        if w.owns_group:
+            dist.destroy_process_group()
+
+
+def _run(cfg: TrainConfig, w: World, on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+    from tqdm import tqdm
+
+    url = _ensure_data(cfg, w)
+    total = len(DeepLakeSource(url))
+    n = min(cfg.rows, total) if cfg.rows else total
+    n_train = int(n * (1 - cfg.holdout))
+    check(
+        "holdout", cfg.holdout, 0 < n_train < n, f"a fraction that leaves rows on both sides of the split of {n} rows"
+    )
+    train_split = Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world)
+    val_split = Split(cfg, url, n_train, n, train=False, rank=w.rank, world=w.world)
+    steps = len(train_split) if not cfg.max_steps_per_epoch else min(cfg.max_steps_per_epoch, len(train_split))
+
+    how = StepOptions.for_device(w.device, cfg.bf16, cfg.channels_last, cfg.cudnn_benchmark)
+    torch.manual_seed(cfg.seed)
+    net = UNet(len(CLASSES), cfg.width).to(w.device, memory_format=how.memory_format)
+    model: nn.Module = net
+    if w.world > 1:
+        model = nn.parallel.DistributedDataParallel(
+            net, device_ids=[w.device.index] if w.device.type == "cuda" else None
+        )
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+    epoch, step, skip = 0, 0, 0
+    loader_state_restored = False
+    if cfg.checkpoint and cfg.resume and os.path.exists(cfg.checkpoint):
+        ck = torch.load(cfg.checkpoint, map_location=w.device, weights_only=True)
+        net.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        epoch, step, skip = int(ck["epoch"]), int(ck["step"]), int(ck["step_in_epoch"])
+        if ck.get("loader") is not None and hasattr(train_split.dataset, "load_state_dict"):
+            train_split.dataset.load_state_dict(ck["loader"])
+            loader_state_restored = True
+        if w.main:
+            print(
+                f"resumed from {cfg.checkpoint}: epoch {epoch + 1}, step {step} ({skip} steps into the epoch)",
+                flush=True,
+            )
+
+    def save(epoch_: int, in_epoch: int) -> None:
+        if w.main and cfg.checkpoint:
+            loader_state = _loader_state(train_split.dataset, in_epoch) if in_epoch else None
+            _save(cfg.checkpoint, {
+                "model": net.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch_, "step": step,
+                "step_in_epoch": in_epoch, "loader": loader_state, "config": asdict(cfg),
+            })  # fmt: skip
+        w.barrier()  # nobody runs ahead of a checkpoint that may be needed to restart them
+
+    if w.main:
+        print(
+            f"training a U-Net (width {cfg.width}) on {n_train} rows, validating on {n - n_train}, of {url}; "
+            f"loader {cfg.loader}, {w.world} rank(s) on {w.device}, {steps} steps/epoch of {cfg.batch_size} per rank; "
+            f"bf16 {how.bf16}, channels_last {how.channels_last}",
+            flush=True,
+        )
+    history: list[dict[str, Any]] = []
+    first_epoch = epoch
+    kept: dict[str, torch.Tensor] | None = None  # a full batch on the device, for the model-only rate
+    for epoch in range(first_epoch, cfg.epochs):
+        start = skip if epoch == first_epoch else 0  # only a resumed epoch begins part-way
+        model.train()
+        raw = train_split.epoch(epoch)
+        if start and not loader_state_restored:
+            deque(islice(raw, start), maxlen=0)  # the order is deterministic: skip what was trained already
+        feed = DeviceFeed(first_n(raw, steps - start), w.device, depth=cfg.depth)
+        bar = tqdm(total=steps, initial=start, desc=f"epoch {epoch + 1}/{cfg.epochs}", unit="step",
+                   disable=not (w.main and cfg.progress), leave=False)  # fmt: skip
+        loss_sum = torch.zeros((), dtype=torch.float64, device=w.device)
+        seen: list[int] = []
+
+        def one_step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+            nonlocal kept
+            if kept is None or len(batch["images"]) > len(kept["images"]):
+                kept = batch
+            return train_step(model, opt, batch["images"], batch["masks"], how)
+
+        def after(  # this epoch's state bound as defaults: the function is made anew each epoch
+            batch: dict[str, torch.Tensor], loss: torch.Tensor, times: StepTimes,
+            epoch: int = epoch, start: int = start, loss_sum: torch.Tensor = loss_sum, seen: list[int] = seen,
+            bar: Any = bar,
+        ) -> None:  # fmt: skip
+            nonlocal step
+            step += 1
+            in_epoch = start + times.steps
+            loss_sum.add_(loss.double() * len(batch["images"]))
+            if times.steps % SYNC_EVERY == 0 and not bar.disable:
+                bar.set_postfix(loss=f"{loss.item():.3f}")  # already read back this step: costs nothing
+            # Reading indices back to the host waits for the device: only when asked for.
+            idx = batch["index"].tolist() if (cfg.index_log or on_step is not None) else []
+            seen.extend(idx)
+            bar.update(1)
+            if on_step is not None:
+                on_step({"epoch": epoch, "step": step, "loss": float(loss), "indices": idx})
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and in_epoch < steps:
+                save(epoch, in_epoch)
+
+        times = timed_steps(feed, one_step, w.device, after)
+        bar.close()
+        feed.close()
+        if cfg.index_log:
+            os.makedirs(cfg.index_log, exist_ok=True)
+            with open(os.path.join(cfg.index_log, f"rank{w.rank}.jsonl"), "a", encoding="utf-8") as f:
+                f.write(json.dumps({"epoch": epoch, "rank": w.rank, "world_size": w.world, "indices": seen}) + "\n")
+
+        ious, ev_s = _evaluate(net, val_split, w, how)
+        loss_total, n_samples, wait_total, sync_total, wall_total = w.sum(
+            [float(loss_sum), times.samples, times.wait_s, times.sync_s, times.wall_s]
+        )
+        present = [i for i in ious if not math.isnan(i)]
+        row: dict[str, Any] = {
+            "epoch": epoch,
+            "step": step,
+            "steps": steps - start,
+            "loss": loss_total / max(n_samples, 1),
+            "miou": sum(present) / len(present) if present else float("nan"),
+            "iou": dict(zip(CLASSES, ious, strict=True)),
+            "samples": int(n_samples),
+            "samples_per_s": n_samples / (wall_total / w.world) if wall_total else 0.0,
+            "data_wait": wait_total / wall_total if wall_total else 0.0,
+            "device_sync": sync_total / wall_total if wall_total else 0.0,
+            "train_s": wall_total / w.world,
+            "eval_s": ev_s,
+        }
+        history.append(row)
+        if w.main:
+            print(
+                f"epoch {epoch + 1}/{cfg.epochs}  step {step}  loss {row['loss']:.4f}  mIoU {row['miou']:.3f}  "
+                f"{row['samples_per_s']:,.0f} samples/s  data wait {100 * row['data_wait']:.1f}%, "
+                f"device sync {100 * row['device_sync']:.1f}% of step time  "
+                f"({row['train_s']:.1f} s train, {ev_s:.1f} s eval)",
+                flush=True,
+            )
+        save(epoch + 1, 0)
+    if w.main and not history:
+        print(f"nothing to do: the checkpoint {cfg.checkpoint} is already at epoch {epoch} of {cfg.epochs}", flush=True)
+    if history and kept is not None and cfg.model_only_steps:
+        (rate,) = w.sum([model_only_rate(model, opt, kept, how, cfg.model_only_steps)])
+        last = history[-1]
+        last["model_only_samples_per_s"] = rate  # summed over ranks, like samples_per_s
+        last["of_model_only"] = last["samples_per_s"] / rate if rate else 0.0
+        if w.main:
+            print(
+                f"model alone (one batch already on {w.device}, same step loop): {rate:,.0f} samples/s; "
+                f"training ran at {100 * last['of_model_only']:.0f}% of it in its last epoch",
+                flush=True,
+            )
+    return history
+
+
+@torch.no_grad()
+def _evaluate(net: nn.Module, split: Split, w: World, how: StepOptions) -> tuple[list[float], float]:
+    """Per-class IoU over the held-out split, each row counted once across ranks; and the seconds taken."""
+    t0 = time.perf_counter()
+    net.eval()
+    counts = torch.zeros(2 * len(CLASSES), dtype=torch.float64, device=w.device)
+    left = split.real
+    with DeviceFeed(split.epoch(0), w.device) as feed:
+        for batch in feed:
+            keep = min(left, len(batch["images"]))
+            left -= keep
+            if keep:
+                with how.autocast():
+                    logits = net(how.inputs(batch["images"]))
+                counts += iou_counts(logits, batch["masks"], keep)
+    net.train()
+    total = w.sum(counts.cpu().tolist())
+    k = len(CLASSES)
+    ious = [total[c] / total[k + c] if total[k + c] else float("nan") for c in range(k)]
+    return ious, time.perf_counter() - t0
+
+
+# -- entry points ----------------------------------------------------------------------------------
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
+    """``--config FILE`` (optional: the dataclass defaults otherwise) and ``--set key=value`` overrides."""
+    p = argparse.ArgumentParser(
+        prog="asyncload train", description="Train a compact U-Net on the synthetic segmentation data."
+    )
+    p.add_argument("--config", help="YAML file of TrainConfig keys (default: built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one key, e.g. --set loader=sync (repeatable)")  # fmt: skip
+    args = p.parse_args(argv)
+    return load_config(args.config, TrainConfig, parse_overrides(args.overrides))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: parse, train, and turn a configuration mistake into one line and exit code 2."""
+    try:
+        cfg = config_from_args(argv)
+        train(cfg)
+    except ConfigError as exc:
+        print(f"asyncload train: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
