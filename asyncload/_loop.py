@@ -221,3 +221,32 @@ class LoopThread:
         """Await ``fn(*args)`` run on the CPU pool, keeping the loop thread free (call from the loop)."""
         assert self._pool is not None
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+
+def call_in_thread(fn: Callable[[], T], timeout: float, name: str = "asyncload-blocking") -> asyncio.Future[T | None]:
+    """A future of the running loop that ``fn()``'s result (or exception, as the value) settles, from a
+    short-lived daemon thread; ``None`` if it takes longer than ``timeout``.
+
+    For a rare blocking call that must not hold the loop or a pool thread hostage (a store that hangs
+    keeps only its own daemon thread). Call from a coroutine.
+    """
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any) -> None:
+        if not fut.done():
+            fut.set_result(value)
+
+    def run() -> None:
+        try:
+            value: Any = fn()
+        except BaseException as exc:  # noqa: BLE001 - the exception is the answer
+            value = exc
+        try:
+            loop.call_soon_threadsafe(settle, value)
+        except RuntimeError:  # loop already closed: nobody waits any more
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    loop.call_later(timeout, settle, None)
+    return fut

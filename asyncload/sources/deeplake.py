@@ -19,13 +19,13 @@ import asyncio
 import hashlib
 import os
 import re
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import deeplake
 import numpy as np
 
+from .._loop import call_in_thread
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
 from .base import Columns, Source
 
@@ -40,33 +40,18 @@ def normalize_url(url: str | os.PathLike[str]) -> str:
     return "file://" + os.path.abspath(url)
 
 
-def _recover_type(make_future: Any, timeout: float) -> asyncio.Future[BaseException | None]:
-    """Re-run a failed read with the blocking ``.result()``, which keeps the exception's type.
+def _recover_type(make_future: Any, timeout: float) -> asyncio.Future[Any]:
+    """Re-run a failed read with the blocking ``.result()``, which keeps the exception's type: the
+    exception (or ``None`` when the second read succeeds or does not answer within ``timeout``)."""
 
-    Runs on a daemon thread so that a slow store cannot hold the loop or a pool hostage; the answer is
-    ``None`` when the second read succeeds or does not answer within ``timeout``.
-    """
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[BaseException | None] = loop.create_future()
-
-    def settle(value: BaseException | None) -> None:
-        if not fut.done():
-            fut.set_result(value)
-
-    def run() -> None:
+    def again() -> BaseException | None:
         try:
             make_future().result()
-            value: BaseException | None = None
         except BaseException as exc:  # noqa: BLE001 - the exception is the answer
-            value = exc
-        try:
-            loop.call_soon_threadsafe(settle, value)
-        except RuntimeError:  # loop already closed: nobody waits any more
-            pass
+            return exc
+        return None
 
-    threading.Thread(target=run, name="asyncload-error-type", daemon=True).start()
-    loop.call_later(timeout, settle, None)
-    return fut
+    return call_in_thread(again, timeout, name="asyncload-error-type")
 
 
 _ROW = "asyncload_row"  # TQL identifiers cannot start with "_"
