@@ -532,8 +532,10 @@ def test_workers_that_cannot_settle_an_abandoned_epoch_are_replaced_and_the_next
     """The fallback when cancelling cannot be made prompt (a transform stuck in a worker): the pool is
     stopped after 2 x shutdown_timeout and the next epoch runs on fresh workers, none of the old batches."""
     monkeypatch.setenv("ASYNCLOAD_TEST_STALL", "1")  # inherited by the workers spawned now
+    # One batch's reads at a time and CPU threads to spare: batches 0 and 1 never queue behind a stalled one.
+    opts = {"batch_size": 8, "concurrency": 8, "prefetch": 1, "cpu_workers": 4}
     loader = AsyncLoader(
-        DeepLakeSource(seg_url), batch_size=8, transform=slow_while_flagged, processes=2, shutdown_timeout=1.0
+        DeepLakeSource(seg_url), **opts, transform=slow_while_flagged, processes=2, shutdown_timeout=1.0
     )
     it = iter(loader)
     assert index_lists([next(it), next(it)]) == EpochSampler(ROWS, 8).batches(0)[:2]
