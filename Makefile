@@ -14,6 +14,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PIP) install --upgrade pip
 	$(PIP) install -c constraints.txt torch
 	$(PIP) install -c constraints.txt -e '.[test]'
+	-npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error azurite@3.37.0 || echo "npm unavailable: the Azure tests will skip"
 	touch $@
 
 run: install  ## a dataset on a local S3 server behind emulated WAN latency: synchronous vs asyncload, under a minute

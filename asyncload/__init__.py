@@ -27,6 +27,7 @@ from .errors import (
 from .loader import AsyncLoader
 from .options import LoaderOptions
 from .sampler import EpochSampler, Shard
+from .sources._store import BucketNotFoundError, StoreAccessError, StoreEndpointError
 from .sources.base import Source
 from .sources.deeplake import DeepLakeSource
 from .sources.objectstore import ObjectStoreSource
@@ -34,6 +35,9 @@ from .sources.subset import RangeSource
 from .synthetic import make_dataset
 
 __all__ = [
+    "BucketNotFoundError",
+    "StoreAccessError",
+    "StoreEndpointError",
     "__version__",
     "AsyncIterableDataset",
     "AsyncLoadError",

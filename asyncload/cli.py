@@ -36,6 +36,7 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
 def _add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--creds", metavar="JSON_FILE", help="Deep Lake credentials (e.g. aws_access_key_id, endpoint_url)")
     p.add_argument("--token", help="Activeloop token (al:// datasets)")
+    p.add_argument("--profile", help="AWS shared-config profile for s3:// datasets")
     p.add_argument("--version", help="a tag, branch or commit id to read instead of the main branch's head")
     p.add_argument("--query", help='a TQL query whose rows are read, e.g. "SELECT * WHERE label = 1"')
 
@@ -93,7 +94,9 @@ def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
             creds = json.loads(open(args.creds).read())
         except (OSError, ValueError) as exc:
             raise SystemExit(f"asyncload: --creds {args.creds}: {exc}") from None
-    return DeepLakeSource(args.url, columns, creds=creds, token=args.token, version=args.version, query=args.query)
+    return DeepLakeSource(
+        args.url, columns, creds=creds, token=args.token, version=args.version, query=args.query, profile=args.profile
+    )
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:

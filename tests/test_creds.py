@@ -69,6 +69,21 @@ def test_aws_profile_variable_and_the_probe_for_deeplake_urls(
     assert len(ds) == remote_data.rows
 
 
+def test_deeplake_source_reads_with_a_profile_and_with_the_chain(
+    remote_data: RemoteData, aws_files: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No keys anywhere but the shared files: DeepLakeSource asks the chain and hands Deep Lake its keys."""
+    from asyncload import DeepLakeSource
+
+    loader = AsyncLoader(DeepLakeSource(remote_data.deeplake_url, profile=PROFILE), batch_size=16, concurrency=16)
+    assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(remote_data.rows))
+    monkeypatch.setenv("AWS_PROFILE", PROFILE)
+    assert len(AsyncLoader(DeepLakeSource(remote_data.deeplake_url, probe=False)).source) == remote_data.rows
+    with pytest.raises(SourceError) as e:
+        AsyncLoader(DeepLakeSource(remote_data.deeplake_url, profile="wrong"))
+    assert "rejected the credentials" in str(e.value) and WRONG_SECRET not in full_text(e.value)
+
+
 def test_wrong_secret_in_a_profile_fails_fast_naming_profile_endpoint_and_bucket(
     remote_data: RemoteData, aws_files: Path
 ) -> None:

@@ -45,6 +45,18 @@ class BucketNotFoundError(DatasetNotFoundError):
     """The bucket (or container) does not exist at the endpoint."""
 
 
+class S3EndpointError(StoreEndpointError):
+    """The S3 endpoint did not answer (down, refused, unreachable, too slow)."""
+
+
+class S3AccessError(StoreAccessError):
+    """The S3 endpoint refused the credentials, or denied access to the bucket."""
+
+
+class S3BucketNotFoundError(BucketNotFoundError):
+    """The bucket does not exist at the endpoint."""
+
+
 class Store(abc.ABC):
     """One bucket (or container) of one store, with the identity used on it."""
 
@@ -168,8 +180,6 @@ async def probe_store(
 
 def classify(g: GiveUp, store: Store, what: str, deadline: float) -> SourceError | None:
     """The open error for a failed probe; None when the failure proves nothing (an anonymous denial)."""
-    from .s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
-
     s3 = store.kind == "S3"
     where = store.where() + (f" (for {what})" if what else "")
     last = g.last

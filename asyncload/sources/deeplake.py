@@ -83,6 +83,10 @@ class DeepLakeSource(Source[Any]):
     passed to Deep Lake and never shown in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
     Deep Lake's process-wide storage thread pool to match the loader, an int sets it, ``None`` leaves it.
 
+    ``profile``: for ``s3://``, the shared-config profile whose credentials (and region) to use; without
+    it and without keys in ``creds``, the standard AWS chain is asked (environment, shared files, SSO,
+    web identity, instance role). ``probe=False`` skips the fast bucket check before Deep Lake opens.
+
     ``version``: a tag, a branch or a commit id to read instead of the main branch's head; every process
     opens the same one (a handle pickled by Deep Lake itself would re-open the branch head).
 
@@ -102,12 +106,16 @@ class DeepLakeSource(Source[Any]):
         *,
         version: str | None = None,
         query: str | None = None,
+        profile: str | None = None,
+        probe: bool = True,
         storage_concurrency: StorageConcurrency = "auto",
     ) -> None:
         super().__init__(normalize_url(url), columns)
         self._creds = dict(creds) if creds else None
         self._token = token
         self.storage_concurrency = storage_concurrency
+        self.profile = profile
+        self.probe = probe
         if version is not None and (not isinstance(version, str) or not version or "@" in version):
             raise ConfigError(f"version={version!r} is not allowed: a tag, branch or commit id")
         self.version_spec = version
@@ -122,14 +130,18 @@ class DeepLakeSource(Source[Any]):
     def dataset(self) -> Any:
         """The read-only Deep Lake dataset at this source's version, opened now (no column check): for
         tools such as ``asyncload inspect`` that look at a dataset before choosing columns."""
+        creds = self._creds
         if self.url.startswith("s3://"):
-            # Fail in seconds with the setting that is wrong, not after Deep Lake's ~42 s of retries.
+            # Fail in seconds with the setting that is wrong, not after Deep Lake's ~42 s of retries; and
+            # resolve the standard credential chain (profile, SSO, instance role...) Deep Lake does not.
             from .s3probe import probe_s3_url
 
-            probe_s3_url(self.url, self._creds)
+            s3 = probe_s3_url(self.url, creds, profile=self.profile, enabled=self.probe)
+            if self.profile is not None or not (creds or {}).get("aws_access_key_id"):
+                creds = {**s3.as_creds(), **(creds or {})}  # keys as of now: Deep Lake does not renew them
         kwargs: dict[str, Any] = {}
-        if self._creds:
-            kwargs["creds"] = self._creds
+        if creds:
+            kwargs["creds"] = creds
         if self._token:
             kwargs["token"] = self._token
         try:

@@ -26,20 +26,16 @@ from collections.abc import Mapping
 
 from ..errors import SourceError
 from ._perloop import run_blocking
-from ._store import BucketNotFoundError, StoreAccessError, StoreEndpointError, probe_store
+from ._store import (  # noqa: F401 - the S3 errors are part of this module's interface
+    BucketNotFoundError,
+    S3AccessError,
+    S3BucketNotFoundError,
+    S3EndpointError,
+    StoreAccessError,
+    StoreEndpointError,
+    probe_store,
+)
 from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
-
-
-class S3EndpointError(StoreEndpointError):
-    """The S3 endpoint did not answer (down, refused, unreachable, too slow)."""
-
-
-class S3AccessError(StoreAccessError):
-    """The S3 endpoint refused the credentials, or denied access to the bucket."""
-
-
-class S3BucketNotFoundError(BucketNotFoundError):
-    """The bucket does not exist at the endpoint."""
 
 
 async def probe_bucket_async(
