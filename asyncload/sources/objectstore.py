@@ -9,7 +9,7 @@ Design, and why:
 
 - **Requests on the loader's loop.** Every object is one GET issued with aiohttp on the running loop;
   a read of ``n`` indices issues ``n × columns`` GETs at once. The session (and its one connection pool)
-  is created lazily on the loop that reads and closed when that loop ends (see ``_perloop``): the source
+  is created lazily on the loop that reads and closed when that loop ends (see ``_loop.LoopLocal``): the source
   handle itself (the row → key index) is plain data, opened from any thread, never crossing a fork.
 - **Pool sized to the fan-out.** ``configure(requests_in_flight)`` from the loader × the indices per
   read × columns, capped by ``max_connections``; aiohttp's default cap of 100 would otherwise queue the
@@ -56,10 +56,10 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
+from .._loop import LoopLocal, run_blocking
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, read_error
 from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
-from ._perloop import LoopLocal, run_blocking
 from ._store import HTTPStore, Store, probe_store
 from .azure import resolve_azure, split_az_url
 from .base import Columns, Source

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from .._loop import run_blocking
 from ..errors import SourceError
-from ._perloop import run_blocking
 from ._store import (  # noqa: F401 - the S3 errors are part of this module's interface
     BucketNotFoundError,
     S3AccessError,
