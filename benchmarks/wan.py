@@ -102,8 +102,19 @@ class Runner:
 
         self.timeout_s = timeout_s
         self.ctx = mp.get_context("forkserver")
+        # Every asyncload module, not just the package: a module imported lazily in a child would come
+        # from disk, and in a checkout being edited meanwhile it may no longer match the preloaded ones.
+        import pkgutil
+
+        import asyncload
+
+        ours = [
+            m.name
+            for m in pkgutil.walk_packages(asyncload.__path__, "asyncload.")
+            if not m.name.endswith("__main__") and ".testing" not in m.name
+        ]
         self.ctx.set_forkserver_preload(
-            ["torch", "deeplake", "asyncload", "spdl.pipeline", "peers", "netem", "baselines", "recipe"]
+            ["torch", "deeplake", "asyncload", *ours, "spdl.pipeline", "peers", "netem", "baselines", "recipe"]
         )
         with netem.inside(net.enter_client):
             forkserver.ensure_running()
