@@ -118,6 +118,16 @@ _STOP = None  # parent → worker: exit (closing the pipe means the same)
 _CONTEXTS = ("spawn", "forkserver")
 
 
+def _per_worker(options: LoaderOptions, processes: int) -> LoaderOptions:
+    """One worker's options: in order (every message names its batch), no fan-out of its own, and its
+    share of the samples in flight, so that K workers together keep what one process would: the same
+    memory bound, and no K-fold burst of reads when every worker starts an epoch at once."""
+    share = {"max_concurrency": max(1, options.max_concurrency // processes)}
+    if options.concurrency != "auto":
+        share["concurrency"] = max(1, int(options.concurrency) // processes)
+    return options.replace(in_order=True, processes=0, **share)
+
+
 def sub_shard(shard: Shard, k: int, processes: int) -> Shard:
     """The share of ``shard`` that worker ``k`` of ``processes`` serves: batches ``k, k + K, k + 2K, ...``
     of ``shard``'s sequence (see the module doc)."""
@@ -603,7 +613,7 @@ class WorkerPool:
             options = LoaderOptions(**options)
         # Workers read in order so that every message names its batch (see the module doc), and never
         # fan out again.
-        options = options.replace(in_order=True, processes=0)
+        options = _per_worker(options, processes)
         if sampler is None:  # the plan of this shard, as each worker computes its share of it
             sampler = ShardReader(source.open(), options, shard).sampler
         self.sampler = sampler

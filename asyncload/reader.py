@@ -18,6 +18,12 @@ from .sources.base import Source
 from .state import EpochProgress
 from .tuning import ConcurrencyTuner
 
+#: Samples in flight when a reader's first epoch starts with ``concurrency="auto"``. A first epoch on a
+#: WAN is short next to the tuner's intervals (a few round trips each), so where it starts is most of what
+#: a user gets in that epoch: on the packet-level 50 ms benchmark 256 in flight read far more than 128
+#: (benchmarks/results/wan/). Memory stays bounded by ``max_concurrency``.
+TUNER_START = 256
+
 
 class ShardReader:
     """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time."""
@@ -42,7 +48,7 @@ class ShardReader:
         tuner = None
         if auto:  # one tuner for the reader's life: a new epoch starts where the last one settled
             if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
-                self._tuner = ConcurrencyTuner(start=max(128, group), low=group, high=fetchers * group)
+                self._tuner = ConcurrencyTuner(start=max(TUNER_START, group), low=group, high=fetchers * group)
             tuner = self._tuner
         limit = max(1, tuner.limit // group) if tuner else fetchers
         self.source.configure(fetchers, fetchers * group)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncload import AsyncLoader
+from asyncload.reader import TUNER_START
 from asyncload.tuning import ConcurrencyTuner, Observation
 
 from .conftest import ROWS
@@ -62,7 +63,8 @@ def test_auto_reaches_a_stores_capacity_without_running_away(seg_url) -> None:
         for b in loader:
             seen += b["index"].tolist()
     assert len(seen) == 3 * ROWS
-    assert 12 <= loader.stats()["concurrency"] <= 128
+    # It never climbs past where it started on a store that saturates at 12 (it starts high: see reader).
+    assert 12 <= loader.stats()["concurrency"] <= TUNER_START
 
 
 def test_auto_backs_off_a_throttling_store(seg_url) -> None:
