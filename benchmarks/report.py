@@ -162,7 +162,8 @@ def plots(data: dict[str, Any], out: Path) -> None:
         plt.close(fig)
 
 
-def render(out: str | Path) -> None:
+def render(out: str | Path, tables: Any = tables, plots: Any = plots) -> None:
+    """``results.json`` in ``out`` → ``table.md`` and the plots (``wan_report.py`` passes its own)."""
     out = Path(out)
     data = json.loads((out / "results.json").read_text())
     (out / "table.md").write_text(tables(data))

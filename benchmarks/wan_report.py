@@ -8,7 +8,6 @@ readers measured in the same run, since absolute figures on a shared 2-core mach
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -214,10 +213,10 @@ def plot(data: dict[str, Any], out: Path) -> None:
 
 
 def render(out: str | Path) -> None:
-    out = Path(out)
-    data = json.loads((out / "results.json").read_text())
-    (out / "table.md").write_text(tables(data))
-    plot(data, out)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import report
+
+    report.render(out, tables, plot)
 
 
 if __name__ == "__main__":
