@@ -114,3 +114,9 @@ def test_a_query_that_is_not_a_select_on_this_dataset_is_refused(query: str, tmp
 def test_a_query_that_selects_nothing_says_so(versioned: dict[str, str]) -> None:
     with pytest.raises(SourceError, match="selects no rows"):
         AsyncLoader(DeepLakeSource(versioned["url"], query="SELECT * WHERE label = 7"))
+
+
+def test_a_ready_view_is_refused_naming_the_query_form(versioned: dict[str, str]) -> None:
+    view = deeplake.open_read_only(versioned["url"]).query("SELECT * WHERE label = 1")
+    with pytest.raises(ConfigError, match=r"url=DatasetView is not allowed: .* as its TQL text \(query="):
+        DeepLakeSource(view)

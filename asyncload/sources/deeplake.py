@@ -34,6 +34,12 @@ StorageConcurrency = int | Literal["auto"] | None
 
 def normalize_url(url: str | os.PathLike[str]) -> str:
     """``/data/seg`` and ``file:///data/seg`` name the same dataset; other schemes pass through."""
+    if not isinstance(url, (str, os.PathLike)):
+        # A ready view cannot say which dataset rows it holds, nor be re-run identically in a worker.
+        raise ConfigError(
+            f"url={type(url).__name__} is not allowed: pass the dataset's URL, and a view as its TQL text "
+            f"(query='SELECT * WHERE ...')"
+        )
     url = os.fspath(url)
     if "://" in url:
         return url
