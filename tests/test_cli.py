@@ -13,6 +13,7 @@ import pytest
 from asyncload import AsyncLoader
 from asyncload.cli import main
 
+from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import DelayedSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +114,17 @@ def test_live_stats_and_the_periodic_log_line(seg_url, caplog) -> None:
     assert s["read_p50_ms"] <= s["read_p90_ms"] <= s["read_p99_ms"]
     lines = [r.getMessage() for r in caplog.records if "samples/s" in r.getMessage()]
     assert lines and seg_url in lines[0] and "in flight (limit" in lines[0]
+
+
+def test_inspect_a_dataset_on_s3_with_creds_and_a_query(remote_data, tmp_path, capsys) -> None:
+    import json
+
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps(remote_data.server.creds()))
+    url = remote_data.deeplake_url
+    assert main(["inspect", url, "--creds", str(creds), "--query", "SELECT * LIMIT 7", "--sample", "3"]) == 0
+    out = capsys.readouterr().out
+    assert f"{url}: {remote_data.rows} rows" in out and "query 'SELECT * LIMIT 7': 7 rows" in out and "images" in out
+    assert remote_data.server.secret_key not in out
+    assert main(["inspect", url]) == 2  # no credentials: a one-line error naming the URL, not a traceback
+    assert f"asyncload inspect: cannot open {url}" in capsys.readouterr().err
