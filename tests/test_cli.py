@@ -13,10 +13,11 @@ import pytest
 from asyncload import AsyncLoader
 from asyncload.cli import main
 
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
+from .remote_fixtures import remote_data, seaweed
 from .sources import DelayedSource
 
 ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = (remote_data, seaweed)
 pytestmark = pytest.mark.timeout(120)
 
 
