@@ -164,11 +164,21 @@ def test_an_unpicklable_error_in_a_worker_arrives_as_remote_error(http_images: s
 
 
 # -- persistent workers follow set_epoch and load_state_dict -------------------------------------------
+def _persistent(kind: str, seg_url: str, http_url: str) -> tuple[AsyncIterableDataset, DataLoader, EpochSampler]:
+    """Fork workers read the HTTP store (fork-safe); spawn workers read Deep Lake, whose runtime does not
+    survive a fork of a process that opened a dataset (README: use spawn with Deep Lake)."""
+    if kind == "fork":
+        src, rows, bs = ObjectStoreSource(http_url, columns=("images",), manifest=stems()), HTTP_ROWS, 4
+    else:
+        src, rows, bs = DeepLakeSource(seg_url), ROWS, 16
+    ds = AsyncIterableDataset(src, batch_size=bs, shuffle=True, seed=7, concurrency=16)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=kind)
+    return ds, dl, EpochSampler(rows, bs, shuffle=True, seed=7)
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, context: str) -> None:
-    ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=7, concurrency=16)
-    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=context)
-    plan = EpochSampler(ROWS, 16, shuffle=True, seed=7)
+def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, http_images: str, context: str) -> None:
+    ds, dl, plan = _persistent(context, seg_url, http_images)
     orders = []
     for e in range(3):
         ds.set_epoch(e)
@@ -188,13 +198,13 @@ def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, c
     assert batch_indices(dl) == plan.batches(5)
 
 
-def test_persistent_workers_keep_their_processes(seg_url: str) -> None:
-    ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=32, shuffle=True, concurrency=16)
-    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork")
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_keep_their_processes(seg_url: str, http_images: str, context: str) -> None:
+    ds, dl, plan = _persistent(context, seg_url, http_images)
     pids = []
     for e in range(2):
         ds.set_epoch(e)
-        assert sorted(i for b in dl for i in b["index"].tolist()) == list(range(ROWS))
+        assert sorted(i for b in dl for i in b["index"].tolist()) == list(range(plan.n))
         pids.append(sorted(w.pid for w in dl._iterator._workers))
     assert pids[0] == pids[1]
 

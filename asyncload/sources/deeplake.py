@@ -9,8 +9,8 @@ Facts this module is built on (Deep Lake 4.7.4, measured; see the architecture d
   A failed read is therefore re-issued once on a helper thread with ``.result()`` to recover the type.
 - Never ``cancel()`` a Deep Lake future (the read then hangs forever); all futures are awaited to the end,
   through ``gather(..., return_exceptions=True)`` so one failure does not orphan its siblings.
-- Storage I/O runs on a process-wide pool of 16 threads by default, which caps remote reads at about 14
-  connections; ``configure`` raises it to match the loader's requests in flight.
+- Storage I/O runs on a process-wide pool of 16 threads by default, and a dataset's connections are
+  fixed when it opens: the pool is raised *before* opening (``_size_storage_pool``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, Sou
 from .base import Columns, Source
 
 StorageConcurrency = int | Literal["auto"] | None
+#: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
+AUTO_STORAGE_THREADS = 64
 
 
 def normalize_url(url: str | os.PathLike[str]) -> str:
@@ -87,7 +89,8 @@ class DeepLakeSource(Source[Any]):
 
     ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``al://``...; ``creds`` and ``token`` are
     passed to Deep Lake and never shown in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
-    Deep Lake's process-wide storage thread pool to match the loader, an int sets it, ``None`` leaves it.
+    Deep Lake's process-wide storage thread pool to 64 before the dataset opens (which fixes its
+    connections), an int sets it, ``None`` leaves it.
 
     ``profile``: for ``s3://``, the shared-config profile whose credentials (and region) to use; without
     it and without keys in ``creds``, the standard AWS chain is asked (environment, shared files, SSO,
@@ -150,6 +153,7 @@ class DeepLakeSource(Source[Any]):
             kwargs["creds"] = creds
         if self._token:
             kwargs["token"] = self._token
+        self._size_storage_pool()
         try:
             ds = deeplake.open_read_only(self.url, **kwargs)
         except Exception as exc:
@@ -229,17 +233,22 @@ class DeepLakeSource(Source[Any]):
         return "row"
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
-        """Raise Deep Lake's storage threads to one per sample and column in flight (at most 512).
+        """Nothing to do once the handle is open: Deep Lake sizes a dataset's connections when it opens
+        it (see ``_size_storage_pool``), so raising the pool afterwards adds threads, not connections."""
 
-        A column request for many indices fans out into ranged GETs inside Deep Lake, so what bounds
-        its storage I/O is samples, not requests; with the default 16 threads, column reads of a
-        32-sample batch at 50 ms RTT were capped at a third of per-row reads (measured in the bench).
+    def _size_storage_pool(self) -> None:
+        """Set Deep Lake's process-wide storage pool *before* a dataset is opened.
+
+        ``"auto"``: at least ``AUTO_STORAGE_THREADS``. On the packet-level WAN benchmark a dataset opened
+        with the default 16 kept 16-17 connections whatever the pool became later, and reads queued inside
+        Deep Lake; opened with 64 it used 64, and more threads than that cost CPU without reading faster
+        (benchmarks/results/wan/). An int sets the pool; ``None`` leaves it alone.
         """
         want = self.storage_concurrency
         if want == "auto":
-            want = min(512, max(16, (samples_in_flight or requests_in_flight) * len(self.columns)))
-            if want <= deeplake.storage.concurrency():
+            if deeplake.storage.concurrency() >= AUTO_STORAGE_THREADS:
                 return
+            want = AUTO_STORAGE_THREADS
         if want is not None:
             deeplake.storage.set_concurrency(int(want))
 
