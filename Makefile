@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow bench netem-deps bench-loopback bench-large train s3 lint clean
+.PHONY: install run run-local test test-slow bench netem-deps bench-loopback scaling bench-large train s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,10 @@ bench-loopback: install  ## the earlier suite: synthetic data behind the TCP del
 bench-large: install  ## the loopback suite on a bigger machine: more rows, latencies, repetitions, processes
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/suite.py --config configs/bench_large.yaml
+
+scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataLoader persistent workers (--small on 2 cores)
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(PY) benchmarks/scaling.py $(if $(filter 1 2,$(shell nproc)),--small,)
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
 	$(PY) -m asyncload.train --config configs/train_unet.yaml
