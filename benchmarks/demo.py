@@ -52,6 +52,12 @@ def _read(url: str, creds: dict[str, str], rows: int, sync_rows: int) -> dict[st
     }
 
 
+def _write(url: str, creds: dict[str, str], rows: int) -> str:
+    from asyncload import make_dataset
+
+    return make_dataset(url, rows, creds=creds, progress=False, overwrite=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rtt-ms", type=float, default=40.0, help="emulated round-trip time (default 40 ms)")
@@ -59,7 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-rows", type=int, default=48, help="rows the synchronous loop reads (default 48)")
     ap.add_argument("--proxy", action="store_true", help="use the TCP proxy even where packet-level works")
     args = ap.parse_args(argv)
-    from asyncload import make_dataset
     from asyncload.testing.seaweed import SeaweedServer
 
     t0 = time.perf_counter()
@@ -68,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
         with SeaweedServer(host=net.server_host) as server:
             bucket = server.create_bucket("demo")
             url = f"s3://{bucket}/seg"
-            make_dataset(url, args.rows, creds=server.creds(), progress=False, overwrite=True)
+            # Written from a child forked inside the server's namespace: Deep Lake's storage threads are
+            # made at fork time, so a thread that only switched namespace would leave them behind.
+            netem.fork_call(net.enter_server, _write, url, server.creds(), args.rows, timeout=300)
             net.set_rtt(args.rtt_ms / 1e3)
             creds = {**server.creds(), "endpoint_url": net.url(server.port)}
             got = netem.fork_call(net.enter_client, _read, url, creds, args.rows, args.sync_rows, timeout=300)
