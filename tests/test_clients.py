@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import pickle
-import threading
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +44,7 @@ from asyncload.sources._http import HTTPStatusError
 from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
 
 from .conftest import ROWS
+from .remote_fixtures import serving
 from .test_torch import _free_port, batch_indices
 
 pytestmark = pytest.mark.timeout(240)
@@ -66,15 +66,8 @@ def http_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, name="test-http", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))) as url:
+        yield url
 
 
 def stems(missing_at: int | None = None) -> list[str]:
@@ -185,7 +178,10 @@ def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, h
         got = batch_indices(dl)
         assert got == plan.batches(e), f"epoch {e}"
         orders.append(got)
+        if e == 0:
+            pids = sorted(w.pid for w in dl._iterator._workers)
     assert orders[0] != orders[1] != orders[2] != orders[0]
+    assert sorted(w.pid for w in dl._iterator._workers) == pids  # the same (persistent) workers throughout
 
     # Interrupt epoch 4 after 5 batches, then resume it through the same persistent workers.
     ds.set_epoch(4)
@@ -196,17 +192,6 @@ def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, h
     assert taken + rest == plan.batches(4)
     ds.set_epoch(5)
     assert batch_indices(dl) == plan.batches(5)
-
-
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_persistent_workers_keep_their_processes(seg_url: str, http_images: str, context: str) -> None:
-    ds, dl, plan = _persistent(context, seg_url, http_images)
-    pids = []
-    for e in range(2):
-        ds.set_epoch(e)
-        assert sorted(i for b in dl for i in b["index"].tolist()) == list(range(plan.n))
-        pids.append(sorted(w.pid for w in dl._iterator._workers))
-    assert pids[0] == pids[1]
 
 
 # -- torchdata's StatefulDataLoader --------------------------------------------------------------------
