@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
@@ -356,6 +356,16 @@ def check_epoch(it: Iterator[dict], images: np.ndarray, masks: np.ndarray) -> li
             assert np.array_equal(b["masks"][j].numpy(), masks[i]), f"masks differ at index {i}"
         seen += idx
     return seen
+
+
+def reply(handler: BaseHTTPRequestHandler, body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    """Answer a request of a loopback test server with ``body`` (length set, extra ``headers``)."""
+    handler.send_response(status)
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 @contextlib.contextmanager

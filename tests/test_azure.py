@@ -19,7 +19,7 @@ from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, Read
 from asyncload.sources._store import BucketNotFoundError, StoreAccessError
 from asyncload.sources.azure import AzureContainer, resolve_azure
 
-from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch, serving
+from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch, reply, serving
 
 FIXTURES = (azure_data, azurite)
 pytestmark = pytest.mark.timeout(60)
@@ -148,11 +148,7 @@ class _ManagedIdentity(BaseHTTPRequestHandler):
         self.asked.append((self.path, self.headers.get("X-IDENTITY-HEADER")))
         body = json.dumps({"access_token": f"eyJ.managed-{len(self.asked)}", "expires_on": str(int(time.time()) + 3600),
                            "resource": "https://storage.azure.com", "token_type": "Bearer"}).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, body, headers={"Content-Type": "application/json"})
 
 
 def test_managed_identity_token_from_the_identity_chain(monkeypatch: pytest.MonkeyPatch) -> None:

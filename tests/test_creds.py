@@ -36,7 +36,17 @@ from asyncload import AsyncLoader, ObjectStoreSource, SourceError
 from asyncload.sources.s3probe import S3AccessError, probe_s3_url
 from asyncload.testing.seaweed import _free_ports
 
-from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, aws_files, read_epoch, remote_data, seaweed, serving
+from .remote_fixtures import (
+    PROFILE,
+    WRONG_SECRET,
+    RemoteData,
+    aws_files,
+    read_epoch,
+    remote_data,
+    reply,
+    seaweed,
+    serving,
+)
 
 FIXTURES = (aws_files, remote_data, seaweed)
 pytestmark = pytest.mark.timeout(60)
@@ -181,12 +191,7 @@ class _RegionHandler(BaseHTTPRequestHandler):
             conn.close()
 
     def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        for k, v in (headers | {"x-amz-bucket-region": self.server.region}).items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, body, status, headers | {"x-amz-bucket-region": self.server.region})
 
 
 @pytest.fixture
@@ -276,11 +281,7 @@ class _Imds(BaseHTTPRequestHandler):
         pass
 
     def _send(self, body: str, status: int = 200) -> None:
-        data = body.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        reply(self, body.encode(), status)
 
     def do_PUT(self) -> None:
         self.asked.append(self.path)
@@ -368,11 +369,7 @@ class _Sts(BaseHTTPRequestHandler):
             "</AssumedRoleUser></AssumeRoleWithWebIdentityResult>"
             "<ResponseMetadata><RequestId>1</RequestId></ResponseMetadata></AssumeRoleWithWebIdentityResponse>"
         ).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/xml")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, body, headers={"Content-Type": "text/xml"})
 
 
 def test_web_identity_credentials_through_sts(
@@ -417,11 +414,7 @@ class _SsoPortal(BaseHTTPRequestHandler):
         expires_ms = int((time.time() + 3600) * 1000)
         body = json.dumps({"roleCredentials": {"accessKeyId": access, "secretAccessKey": secret,
                                                "sessionToken": "", "expiration": expires_ms}}).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, body, headers={"Content-Type": "application/json"})
 
 
 def test_sso_profile_credentials_from_the_cached_login(remote_data: RemoteData, aws_files: Path) -> None:

@@ -20,7 +20,7 @@ from asyncload.sources._store import BucketNotFoundError, StoreEndpointError
 from asyncload.sources.gcs import GCSBucket, resolve_gcs
 from asyncload.testing.seaweed import _free_ports
 
-from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, serving
+from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, reply, serving
 
 FIXTURES = (gcs_data, gcs_emulator)
 pytestmark = pytest.mark.timeout(60)
@@ -122,11 +122,7 @@ class _TokenEndpoint(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.grants.append(parse_qs(self.rfile.read(int(self.headers.get("Content-Length", "0"))).decode()))
         body = json.dumps({"access_token": f"ya29.loopback-{len(self.grants)}", "expires_in": 3600}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply(self, body, headers={"Content-Type": "application/json"})
 
 
 def test_application_default_credentials_from_a_service_account_file(
