@@ -23,6 +23,7 @@ from typing import Any
 from .config import check as _check
 from .epoch import Epoch, EpochIterator
 from .errors import ConfigError
+from .fanout import WorkerPool
 from .options import LoaderOptions, ReadMode
 from .reader import ShardReader
 from .sampler import Shard, resolve_shard
@@ -178,8 +179,6 @@ class AsyncLoader:
         o = self.options
         it: Epoch
         if o.processes:
-            from .fanout import WorkerPool
-
             if self._pool is None or self._pool.closed:  # the first epoch, or the last pool lost a worker
                 self._pool = WorkerPool(
                     self.source, o, self.shard, o.processes, context=o.mp_context, timeout=o.shutdown_timeout,

@@ -53,6 +53,7 @@ class Source(abc.ABC, Generic[H]):
         self._handle_obj: H | None = None
         self._handle_lock = threading.Lock()
         self._len: int | None = None
+        self._ver: tuple[str | None] | None = None  # (version,) of this process's handle, once known
 
     # -- the per-process handle ------------------------------------------------------------------
     def handle(self) -> H:
@@ -84,6 +85,7 @@ class Source(abc.ABC, Generic[H]):
         state = self.__dict__.copy()
         state["_handle_pid"] = None
         state["_handle_obj"] = None
+        state["_ver"] = None  # each process names the version of what it opened itself
         del state["_handle_lock"]
         return state
 
@@ -101,8 +103,11 @@ class Source(abc.ABC, Generic[H]):
     def version(self) -> str | None:
         """What identifies the data behind the row numbers (a commit id, a digest of the keys), or None
         when the store cannot say. Part of every resume state: a state saved on one version must not
-        silently resume on another of the same length."""
-        return self._version(self.handle())
+        silently resume on another of the same length. Computed once per process: resume states are
+        taken after every batch (StatefulDataLoader), and a digest of a large listing is not free."""
+        if self._ver is None:
+            self._ver = (self._version(self.handle()),)
+        return self._ver[0]
 
     def _version(self, handle: H) -> str | None:
         return None
