@@ -44,7 +44,7 @@ from .epoch import Epoch
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
 from .options import LoaderOptions
-from .sampler import EpochSampler, Remainder, Shard, distributed_rank_world
+from .sampler import Remainder, Shard, distributed_rank_world
 from .sources.base import Source
 from .state import check_dataset_version
 
@@ -188,16 +188,9 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return Shard(rank=rank, world_size=world, worker=worker, num_workers=workers)
 
-    def _sampler(self, shard: Shard) -> EpochSampler:
-        o = self.options
-        return EpochSampler(
-            len(self.source), o.batch_size, shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
-            remainder=o.remainder, shard=shard,
-        )  # fmt: skip
-
     def _rank_batches(self) -> int:
         s = self.shard()
-        return self._sampler(Shard(s.rank, s.world_size)).rank_batches
+        return self.options.sampler(len(self.source), Shard(s.rank, s.world_size)).rank_batches
 
     def __len__(self) -> int:
         """Batches in this rank's epoch, summed over its DataLoader workers. Also after a mid-epoch

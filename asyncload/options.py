@@ -23,7 +23,7 @@ from ._loop import LoopKind
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
 from .errors import ConfigError
-from .sampler import Remainder
+from .sampler import EpochSampler, Remainder, Shard
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -76,6 +76,13 @@ class LoaderOptions:
     def cpu_pool(self) -> int:
         """Threads of the loop's CPU pool (transform and collate): ``cpu_workers``, or up to 4 cores."""
         return self.cpu_workers or min(4, os.cpu_count() or 1)
+
+    def sampler(self, n: int, shard: Shard) -> EpochSampler:
+        """The plan of epochs these options cut for ``shard`` of ``n`` rows."""
+        return EpochSampler(
+            n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+            remainder=self.remainder, shard=shard, start=self.start_batch,
+        )  # fmt: skip
 
     @classmethod
     def of(cls, settings: Mapping[str, Any], base: LoaderOptions | None = None) -> LoaderOptions:

@@ -13,7 +13,7 @@ from typing import Any
 from .epoch import EpochIterator
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
-from .sampler import EpochSampler, Shard
+from .sampler import Shard
 from .sources.base import Source
 from .state import EpochProgress
 from .tuning import ConcurrencyTuner
@@ -32,10 +32,7 @@ class ShardReader:
         self.source = source
         self.options = o = options
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
-        self.sampler = EpochSampler(
-            len(source), o.batch_size, shuffle=o.shuffle, seed=o.seed, drop_last=o.drop_last,
-            remainder=o.remainder, shard=shard, start=o.start_batch,
-        )  # fmt: skip
+        self.sampler = o.sampler(len(source), shard)
         self._tuner: ConcurrencyTuner | None = None
 
     def plan(self, epoch: int, progress: EpochProgress) -> Plan:
