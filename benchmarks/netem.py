@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import fcntl
 import http.client
 import json
 import os
@@ -283,15 +284,20 @@ def network(helper_dir: Path, *, rate_mbit: float | None = None, force_proxy: bo
     """The best emulation this machine allows; torn down on exit, on exceptions and on SIGTERM/SIGHUP
     (turned into KeyboardInterrupt so that ``finally`` blocks run)."""
     net: Network
+    lock = None
     if force_proxy:
         net = ProxyNet("asked for the proxy")
     else:
         try:
+            lock = _exclusive(LOCK_PATH)
             net = PacketNet(helper_dir, rate_mbit=rate_mbit)
         except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
             why = exc.stderr.strip() if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else str(exc)
             print(f"netem: packet-level emulation unavailable ({why}); using the {PROXY}", file=sys.stderr)
             net = ProxyNet(why)
+            if lock is not None:
+                lock.close()
+                lock = None
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -301,8 +307,26 @@ def network(helper_dir: Path, *, rate_mbit: float | None = None, force_proxy: bo
         yield net
     finally:
         net.close()
+        if lock is not None:
+            lock.close()  # releases the flock
         for s, h in old.items():
             signal.signal(s, h)
+
+
+#: The namespaces use fixed addresses, so two packet-level runs on one machine would collide: the second
+#: waits here for the first to finish.
+LOCK_PATH = "/tmp/asyncload-netem.lock"
+
+
+def _exclusive(path: str) -> Any:
+    """An open file holding an exclusive ``flock`` on ``path`` (waits, saying so, while another run holds it)."""
+    f = open(path, "a+")  # noqa: SIM115 - held for the whole run, closed by the caller
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"netem: another packet-level run holds {path}; waiting for it", file=sys.stderr, flush=True)
+        fcntl.flock(f, fcntl.LOCK_EX)
+    return f
 
 
 # -- the path check ------------------------------------------------------------------------------------
