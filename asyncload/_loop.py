@@ -1,7 +1,7 @@
-"""The background thread that owns an asyncio event loop: all thread/loop plumbing lives here.
+"""Every thread, event loop and exit hook asyncload makes is made here.
 
-Why a module of its own: every subtle rule about threads and loops is in one place, so the loader can be
-written as if it were plain asyncio code.
+Why one module: every subtle rule about threads, loops and process exit lives in one place, so the rest
+of the library is written as plain asyncio and plain iterators.
 
 - The loop is created inside the thread that runs it, lazily, in the process that iterates. A
   ``LoopThread`` carried into a child by ``fork`` is seen as *not started* there (the pid differs), so a
@@ -10,33 +10,33 @@ written as if it were plain asyncio code.
   thread: that is a self-deadlock, not a slow call.
 - CPU work (collation, transforms, decoding) goes to a small thread pool owned by the same object, so the
   loop thread only moves requests.
-- Interpreter exit stops every live loop through ``threading._register_atexit``: those hooks run before
-  Python joins non-daemon threads and before ``atexit``, which is the window where in-flight reads can
-  still complete into a running loop. A loop must never be closed while a store's C++ thread may still
-  complete a future into it (Deep Lake aborts the process with "Event loop is closed"), so the exit hook
-  asks the loop's *owner* (``owner_close``) to stop its work and wait for reads in flight first.
+- Lifetimes: whatever owns a thread, a loop, a worker process or a store handle registers its stop with
+  ``on_exit`` at a ``Stage``. The stop runs once: on ``close()``, when the owner is garbage-collected
+  (``weakref.finalize``, never ``__del__``), or at interpreter exit, stage by stage: epochs stop their
+  work first (reads in flight are awaited: Deep Lake aborts the process when a read completes into a
+  closed loop), then bare loop threads, then fan-out worker processes, then store handles. The exit hook
+  runs through ``threading._register_atexit``, before Python joins threads and before ``atexit`` (where
+  multiprocessing would SIGTERM daemonic workers).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
+import gc
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 log = logging.getLogger("asyncload")
 
 T = TypeVar("T")
 LoopKind = Literal["auto", "uvloop", "asyncio"]
-
-_live: weakref.WeakSet[LoopThread] = weakref.WeakSet()
-_exit_hook_pid: int | None = None
-_exit_hook_lock = threading.Lock()
-
 
 def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     """uvloop when asked for or importable (``auto``); plain asyncio otherwise."""
@@ -51,119 +51,198 @@ def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-def _stop_all_at_exit() -> None:
-    for lt in list(_live):
-        owner_close = lt.owner_close() if lt.owner_close is not None else None
-        if owner_close is not None:
-            owner_close()  # the owner stops its work first, then the loop
-        else:
-            lt.stop()
+class Stage(enum.IntEnum):
+    """When, at interpreter exit, a registered stop runs: lower stages first."""
+
+    WORK = 0  #: epochs and device feeds: stop issuing reads, await those in flight, stop their loop
+    LOOPS = 1  #: loop threads whose owner is gone or never registered
+    WORKERS = 2  #: fan-out worker processes
+    STORES = 3  #: store handles (a Deep Lake dataset must be released before interpreter teardown)
+
+
+_exits: dict[Stage, set[weakref.finalize]] = {stage: set() for stage in Stage}
+_exits_pid = os.getpid()
+_exits_lock = threading.Lock()
+_hook_pid: int | None = None
+
+
+def on_exit(owner: object, stage: Stage, stop: Callable[..., Any], *args: Any) -> weakref.finalize:
+    """Register ``stop(*args)`` to run once: when the returned finaliser is called (``close()``), when
+    ``owner`` is garbage-collected, or at interpreter exit in ``stage`` order.
+
+    ``stop`` and ``args`` must not refer to ``owner`` (that would keep it alive): pass the state the stop
+    needs, or a ``weakref.ref`` to the owner.
+    """
+    global _exits_pid
+    fin = weakref.finalize(owner, stop, *args)
+    fin.atexit = False  # the ordered hook below runs it, not weakref's own atexit pass
+    with _exits_lock:
+        if _exits_pid != os.getpid():  # inherited through fork: the parent's, never ours to run
+            for entries in _exits.values():
+                entries.clear()
+            _exits_pid = os.getpid()
+        entries = _exits[stage]
+        if len(entries) > 64:
+            entries.difference_update([f for f in entries if not f.alive])
+        entries.add(fin)
+    _register_exit_hook()
+    return fin
+
+
+def _run_exits() -> None:
+    """The interpreter-exit hook: every registered stop still pending, stage by stage."""
+    if _exits_pid != os.getpid():
+        return
+    for stage in Stage:
+        with _exits_lock:
+            pending = [f for f in _exits[stage] if f.alive]
+            _exits[stage].clear()
+        for fin in pending:
+            try:
+                fin()
+            except Exception:  # noqa: BLE001 - best effort at exit; the next stop must still run
+                log.exception("asyncload: a stop at interpreter exit (%s) failed", stage.name)
+    gc.collect()  # what the stops released (a dataset's C++ objects) goes before interpreter teardown
 
 
 def _register_exit_hook() -> None:
     """Register the interpreter-exit hook once per process (a forked child registers its own)."""
-    global _exit_hook_pid
-    with _exit_hook_lock:
-        if _exit_hook_pid == os.getpid():
+    global _hook_pid
+    with _exits_lock:
+        if _hook_pid == os.getpid():
             return
-        _exit_hook_pid = os.getpid()
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            try:
-                register(_stop_all_at_exit)
-                return
-            except RuntimeError:  # already shutting down
-                return
-        import atexit
+        _hook_pid = os.getpid()
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_run_exits)
+            return
+        except RuntimeError:  # already shutting down
+            return
+    import atexit
 
-        atexit.register(_stop_all_at_exit)
+    atexit.register(_run_exits)
+
+
+def start_thread(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
+    """Start a daemon thread running ``target(*args)``. The one place asyncload makes a thread: a
+    daemon, so that a thread stuck in a store's call can never hold up interpreter exit (its owner's
+    stop, registered with ``on_exit``, is what ends it in order)."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def thread_pool(workers: int, name: str) -> concurrent.futures.ThreadPoolExecutor:
+    """A pool of ``workers`` threads for CPU work that releases the GIL (decoding, copies)."""
+    return concurrent.futures.ThreadPoolExecutor(max(1, workers), thread_name_prefix=name)
+
+
+def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Runs on the loop thread after ``run_forever`` returns: cancel leftovers, then close."""
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+
+
+@dataclass
+class _Running:
+    """A started loop thread's parts, held apart from the ``LoopThread`` so that its finaliser can stop them."""
+
+    name: str
+    pid: int
+    thread: threading.Thread
+    loop: asyncio.AbstractEventLoop
+    pool: concurrent.futures.ThreadPoolExecutor
+    stopped: bool = False
+
+    def stop(self, timeout: float) -> bool:
+        """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``."""
+        if self.stopped or self.pid != os.getpid():  # done, or a forked copy: the thread is not ours
+            return True
+        if threading.current_thread() is self.thread:
+            raise RuntimeError("LoopThread.stop() called from its own loop thread")
+        if not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # closed between the check and the call
+                pass
+        self.thread.join(timeout)
+        self.stopped = not self.thread.is_alive()
+        self.pool.shutdown(wait=self.stopped, cancel_futures=True)
+        if not self.stopped:
+            log.warning("asyncload: loop thread %s did not stop within %.1fs", self.name, timeout)
+        return self.stopped
 
 
 class LoopThread:
     """One event loop on one daemon thread, plus a CPU thread pool, started lazily and stopped once.
 
-    ``cpu_workers`` sizes the pool for work that must not run on the loop thread.
+    ``cpu_workers`` sizes the pool for work that must not run on the loop thread. The loop stops on
+    ``stop()``, when the ``LoopThread`` is garbage-collected, or at interpreter exit (``Stage.LOOPS``:
+    after the epochs that own loops have stopped their reads).
     """
 
-    def __init__(
-        self,
-        name: str = "asyncload-loop",
-        *,
-        loop: LoopKind = "auto",
-        cpu_workers: int = 2,
-        owner_close: Callable[[], None] | None = None,
-    ) -> None:
+    def __init__(self, name: str = "asyncload-loop", *, loop: LoopKind = "auto", cpu_workers: int = 2) -> None:
         self._name = name
-        # Weak, so that the owner (an epoch iterator) can still be garbage-collected while its loop runs.
-        self.owner_close: weakref.WeakMethod[Callable[[], None]] | None = (
-            weakref.WeakMethod(owner_close) if owner_close is not None else None  # type: ignore[arg-type]
-        )
         self._kind: LoopKind = loop
         self._cpu_workers = max(1, cpu_workers)
         self._lock = threading.Lock()
-        self._pid: int | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._run: _Running | None = None
+        self._finalizer: weakref.finalize | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------
+    def _mine(self) -> _Running | None:
+        """This process's running parts (None before ``start``, after ``stop`` and in a forked child)."""
+        run = self._run
+        return run if run is not None and run.pid == os.getpid() else None
+
     @property
     def running(self) -> bool:
         """True when this process's loop thread is alive (False in a forked child)."""
-        return self._pid == os.getpid() and self._thread is not None and self._thread.is_alive()
+        run = self._mine()
+        return run is not None and run.thread.is_alive()
 
     def start(self) -> None:
         """Start the thread and its loop if this process has none yet; returns once the loop runs."""
         with self._lock:
             if self.running:
                 return
-            # Anything inherited through fork belongs to the parent: forget it, never touch it.
-            self._loop = self._thread = self._pool = None
-            self._pid = os.getpid()
+            self._run = None  # anything inherited through fork belongs to the parent: never touch it
             ready = threading.Event()
-            failure: list[BaseException] = []
+            box: list[Any] = []
 
             def main() -> None:
                 try:
                     loop = _new_event_loop(self._kind)
                 except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
-                    failure.append(exc)
+                    box.append(exc)
                     ready.set()
                     return
                 asyncio.set_event_loop(loop)
-                self._loop = loop
+                box.append(loop)
                 loop.call_soon(ready.set)
                 try:
                     loop.run_forever()
                 finally:
-                    self._close_loop(loop)
+                    _close_loop(loop)
 
-            self._pool = concurrent.futures.ThreadPoolExecutor(
-                self._cpu_workers, thread_name_prefix=f"{self._name}-cpu"
-            )
-            self._thread = threading.Thread(target=main, name=self._name, daemon=True)
-            self._thread.start()
+            pool = thread_pool(self._cpu_workers, f"{self._name}-cpu")
+            thread = start_thread(main, name=self._name)
             ready.wait()
-            if failure:
-                self._thread.join()
-                self._pool.shutdown()
-                raise failure[0]
-            _register_exit_hook()
-            _live.add(self)
-
-    @staticmethod
-    def _close_loop(loop: asyncio.AbstractEventLoop) -> None:
-        """Runs on the loop thread after ``run_forever`` returns: cancel leftovers, then close."""
-        try:
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for t in pending:
-                t.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        finally:
-            asyncio.set_event_loop(None)
-            loop.close()
+            if isinstance(box[0], BaseException):
+                thread.join()
+                pool.shutdown()
+                raise box[0]
+            self._run = _Running(self._name, os.getpid(), thread, box[0], pool)
+            self._finalizer = on_exit(self, Stage.LOOPS, self._run.stop, 10.0)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``.
@@ -171,36 +250,27 @@ class LoopThread:
         Safe to call many times, from any thread but the loop's own, and in a forked child (no-op).
         """
         with self._lock:
-            if self._pid != os.getpid() or self._thread is None:
+            run = self._mine()
+            if run is None:
                 return True
-            thread, loop, pool = self._thread, self._loop, self._pool
-            if threading.current_thread() is thread:
-                raise RuntimeError("LoopThread.stop() called from its own loop thread")
-            if loop is not None and not loop.is_closed():
-                try:
-                    loop.call_soon_threadsafe(loop.stop)
-                except RuntimeError:  # closed between the check and the call
-                    pass
-            thread.join(timeout)
-            ok = not thread.is_alive()
-            if pool is not None:
-                pool.shutdown(wait=ok, cancel_futures=True)
+            ok = run.stop(timeout)
             if ok:
-                self._thread = self._loop = self._pool = None
-                _live.discard(self)
-            else:
-                log.warning("asyncload: loop thread %s did not stop within %.1fs", self._name, timeout)
+                self._run = None
+                if self._finalizer is not None:
+                    self._finalizer.detach()
             return ok
 
     # -- calls into the loop ---------------------------------------------------------------------
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
-        if not self.running or self._loop is None:
+        run = self._mine()
+        if run is None or not run.thread.is_alive():
             raise RuntimeError("the asyncload loop thread is not running in this process")
-        return self._loop
+        return run.loop
 
     def in_loop_thread(self) -> bool:
-        return self._thread is not None and threading.current_thread() is self._thread
+        run = self._run
+        return run is not None and threading.current_thread() is run.thread
 
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule ``coro`` on the loop; the returned future may be waited on from any other thread."""
@@ -211,18 +281,19 @@ class LoopThread:
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop thread soon; silently dropped once the loop is closed."""
-        loop = self._loop
-        if loop is None or loop.is_closed() or self._pid != os.getpid():
+        run = self._mine()
+        if run is None or run.loop.is_closed():
             return
         try:
-            loop.call_soon_threadsafe(fn, *args)
+            run.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
             pass
 
     async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Await ``fn(*args)`` run on the CPU pool, keeping the loop thread free (call from the loop)."""
-        assert self._pool is not None
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        run = self._mine()
+        assert run is not None
+        return await asyncio.get_running_loop().run_in_executor(run.pool, fn, *args)
 
 
 def call_in_thread(fn: Callable[[], T], timeout: float, name: str = "asyncload-blocking") -> asyncio.Future[T | None]:
@@ -249,7 +320,7 @@ def call_in_thread(fn: Callable[[], T], timeout: float, name: str = "asyncload-b
         except RuntimeError:  # loop already closed: nobody waits any more
             pass
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    start_thread(run, name=name)
     loop.call_later(timeout, settle, None)
     return fut
 
@@ -338,9 +409,7 @@ def run_blocking(make: Callable[[], Coroutine[Any, Any, T]], timeout: float | No
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             box.append((False, exc))
 
-    t = threading.Thread(target=main, name="asyncload-blocking", daemon=True)
-    t.start()
-    t.join(timeout)
+    start_thread(main, name="asyncload-blocking").join(timeout)
     if not box:
         raise TimeoutError(f"{what} did not finish within {timeout or 0:.1f}s")
     ok, value = box[0]

@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._closing import Closing
+from ._loop import Stage, on_exit, start_thread
+from ._protocol import END, Failure
 from .errors import ConfigError
 
 __all__ = ["DeviceFeed", "map_tensors"]
@@ -137,16 +138,6 @@ def _host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-class _Failure:
-    """An exception raised upstream (or while staging) on the pin thread, re-raised by the consumer."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_END = object()  # the upstream iterator is exhausted
-
-
 class _Handoff:
     """A bounded buffer between the pin thread and the consumer: both sleep on one condition, never poll.
 
@@ -223,12 +214,12 @@ def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff) -> No
             try:
                 batch = next(source)
             except StopIteration:
-                handoff.put(_END)
+                handoff.put(END)
                 return
             if handoff.stopped or not handoff.put(stager.stage(batch)):
                 return
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there with its type
-        handoff.put(_Failure(exc))
+        handoff.put(Failure(exc))
     finally:
         if handoff.stopped:  # closed mid-epoch: the upstream iterator may have been busy in this thread
             _close(source)
@@ -243,7 +234,29 @@ def _close(it: Any) -> None:
             pass
 
 
-class DeviceFeed(Closing, Iterator[Any]):
+class _Pinning:
+    """The upstream iterator, the hand-off and the pin thread: what stopping a feed needs, held apart
+    from the ``DeviceFeed`` so that its finaliser does not keep the feed alive."""
+
+    def __init__(self, source: Iterator[Any], handoff: _Handoff | None, join_timeout: float) -> None:
+        self.source = source
+        self.handoff = handoff
+        self.join_timeout = join_timeout
+        self.thread: threading.Thread | None = None
+
+    def stop(self) -> None:
+        """Stop the pin thread, drop prepared batches and close the upstream iterator (if it can be closed)."""
+        if self.handoff is not None:
+            self.handoff.stop()
+        _close(self.source)  # wakes a pin thread waiting upstream (an asyncload epoch stops at once)
+        thread = self.thread
+        # Not from the pin thread itself (a GC pass may run there), nor while the interpreter is being
+        # torn down (a daemon thread cannot run Python any more then, so it would never be seen to end).
+        if thread is not None and thread is not threading.current_thread() and not sys.is_finalizing():
+            thread.join(self.join_timeout)
+
+
+class DeviceFeed(Iterator[Any]):
     """Iterate ``batches`` (tensors nested in dicts/lists/tuples) with every tensor already on ``device``.
 
     ``depth``: batches prepared ahead of the one handed out. On CUDA, at most ``max(depth, 1)`` batches
@@ -288,7 +301,8 @@ class DeviceFeed(Closing, Iterator[Any]):
         self._source: Iterator[Any] = iter(batches)
         self._stager = _Stager(self.device, self.pin_memory, per_key=max(depth, 1) + 3)
         self._handoff = _Handoff(max(depth, 1)) if cuda else None
-        self._thread: threading.Thread | None = None
+        self._pin = _Pinning(self._source, self._handoff, join_timeout)
+        self._finalizer = on_exit(self, Stage.WORK, self._pin.stop)
         self._ahead: deque[Any] = deque()  # the CPU path's batches pulled ahead
         self._exhausted = False
         self._closed = False
@@ -304,10 +318,16 @@ class DeviceFeed(Closing, Iterator[Any]):
     @property
     def thread(self) -> threading.Thread | None:
         """The pin thread (CUDA path, once started)."""
-        return self._thread
+        return self._pin.thread
 
     def __iter__(self) -> DeviceFeed:
         return self
+
+    def __enter__(self) -> DeviceFeed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def __next__(self) -> Any:
         if self._closed:
@@ -317,7 +337,7 @@ class DeviceFeed(Closing, Iterator[Any]):
             item = self._next_cuda() if self._handoff is not None else self._next_cpu()
         finally:
             self.wait_s += time.perf_counter() - t0
-        if item is _END:
+        if item is END:
             self.close()
             raise StopIteration
         self.batches += 1
@@ -329,20 +349,17 @@ class DeviceFeed(Closing, Iterator[Any]):
                 self._ahead.append(self._stager.stage(next(self._source))[0])
             except StopIteration:
                 self._exhausted = True
-        return self._ahead.popleft() if self._ahead else _END
+        return self._ahead.popleft() if self._ahead else END
 
     def _next_cuda(self) -> Any:
         assert self._handoff is not None
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=_pin_thread, args=(self._source, self._stager, self._handoff), name="asyncload-pin", daemon=True
-            )
-            self._thread.start()
+        if self._pin.thread is None:
+            self._pin.thread = start_thread(_pin_thread, self._source, self._stager, self._handoff, name="asyncload-pin")
         item = self._handoff.get()
-        if isinstance(item, _Failure):
+        if isinstance(item, Failure):
             self.close()
             raise item.exc
-        if item is _END:
+        if item is END:
             return item
         batch, event = item
         # The consumer's stream waits for the copy on the device; the allocator learns who reads the memory.
@@ -359,11 +376,4 @@ class DeviceFeed(Closing, Iterator[Any]):
             return
         self._closed = True
         self._ahead.clear()
-        thread = self._thread
-        if self._handoff is not None:
-            self._handoff.stop()
-        _close(self._source)  # wakes a pin thread waiting upstream (an asyncload epoch stops at once)
-        # Not from the pin thread itself (a GC pass may run there), nor while the interpreter is being
-        # torn down (a daemon thread cannot run Python any more then, so it would never be seen to end).
-        if thread is not None and thread is not threading.current_thread() and not sys.is_finalizing():
-            thread.join(self.join_timeout)
+        self._finalizer()

@@ -25,8 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._closing import Closing
-from ._loop import LoopKind, LoopThread
+from ._loop import LoopKind, LoopThread, Stage, on_exit
 from ._protocol import EMPTY, END, Failure
 from .errors import WorkerError
 from .pipeline import Pipeline
@@ -37,15 +36,22 @@ from .stats import Stats
 log = logging.getLogger("asyncload")
 
 
-class Epoch(Closing, Iterator[Any], abc.ABC):
+class Epoch(Iterator[Any], abc.ABC):
     """The contract of one epoch being read (module docstring). Subclasses set ``_progress`` and
-    ``_stats`` and implement ``__next__``, ``close`` and ``__len__``."""
+    ``_stats``, implement ``__next__``, ``close`` and ``__len__``, and register what stops them with
+    ``_loop.on_exit`` (so that garbage collection and interpreter exit stop them too)."""
 
     _progress: EpochProgress
     _stats: Stats
 
     def __iter__(self) -> Epoch:
         return self
+
+    def __enter__(self) -> Epoch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @abc.abstractmethod
     def __next__(self) -> Any: ...
@@ -66,30 +72,68 @@ class Epoch(Closing, Iterator[Any], abc.ABC):
         return self._stats
 
 
+class _Run:
+    """What stopping an in-process epoch needs, held apart from the iterator so that its finaliser (garbage
+    collection, interpreter exit) can stop it without keeping the iterator alive."""
+
+    def __init__(self, lt: LoopThread, pipeline: Pipeline, url: str, timeout: float) -> None:
+        self.lt = lt
+        self.pipeline = pipeline
+        self.url = url
+        self.timeout = timeout
+        self.future: concurrent.futures.Future[None] | None = None
+        self.stopped = False  # the loop thread is joined
+
+    def stop(self) -> None:
+        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread.
+
+        Idempotent, and safe to call again when a first call was interrupted (Ctrl-C while waiting for
+        reads in flight): the stop counts as done only once the loop thread is joined.
+        """
+        if self.stopped:
+            return
+        if self.lt.in_loop_thread():  # a garbage-collection pass on the loop thread: it cannot wait for itself
+            self.lt.call_soon(self.pipeline.stop)
+            return
+        if self.future is not None and self.lt.running:
+            self.lt.call_soon(self.pipeline.stop)
+            try:
+                self.future.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                # Reads are still in flight: closing the loop now would let the store complete a future
+                # into a closed loop (Deep Lake aborts the process). Leave the daemon thread to finish.
+                log.warning(
+                    "asyncload: reads from %s still in flight after %.1fs; leaving the loop thread to finish them",
+                    self.url, self.timeout,
+                )  # fmt: skip
+                return
+            except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
+                pass
+        self.stopped = self.lt.stop(self.timeout)
+
+
 class EpochIterator(Epoch):
-    """One epoch read in this process. Owns the loop thread of that epoch; ``close()`` (or ``del``)
-    stops it. Use it as a context manager, or rely on ``break`` + garbage collection; both stop every
-    thread."""
+    """One epoch read in this process, on a loop thread of its own that starts on the first ``next()``;
+    ``close()``, ``with``, ``break`` + garbage collection and interpreter exit all stop it."""
 
     def __init__(
         self, plan: Plan, progress: EpochProgress, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float
     ) -> None:
         self._plan = plan
         self._progress = progress
-        self._timeout = shutdown_timeout
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._stats = Stats()
-        self._lt = LoopThread(loop=loop, cpu_workers=cpu_workers, owner_close=self.close)
-        self._pipeline = Pipeline(plan, self._out, self._lt, self._stats)
-        self._future: concurrent.futures.Future[None] | None = None
+        lt = LoopThread(loop=loop, cpu_workers=cpu_workers)
+        self._pipeline = Pipeline(plan, self._out, lt, self._stats)
+        self._run = _Run(lt, self._pipeline, plan.source.url, shutdown_timeout)
+        self._finalizer = on_exit(self, Stage.WORK, self._run.stop)
         self._closed = False  # no more batches for the consumer
-        self._stopped = False  # the loop thread is joined
 
     def _start(self) -> None:
         """Start the loop thread and the pipeline: on the first ``next()``, in the process that iterates."""
         self._stats.started = time.perf_counter()
-        self._lt.start()
-        self._future = self._lt.submit(self._pipeline.run())
+        self._run.lt.start()
+        self._run.future = self._run.lt.submit(self._pipeline.run())
 
     def __iter__(self) -> EpochIterator:
         return self
@@ -100,16 +144,17 @@ class EpochIterator(Epoch):
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
-        if self._future is None:
+        if self._run.future is None:
             self._start()
-        assert self._future is not None
+        future = self._run.future
+        assert future is not None
         st = self._stats
         t0 = st.waiting_since = time.perf_counter()
         while True:
             try:
                 item = self._out.get(timeout=1.0)
             except queue.Empty:
-                if self._future.done() or not self._lt.running:
+                if future.done() or not self._run.lt.running:
                     self._die()
                 continue
             if item is END:
@@ -122,7 +167,7 @@ class EpochIterator(Epoch):
                 st.waiting_since = None
                 self.close()
                 raise item.exc
-            self._lt.call_soon(self._pipeline.release_slot)
+            self._run.lt.call_soon(self._pipeline.release_slot)
             seq, count, batch = item
             self._progress.mark(seq)
             if batch is not EMPTY:
@@ -146,39 +191,23 @@ class EpochIterator(Epoch):
 
     def _die(self) -> None:
         """The pipeline ended without saying so: report why instead of waiting forever."""
+        future = self._run.future
         cause: BaseException | None = None
-        if self._future is not None and self._future.done() and not self._future.cancelled():
-            cause = self._future.exception()
+        if future is not None and future.done() and not future.cancelled():
+            cause = future.exception()
         self.close()
         raise WorkerError(f"asyncload's loop thread for {self._plan.source.url} ended unexpectedly") from cause
 
     def close(self) -> None:
-        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread.
-
-        Idempotent, and safe to call again when a first call was interrupted (Ctrl-C while waiting for
-        reads in flight): the stop counts as done only once the loop thread is joined.
-        """
-        if self._stopped:
-            return
+        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread
+        (see ``_Run.stop``); idempotent."""
         if not self._closed:
             self._closed = True
             self._stats.finished = time.perf_counter()
             self._out.put(END)  # wakes a consumer blocked in next() on another thread (a pin thread)
-        if self._future is not None and self._lt.running:
-            self._lt.call_soon(self._pipeline.stop)
-            try:
-                self._future.result(self._timeout)
-            except concurrent.futures.TimeoutError:
-                # Reads are still in flight: closing the loop now would let the store complete a future
-                # into a closed loop (Deep Lake aborts the process). Leave the daemon thread to finish.
-                log.warning(
-                    "asyncload: reads from %s still in flight after %.1fs; leaving the loop thread to finish them",
-                    self._plan.source.url, self._timeout,
-                )  # fmt: skip
-                return
-            except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
-                pass
-        self._stopped = self._lt.stop(self._timeout)
+        self._run.stop()
+        if self._run.stopped:
+            self._finalizer.detach()
 
 
 __all__ = ["Epoch", "EpochIterator"]

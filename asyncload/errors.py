@@ -67,6 +67,26 @@ def portable(exc: BaseException) -> BaseException:
     return err
 
 
+def pack(exc: BaseException) -> tuple[bytes, str, str, str]:
+    """``exc`` as plain data that always crosses a process boundary: its pickle (``portable``), its type
+    name, its text and its traceback. See ``unpack``."""
+    kind = type(exc)
+    return (
+        pickle.dumps(portable(exc)), f"{kind.__module__}.{kind.__qualname__}", str(exc),
+        "".join(traceback.format_exception(exc)),
+    )  # fmt: skip
+
+
+def unpack(pickled: bytes, type_name: str, message: str) -> BaseException:
+    """The exception ``pack`` made, or a ``RemoteError`` telling its type and text when this process
+    cannot unpickle it (a class only the sender could import)."""
+    try:
+        exc = pickle.loads(pickled)
+    except Exception:  # noqa: BLE001 - any failure: say what it was instead
+        exc = None
+    return exc if isinstance(exc, BaseException) else RemoteError(f"{type_name}: {message}")
+
+
 class ConfigError(AsyncLoadError, ValueError):
     """An impossible or unknown setting; the message names the setting, the value and what is allowed."""
 

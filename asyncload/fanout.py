@@ -51,8 +51,8 @@ store's buffer into the batch, as in one process. Tensors a custom ``collate_fn`
 moved to shared memory when pickled (one more copy); anything else is pickled by value. Each tensor a
 consumer keeps holds one file descriptor, as with DataLoader workers.
 
-Lifetimes: ``WorkerPool.close()`` (also: garbage collection of the pool through ``weakref.finalize``,
-interpreter exit through an ``atexit`` hook that runs before multiprocessing's own, a dead worker, Ctrl-C
+Lifetimes: ``WorkerPool.close()`` (also: garbage collection of the pool, interpreter exit at
+``_loop.Stage.WORKERS``, after epochs stopped and before multiprocessing's own hook, a dead worker, Ctrl-C
 in the consumer) asks every worker to stop, waits ``timeout`` seconds, then sends SIGTERM, waits again,
 then SIGKILL, and joins them all. A worker exits only when told to (or when the parent is gone); it
 leaves with ``os._exit`` after closing its loader, skipping an interpreter teardown that costs ~0.5 s
@@ -68,7 +68,6 @@ batches it had not delivered, and closes the pool.
 
 from __future__ import annotations
 
-import atexit
 import bisect
 import collections
 import io
@@ -88,7 +87,6 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -98,10 +96,11 @@ from typing import Any
 
 import torch
 
-from ._protocol import END
+from ._loop import Stage, on_exit, start_thread
+from ._protocol import END, Failure
 from .collate import set_allocator
 from .epoch import Epoch
-from .errors import ConfigError, WorkerError, _short, portable
+from .errors import ConfigError, WorkerError, _short
 from .options import LoaderOptions
 from .reader import ShardReader
 from .sampler import EpochSampler, Shard
@@ -184,7 +183,7 @@ class Failed:
     """Worker → parent: epoch ``gen`` raised ``error``; the worker is idle and usable."""
 
     gen: int
-    error: _RemoteError
+    error: Failure
 
 
 @dataclass(frozen=True)
@@ -275,39 +274,6 @@ def _shared_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype)
     storage = torch.UntypedStorage._new_shared(nbytes)
     return torch.empty(0, dtype=dtype).set_(storage).view(shape)
-
-
-@dataclass(frozen=True)
-class _RemoteError:
-    """An exception raised in a worker, in a form that always reaches the parent: pickled apart from the
-    message that carries it, so that an exception the parent cannot unpickle (a class only the worker can
-    import) still arrives as a ``WorkerError`` with its type name, message and traceback, instead of
-    breaking the pipe. (``errors.portable`` makes every asyncload error, typed ``ReadError`` classes
-    included, pickle with its type.)"""
-
-    pickled: bytes
-    type_name: str
-    message: str
-    traceback: str
-
-    @classmethod
-    def capture(cls, exc: BaseException) -> _RemoteError:
-        kind = type(exc)
-        return cls(
-            pickle.dumps(portable(exc)), f"{kind.__module__}.{kind.__qualname__}", str(exc),
-            "".join(traceback.format_exception(exc)),
-        )  # fmt: skip
-
-    def rebuild(self, where: str) -> BaseException:
-        """The worker's exception (or a ``WorkerError`` telling it), with a note naming the worker."""
-        try:
-            exc: BaseException | None = pickle.loads(self.pickled)
-        except Exception:  # noqa: BLE001 - e.g. a class the parent cannot import
-            exc = None
-        if not isinstance(exc, BaseException):
-            exc = WorkerError(f"asyncload: {where} raised {self.type_name}: {self.message}")
-        exc.add_note(f"asyncload: raised in {where}; its traceback there:\n{self.traceback.rstrip()}")
-        return exc
 
 
 @dataclass(frozen=True)
@@ -448,14 +414,14 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     # As in DataLoader workers: K processes each running torch ops on every core would oversubscribe.
     torch.set_num_threads(1)
     ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
-    threading.Thread(target=_listen, args=(conn, ctl, commands), name="asyncload-fanout-control", daemon=True).start()
+    start_thread(_listen, conn, ctl, commands, name="asyncload-fanout-control")
     channel = _Channel(conn)
     reader: ShardReader | None = None
-    broken: _RemoteError | None = None
+    broken: Failure | None = None
     try:
         reader = ShardReader(spec.source.open(), spec.options, spec.shard)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
-        broken = _RemoteError.capture(exc)
+        broken = Failure(exc)
     try:
         while (cmd := commands.get()) is not _STOP:
             outcome: Terminal
@@ -470,7 +436,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
                 except _ParentGone:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
-                    outcome = Failed(cmd.gen, _RemoteError.capture(exc))
+                    outcome = Failed(cmd.gen, Failure(exc))
             _send(channel, outcome)
     except _ParentGone:
         return
@@ -560,19 +526,6 @@ def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> No
     _stop_processes([w.process for w in live], timeout)
 
 
-_live: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
-
-
-@atexit.register  # registered after multiprocessing's own hook (imported above), so it runs before it
-def _close_all_at_exit() -> None:
-    """Stop the workers of pools still open at interpreter exit, before multiprocessing SIGTERMs them."""
-    for pool in list(_live):
-        try:
-            pool.close()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-
-
 class WorkerPool:
     """``processes`` persistent worker processes, each reading its sub-shard (``sub_shard``) with a
     ``ShardReader`` built once; epochs are run on it with ``epoch()``, one at a time.
@@ -637,8 +590,7 @@ class WorkerPool:
         self._pids: dict[int, int] = {}
         self.gen = 0  # the latest epoch started on the pool
         self.busy: set[int] = set()  # workers that owe epoch ``gen`` its terminal message
-        self._finalizer = weakref.finalize(self, _stop_workers, self.procs, self._timeout, os.getpid())
-        _live.add(self)
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_workers, self.procs, self._timeout, os.getpid())
 
     @property
     def closed(self) -> bool:
@@ -659,7 +611,6 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop and join every worker (ask, SIGTERM, SIGKILL, ``timeout`` seconds apart); idempotent."""
-        _live.discard(self)
         self.busy.clear()
         self._finalizer()
 
@@ -841,7 +792,7 @@ class FanoutEpoch(Epoch):
         self._stats = Stats()
         self._closed = False
         self._lease = _Lease(pool, owns_pool, self._stats)
-        self._finalizer = weakref.finalize(self, self._lease.end)
+        self._finalizer = on_exit(self, Stage.WORK, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -948,7 +899,7 @@ class FanoutEpoch(Epoch):
     def _deliver(self, t: _Turns, msg: Batch | Failed) -> tuple[int, Any]:
         """``(samples, batch)`` of a ``Batch``; raises a worker's ``Failed``."""
         if isinstance(msg, Failed):
-            raise msg.error.rebuild(self._name(t))
+            raise msg.error.raise_in(self._name(t))
         at = msg.seq * self._k + t.index
         t.next = bisect.bisect_right(t.seqs, at)
         assert self._lease.gen is not None

@@ -116,3 +116,17 @@ def test_samples_of_different_shapes_name_column_and_index(tmp_path) -> None:
     with pytest.raises(CollateError) as e:
         list(AsyncLoader(DeepLakeSource(url, columns=("images",)), batch_size=3, read_mode="row"))
     assert "column 'images': sample at index 2 has shape (9, 8, 3), but index 0 has (8, 8, 3)" in str(e.value)
+
+
+def test_a_failure_the_receiver_cannot_rebuild_arrives_as_remote_error_with_its_story() -> None:
+    """The one error carrier: an exception whose pickle the receiving process cannot load (a class only the
+    sender imports) still arrives, with its type name, its text and the sender's traceback."""
+    from asyncload._protocol import Failure, _arrived
+    from asyncload.errors import RemoteError
+
+    got = _arrived(b"not a pickle", "workers_only.ChunkError", "chunk 7 is corrupt", "Traceback: line 1\n")
+    exc = got.raise_in("fan-out worker 1 of 2 (pid 9)")
+    assert type(exc) is RemoteError and str(exc) == "workers_only.ChunkError: chunk 7 is corrupt"
+    assert exc.__notes__ == ["asyncload: raised in fan-out worker 1 of 2 (pid 9); its traceback there:\nTraceback: line 1"]
+    local = Failure(KeyError("x"))  # within a process: the exception itself, no note
+    assert local.raise_in("anywhere") is local.exc and not hasattr(local.exc, "__notes__")

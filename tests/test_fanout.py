@@ -13,6 +13,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ import torch
 
 from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, ReadError, Shard, WorkerError
 from asyncload.errors import read_error
-from asyncload.fanout import FanoutEpoch, _RemoteError, sub_shard
+from asyncload._protocol import Failure
+from asyncload.fanout import FanoutEpoch, sub_shard
 
 from .conftest import ROWS, loop_threads, wait_no_loop_threads
 
@@ -144,7 +146,7 @@ def test_bad_settings_are_refused_before_any_process_starts(seg_url) -> None:
 @pytest.mark.timeout(10)
 def test_a_typed_read_error_keeps_both_types_across_processes() -> None:
     err = read_error("file:///data/seg", "images", [3, 4], KeyError("chunk 7"))
-    back = _RemoteError.capture(err).rebuild("fan-out worker 1 of 2 (pid 1)")
+    back = pickle.loads(pickle.dumps(Failure(err))).raise_in("fan-out worker 1 of 2 (pid 1)")
     assert isinstance(back, ReadError) and isinstance(back, KeyError)
     assert str(back) == str(err) and back.indices == [3, 4] and back.column == "images"
     assert "fan-out worker 1 of 2" in back.__notes__[-1]

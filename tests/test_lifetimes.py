@@ -143,3 +143,38 @@ def test_close_interrupted_by_ctrl_c_can_be_finished_by_a_second_close(seg_url) 
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     wait_no_loop_threads()
+
+
+@pytest.mark.timeout(60)
+def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None:
+    """Interpreter exit runs every pending stop once, epochs' work first and store handles last; a stop
+    already run (``close()``) or whose owner was collected does not run again."""
+    code = textwrap.dedent(
+        """
+        import gc
+        import functools
+        from asyncload._loop import Stage, on_exit
+
+        say = functools.partial(print, flush=True)
+
+        class Owner:
+            pass
+
+        keep = []
+        for stage in (Stage.STORES, Stage.WORKERS, Stage.LOOPS, Stage.WORK):
+            owner = Owner()
+            keep.append(owner)
+            on_exit(owner, stage, say, stage.name)
+        closed = Owner()
+        keep.append(closed)
+        on_exit(closed, Stage.WORK, say, "closed-twice")()
+        gone = Owner()
+        on_exit(gone, Stage.WORK, say, "collected")
+        del gone
+        gc.collect()
+        print("main done", flush=True)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:-1] == ["closed-twice", "collected", "main done", "WORK", "LOOPS", "WORKERS", "STORES"]

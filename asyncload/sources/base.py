@@ -9,8 +9,6 @@ is what lets a source be handed to DataLoader workers under fork, spawn and fork
 from __future__ import annotations
 
 import abc
-import atexit
-import gc
 import os
 import threading
 import weakref
@@ -19,24 +17,22 @@ from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
+from .._loop import Stage, on_exit
+
 H = TypeVar("H")
 
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
 #: ndarray stacked on its first axis.
 Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
 
-_open_sources: weakref.WeakSet[Source[Any]] = weakref.WeakSet()
 
 
-@atexit.register
-def _close_all_sources() -> None:
-    """Release store handles before interpreter teardown; loop threads are stopped before this runs."""
-    for src in list(_open_sources):
-        try:
-            src.close()
-        except Exception:  # noqa: BLE001 - best effort at exit
-            pass
-    gc.collect()
+def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
+    """A source's stop at interpreter exit (``Stage.STORES``: after every read was stopped). Garbage
+    collection of the source needs nothing: its handle goes with it."""
+    src = ref()
+    if src is not None:
+        src.close()
 
 
 class Source(abc.ABC, Generic[H]):
@@ -54,6 +50,7 @@ class Source(abc.ABC, Generic[H]):
         self._handle_lock = threading.Lock()
         self._len: int | None = None
         self._ver: tuple[str | None] | None = None  # (version,) of this process's handle, once known
+        self._exit: weakref.finalize | None = None  # this process's stop at exit, while a handle is open
 
     # -- the per-process handle ------------------------------------------------------------------
     def handle(self) -> H:
@@ -64,7 +61,9 @@ class Source(abc.ABC, Generic[H]):
                     self._handle_obj = None  # inherited through fork: never used here
                     obj = self._open()
                     self._handle_obj, self._handle_pid = obj, os.getpid()
-                    _open_sources.add(self)
+                    if self._exit is not None:  # a handle of an earlier process (fork) or an earlier open
+                        self._exit.detach()
+                    self._exit = on_exit(self, Stage.STORES, _close_at_exit, weakref.ref(self))
         return self._handle_obj
 
     def open(self) -> Source[H]:
@@ -79,13 +78,16 @@ class Source(abc.ABC, Generic[H]):
                 obj, self._handle_obj = self._handle_obj, None
                 self._close_handle(obj)
                 del obj
-        _open_sources.discard(self)
+            if self._exit is not None:
+                self._exit.detach()
+                self._exit = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_handle_pid"] = None
         state["_handle_obj"] = None
         state["_ver"] = None  # each process names the version of what it opened itself
+        state["_exit"] = None
         del state["_handle_lock"]
         return state
 
