@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, ReadError, Shard, WorkerError
-from asyncload.errors import read_error
 from asyncload._protocol import Failure
+from asyncload.errors import read_error
 from asyncload.fanout import FanoutEpoch, sub_shard
 
 from .conftest import ROWS, loop_threads, wait_no_loop_threads
