@@ -33,6 +33,7 @@ from .stats import Stats
 
 log = logging.getLogger("asyncload")
 
+
 class AsyncLoader:
     """Batches from a ``Source``, read by coroutines on a background event loop.
 
@@ -42,7 +43,7 @@ class AsyncLoader:
                     (default): tuned online between 1 and ``max_concurrency`` (see ``tuning``)
       max_concurrency  the most samples in flight "auto" may choose (bounds memory)
       prefetch      ready batches kept ahead of the consumer
-      read_mode     "column": one request per column for a group of ``request_size`` indices;
+      read_mode     "column": one request per column for ``request_size`` indices at once;
                     "row": one request per sample and column; "auto" (default): what the source
                     measured faster (``Source.preferred_read_mode``)
       request_size  indices per column request in "column" mode (default: the batch size)
@@ -71,7 +72,7 @@ class AsyncLoader:
       mp_context    "spawn" (default) or "forkserver" for the worker processes
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
-                    the end of the epoch (a failed group is re-read sample by sample first)
+                    the end of the epoch (a failed request is re-read sample by sample first)
     """
 
     #: ``processes=K``: the persistent worker processes (``fanout.WorkerPool``), started by the first

@@ -12,11 +12,11 @@ parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to 
 - A batch takes a *slot* before its reads are issued and gives it back only when the consumer takes it,
   so everything held (in flight, assembling, waiting for its turn, ready) is bounded by the slot count.
   The producer waits for a slot by awaiting; nothing on the loop thread blocks.
-- ``N`` fetchers each keep one request of ``group`` indices in flight, so at most ``N * group`` samples
+- ``N`` fetchers each keep one request of ``request_size`` indices in flight, so at most ``N * request_size`` samples
   (the loader's ``concurrency``) are being read.
 - Reads are never cancelled (a cancelled Deep Lake future hangs forever): ``stop()`` drains the work
   queue and lets the requests in flight finish.
-- With ``on_error="skip"``, a failed group is re-read sample by sample so that only the bad samples are
+- With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
   left out; each is recorded (index and cause) in the stats.
 """
 
@@ -41,16 +41,17 @@ from .tuning import Observation
 
 log = logging.getLogger("asyncload")
 
-class _Limiter:
-    """Requests in flight, with a limit the tuner can move while fetchers wait on it."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+class _RequestGate:
+    """Requests in flight, at most ``allowed`` (the tuner moves it while fetchers wait on the gate)."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
         self.active = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def acquire(self) -> None:
-        while self.active >= self.limit:
+        while self.active >= self.allowed:
             fut = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             await fut
@@ -60,12 +61,12 @@ class _Limiter:
         self.active -= 1
         self._wake()
 
-    def set_limit(self, limit: int) -> None:
-        self.limit = limit
+    def allow(self, requests: int) -> None:
+        self.allowed = requests
         self._wake()
 
     def _wake(self) -> None:
-        free = self.limit - self.active
+        free = self.allowed - self.active
         while free > 0 and self._waiters:
             fut = self._waiters.popleft()
             if not fut.done():
@@ -101,12 +102,12 @@ class Pipeline:
         self._hedger = Hedger(plan.source.read, stats, plan.hedge, plan.hedge_min_s)
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
-        self._slots = asyncio.Semaphore(plan.slots(plan.limit))
-        self._slot_count = plan.slots(plan.limit)
-        self._slot_debt = 0  # slots to swallow on release after the limit went down
-        self._limiter = _Limiter(plan.limit)
+        self._slots = asyncio.Semaphore(plan.slots(plan.requests))
+        self._slot_count = plan.slots(plan.requests)
+        self._slot_debt = 0  # slots to swallow on release after the requests allowed went down
+        self._gate = _RequestGate(plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
-        self.stats.concurrency = plan.limit * plan.group
+        self.stats.concurrency = plan.requests * plan.request_size
 
     async def run(self) -> None:
         plan = self.plan
@@ -116,10 +117,10 @@ class Pipeline:
             await self._slots.acquire()
             if self.stopping:
                 break
-            starts = range(0, len(indices), plan.group)
+            starts = range(0, len(indices), plan.request_size)
             batch = _Batch(pos, seq, indices, pending=len(starts))
             for s in starts:
-                self._work.put_nowait((batch, s, min(s + plan.group, len(indices))))
+                self._work.put_nowait((batch, s, min(s + plan.request_size, len(indices))))
         self._issued_all = True
         for _ in fetchers:
             self._work.put_nowait(None)
@@ -136,10 +137,10 @@ class Pipeline:
             self.out.put(END)
 
     # -- concurrency tuning and the periodic stats line -----------------------------------------
-    def set_limit(self, requests: int) -> None:
-        """Move the requests-in-flight limit, and the batch slots with it (memory follows the limit)."""
-        self._limiter.set_limit(requests)
-        self.stats.concurrency = requests * self.plan.group
+    def allow(self, requests: int) -> None:
+        """Move the requests allowed in flight, and the batch slots with them (memory follows)."""
+        self._gate.allow(requests)
+        self.stats.concurrency = requests * self.plan.request_size
         want = self.plan.slots(requests)
         delta, self._slot_count = want - self._slot_count, want
         if delta < 0:
@@ -173,13 +174,13 @@ class Pipeline:
                 continue  # (a throttling answer is acted on at once)
             waited = st.consumer_wait(now) - w0
             # Judge only the middle of an epoch: its first interval pays the start-up, and once every
-            # batch has been issued the tail drains, so throughput falls whatever the limit.
+            # batch has been issued the tail drains, so throughput falls whatever is in flight.
             if throttled or (st.batches_yielded > 0 and not self._issued_all):  # throttling: back off always
                 obs = Observation(
                     done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50
                 )  # fmt: skip
                 samples = tuner.observe(obs)
-                self.set_limit(max(1, samples // plan.group))
+                self.allow(max(1, samples // plan.request_size))
             t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
 
     # -- scheduled by the consumer ---------------------------------------------------------------
@@ -203,7 +204,7 @@ class Pipeline:
     # -- fetch -----------------------------------------------------------------------------------
     async def _read(self, idx: list[int]) -> Any:
         stats = self.stats
-        await self._limiter.acquire()
+        await self._gate.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
         try:
@@ -214,7 +215,7 @@ class Pipeline:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
             stats.in_flight -= len(idx)
-            self._limiter.release()
+            self._gate.release()
         stats.latencies.append(seconds)
         stats.samples_read += len(idx)
         stats.bytes_read += _nbytes(part)
@@ -258,7 +259,9 @@ class Pipeline:
             ordered = [batch.parts[s] for s in sorted(batch.parts)]
             count, out, skipped = await self.lt.run_cpu(assemble, self.plan, ordered)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer
-            exc.add_note(f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}")
+            exc.add_note(
+                f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}"
+            )
             self._fail(batch, exc)
             return
         self.stats.record_skipped(batch.skipped + skipped)

@@ -22,9 +22,9 @@ class Plan:
 
     source: Source[Any]
     batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
-    group: int  # indices per request
+    request_size: int  # indices per request (the public ``request_size``; 1 when reading row by row)
     fetchers: int  # fetcher tasks (the most requests that can ever be in flight)
-    limit: int  # requests allowed in flight at the start
+    requests: int  # requests allowed in flight at the start (the tuner moves it)
     batch_size: int
     prefetch: int
     in_order: bool
@@ -38,9 +38,9 @@ class Plan:
     hedge_min_s: float = 0.05
     ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
 
-    def slots(self, limit: int) -> int:
-        """Batches alive at once for ``limit`` requests in flight: prefetch + those being read + 1."""
-        return self.prefetch + math.ceil(limit * self.group / self.batch_size) + 1
+    def slots(self, requests: int) -> int:
+        """Batches alive at once for ``requests`` in flight: prefetch + those being read + 1."""
+        return self.prefetch + math.ceil(requests * self.request_size / self.batch_size) + 1
 
 
 __all__ = ["Plan"]

@@ -2,7 +2,7 @@
 
 The loader (``processes=0``) and every fan-out worker process read the same way: the sampler's plan for
 an epoch, minus the batches already consumed, becomes a pipeline ``Plan`` (indices per request, fetcher
-count, the limit in flight) and an ``EpochIterator`` that owns that epoch's loop thread. The concurrency
+count, the requests allowed in flight) and an ``EpochIterator`` that owns that epoch's loop thread. The concurrency
 tuner lives here, across epochs, so that a new epoch starts where the last one settled.
 """
 
@@ -40,18 +40,18 @@ class ShardReader:
         o = self.options
         auto = o.concurrency == "auto"
         most = o.max_concurrency if auto else int(o.concurrency)
-        group = 1 if self.read_mode == "row" else min(o.request_size or o.batch_size, o.batch_size, most)
-        fetchers = max(1, most // group)
+        size = 1 if self.read_mode == "row" else min(o.request_size or o.batch_size, o.batch_size, most)
+        fetchers = max(1, most // size)
         tuner = None
         if auto:  # one tuner for the reader's life: a new epoch starts where the last one settled
-            if self._tuner is None or (self._tuner.low, self._tuner.high) != (group, fetchers * group):
-                self._tuner = ConcurrencyTuner(start=max(TUNER_START, group), low=group, high=fetchers * group)
+            if self._tuner is None or (self._tuner.low, self._tuner.high) != (size, fetchers * size):
+                self._tuner = ConcurrencyTuner(start=max(TUNER_START, size), low=size, high=fetchers * size)
             tuner = self._tuner
-        limit = max(1, tuner.limit // group) if tuner else fetchers
-        self.source.configure(fetchers, fetchers * group)
+        requests = max(1, tuner.samples // size) if tuner else fetchers
+        self.source.configure(fetchers, fetchers * size)
         batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
         return Plan(
-            source=self.source, batches=batches, group=group, fetchers=fetchers, limit=limit,
+            source=self.source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
             collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
             log_every=o.log_every, hedge=o.hedge, ragged=o.ragged,

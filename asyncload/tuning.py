@@ -15,7 +15,7 @@ tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
   latency sits at its floor it probes at once (nothing is queueing, so more in flight is free).
 - **Consumer-bound:** when the consumer is the bottleneck (every batch slot is taken, nothing waits
   on reads), more concurrency cannot help: hold.
-- **Back-off:** a throttling answer (503 SlowDown, 429) halves the limit at once (multiplicative
+- **Back-off:** a throttling answer (503 SlowDown, 429) halves the samples in flight at once (multiplicative
   decrease), and the climb restarts from there more carefully.
 
 The decisions are a pure function of the observations, so they are tested without timing.
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 @dataclass
 class Observation:
-    """What the pipeline measured over one interval at the current limit."""
+    """What the pipeline measured over one interval at the current samples in flight."""
 
     samples_per_s: float
     consumer_bound: bool = False
@@ -40,58 +40,60 @@ class Observation:
 class ConcurrencyTuner:
     """Chooses the number of samples in flight between ``low`` and ``high``."""
 
-    def __init__(self, start: int = 16, low: int = 1, high: int = 512, gain: float = 0.08, probe_every: int = 8) -> None:
+    def __init__(
+        self, start: int = 16, low: int = 1, high: int = 512, gain: float = 0.08, probe_every: int = 8
+    ) -> None:
         self.low, self.high = max(1, low), max(1, high)
-        self.limit = min(max(start, self.low), self.high)
+        self.samples = min(max(start, self.low), self.high)
         self.gain = gain
         self.probe_every = probe_every
         self.slow_start = True
-        self._prev_limit: int | None = None  # the level before the last step up
+        self._prev_samples: int | None = None  # the level before the last step up
         self._prev_rate = 0.0  # its throughput
         self._best: dict[int, float] = {}
         self._held = 0
         self._floor: float | None = None  # the lowest median read latency seen: the unloaded round trip
-        self._floor_limit = 0  # the limit it was seen at
+        self._floor_samples = 0  # the samples in flight it was seen at
         self.history: list[tuple[int, float, str]] = []
 
-    def _set(self, limit: int, why: str, rate: float) -> int:
-        self.limit = min(max(int(limit), self.low), self.high)
-        self.history.append((self.limit, rate, why))
-        return self.limit
+    def _set(self, samples: int, why: str, rate: float) -> int:
+        self.samples = min(max(int(samples), self.low), self.high)
+        self.history.append((self.samples, rate, why))
+        return self.samples
 
     def observe(self, obs: Observation) -> int:
-        """Feed one interval's figures; returns the limit for the next interval."""
-        rate, limit = obs.samples_per_s, self.limit
-        self._best[limit] = max(self._best.get(limit, 0.0), rate)
+        """Feed one interval's figures; returns the samples in flight for the next interval."""
+        rate, samples = obs.samples_per_s, self.samples
+        self._best[samples] = max(self._best.get(samples, 0.0), rate)
         unloaded = False
         if obs.latency_s is not None and obs.latency_s > 0:
             if self._floor is None or obs.latency_s < self._floor:
-                self._floor, self._floor_limit = obs.latency_s, limit
-            # Evidence only once the limit has grown past where the floor was seen without latency
+                self._floor, self._floor_samples = obs.latency_s, samples
+            # Evidence only once the samples in flight have grown past where the floor was seen without latency
             # following: starting high on a saturated store, the first latency is no floor at all.
-            unloaded = limit > self._floor_limit and obs.latency_s <= 1.5 * self._floor
+            unloaded = samples > self._floor_samples and obs.latency_s <= 1.5 * self._floor
         if obs.throttled:
             self.slow_start = False
-            self._prev_limit, self._held = None, 0
-            return self._set(limit // 2, "throttled: halve", rate)
+            self._prev_samples, self._held = None, 0
+            return self._set(samples // 2, "throttled: halve", rate)
         if obs.consumer_bound:
-            self._prev_limit, self._held = None, 0
-            return self._set(limit, "consumer-bound: hold", rate)
-        if self._prev_limit is not None:
+            self._prev_samples, self._held = None, 0
+            return self._set(samples, "consumer-bound: hold", rate)
+        if self._prev_samples is not None:
             # Judge the last step up: did it pay?
             if rate > self._prev_rate * (1 + self.gain) or (unloaded and rate >= self._prev_rate * 0.95):
-                self._prev_limit, self._prev_rate = limit, rate
-                step = limit * 2 if self.slow_start else math.ceil(limit * 1.25)
+                self._prev_samples, self._prev_rate = samples, rate
+                step = samples * 2 if self.slow_start else math.ceil(samples * 1.25)
                 return self._set(step, "step paid: up", rate)
-            back = self._prev_limit
+            back = self._prev_samples
             self.slow_start = False
-            self._prev_limit, self._held = None, 0
+            self._prev_samples, self._held = None, 0
             return self._set(back, "step did not pay: back", rate)
         self._held += 1
         if self.slow_start or self._held >= self.probe_every or unloaded:
-            if limit >= self.high:
-                return self._set(limit, "at the upper bound", rate)
-            self._prev_limit, self._prev_rate, self._held = limit, rate, 0
-            step = limit * 2 if self.slow_start else math.ceil(limit * 1.25)
+            if samples >= self.high:
+                return self._set(samples, "at the upper bound", rate)
+            self._prev_samples, self._prev_rate, self._held = samples, rate, 0
+            step = samples * 2 if self.slow_start else math.ceil(samples * 1.25)
             return self._set(step, "probe up" if not self.slow_start else "slow start: up", rate)
-        return self._set(limit, "hold", rate)
+        return self._set(samples, "hold", rate)

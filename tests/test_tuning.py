@@ -22,20 +22,20 @@ def little(limit: int, latency: float = 0.05, capacity: float = 400.0) -> float:
 def test_slow_start_finds_the_knee_and_stops_climbing() -> None:
     t = ConcurrencyTuner(start=4, high=512)
     for _ in range(30):
-        t.observe(Observation(little(t.limit)))
-    assert little(t.limit) >= 0.9 * 400  # within 10% of the best fixed setting
-    assert t.limit <= 4 * 20  # ... without taking 512 slots of memory to get there
+        t.observe(Observation(little(t.samples)))
+    assert little(t.samples) >= 0.9 * 400  # within 10% of the best fixed setting
+    assert t.samples <= 4 * 20  # ... without taking 512 slots of memory to get there
     assert any(why == "step did not pay: back" for _, _, why in t.history)
 
 
 def test_it_follows_a_store_that_gets_faster() -> None:
     t = ConcurrencyTuner(start=4, high=512, probe_every=3)
     for _ in range(20):
-        t.observe(Observation(little(t.limit, capacity=200)))
-    low = t.limit
+        t.observe(Observation(little(t.samples, capacity=200)))
+    low = t.samples
     for _ in range(40):
-        t.observe(Observation(little(t.limit, capacity=1600)))
-    assert t.limit > low and little(t.limit, capacity=1600) >= 0.8 * 1600
+        t.observe(Observation(little(t.samples, capacity=1600)))
+    assert t.samples > low and little(t.samples, capacity=1600) >= 0.8 * 1600
 
 
 def test_throttling_halves_and_consumer_bound_holds() -> None:
@@ -48,10 +48,10 @@ def test_throttling_halves_and_consumer_bound_holds() -> None:
 
 def test_limits_are_respected() -> None:
     t = ConcurrencyTuner(start=1000, low=8, high=64)
-    assert t.limit == 64
+    assert t.samples == 64
     for _ in range(10):
         t.observe(Observation(1.0, throttled=1))
-    assert t.limit == 8
+    assert t.samples == 8
 
 
 def test_auto_reaches_a_stores_capacity_without_running_away(seg_url) -> None:
@@ -92,5 +92,5 @@ def test_a_flat_latency_keeps_the_climb_going_through_noisy_throughput() -> None
     t = ConcurrencyTuner(start=32, high=1024)
     t.observe(Observation(100.0, throttled=1))  # an early 503 ends slow start: only +25% probes remain
     for _ in range(60):
-        t.observe(observe(t.limit))
-    assert t.limit >= 512  # within 10% of the best throughput (knee at 600)
+        t.observe(observe(t.samples))
+    assert t.samples >= 512  # within 10% of the best throughput (knee at 600)
