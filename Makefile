@@ -55,7 +55,7 @@ train: install  ## the compact U-Net on the synthetic dataset (torchrun works to
 	$(PY) -m asyncload.train --config configs/train_unet.yaml
 
 s3: install  ## a SeaweedFS S3 server on a free port in the foreground (Ctrl-C stops it)
-	$(PY) -m asyncload.testing.seaweed --data data/seaweed
+	$(PY) -m harness.seaweed --data data/seaweed
 
 lint: install
 	$(PIP) install ruff

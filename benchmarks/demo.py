@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sync-rows", type=int, default=48, help="rows the synchronous loop reads (default 48)")
     ap.add_argument("--proxy", action="store_true", help="use the TCP proxy even where packet-level works")
     args = ap.parse_args(argv)
-    from asyncload.testing.seaweed import SeaweedServer
+    from harness.seaweed import SeaweedServer
 
     t0 = time.perf_counter()
     with netem.network(ROOT / "data" / "netem", force_proxy=args.proxy) as net:

@@ -1,6 +1,6 @@
 """Emulated WAN latency for the benchmarks: packet-level where the machine allows it, a TCP proxy otherwise.
 
-Why packet-level: a TCP proxy on loopback (``asyncload.testing.delayline``) delays bytes, but the
+Why packet-level: a TCP proxy on loopback (``harness.delayline``) delays bytes, but the
 client's own TCP connection is a loopback one, so its slow start, its congestion window and the cost of
 opening many fresh connections never show. Here every packet, SYN and ACK included, is held for half
 the round trip in each direction, so a client's TCP behaves as on a WAN.
@@ -249,7 +249,7 @@ class ProxyNet:
         self._lines: dict[int, Any] = {}
 
     def url(self, port: int) -> str:
-        from asyncload.testing.delayline import DelayLineProcess
+        from harness.delayline import DelayLineProcess
 
         if port not in self._lines:
             self._lines[port] = DelayLineProcess(("127.0.0.1", port), rtt_s=self.rtt_s)
@@ -269,7 +269,7 @@ class ProxyNet:
     def describe(self) -> dict[str, Any]:
         return {
             "emulation": self.emulation,
-            "how": "asyncload.testing.delayline TCP proxy on loopback",
+            "how": "harness.delayline TCP proxy on loopback",
             "why_not_packet_level": self.why,
         }
 
@@ -360,7 +360,7 @@ def window_growth(url: str, path: str, rtt_s: float, rounds: int = 8) -> dict[st
 def check_path(url: str, bucket: str, rtt_s: float) -> dict[str, Any]:
     """RTT of a small GET, the handshake, and a large GET's growth per RTT (the filer serves objects
     unsigned at ``/buckets/<bucket>/<key>``)."""
-    from asyncload.testing.netcheck import measure_path
+    from harness.netcheck import measure_path
 
     small, large = f"/buckets/{bucket}/netcheck/small", f"/buckets/{bucket}/netcheck/large"
     path = measure_path(url, small_path=small, large_path=large, n=10, fresh=3)
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proxy", action="store_true", help="use the TCP proxy fallback")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
-    from asyncload.testing.seaweed import SeaweedServer
+    from harness.seaweed import SeaweedServer
 
     out = []
     with network(HERE.parent / "data" / "netem", rate_mbit=args.rate_mbit, force_proxy=args.proxy) as net:

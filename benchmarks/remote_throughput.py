@@ -18,7 +18,7 @@ What it compares:
 Run: ``.venv/bin/python benchmarks/remote_throughput.py [--rows 512] [--size 256] [--signers] [--rtt-ms 20]``.
 Loopback has no latency, so these figures show client CPU cost per sample, on a 2-core machine shared
 with the server: the server's own CPU use is part of every figure. ``--rtt-ms`` puts
-``asyncload.testing.delayline.DelayLine`` in front of the endpoint to see latency hiding instead.
+``harness.delayline.DelayLine`` in front of the endpoint to see latency hiding instead.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from asyncload.measure import Measurement, measure, sequential, table
 from asyncload.sources.objectstore import decode_image
 from asyncload.sources.s3 import S3Endpoint
 from asyncload.synthetic import make_sample
-from asyncload.testing.seaweed import SeaweedServer
+from harness.seaweed import SeaweedServer
 
 BUCKET = "bench"
 
@@ -204,7 +204,7 @@ def main() -> int:
 
         delay = None
         if args.rtt_ms > 0:
-            from asyncload.testing.delayline import DelayLine
+            from harness.delayline import DelayLine
 
             delay = DelayLine((server.host, server.port), rtt_s=args.rtt_ms / 1e3).__enter__()
             creds = dict(creds, endpoint_url=delay.url)

@@ -49,9 +49,9 @@ from asyncload import AsyncLoader, DeepLakeSource, make_dataset  # noqa: E402
 from asyncload.config import load_config, parse_overrides, setting, validate  # noqa: E402
 from asyncload.errors import ConfigError  # noqa: E402
 from asyncload.measure import Measurement, measure  # noqa: E402
-from asyncload.testing.delayline import DelayLineProcess  # noqa: E402
-from asyncload.testing.netcheck import measure_path  # noqa: E402
-from asyncload.testing.seaweed import SeaweedServer  # noqa: E402
+from harness.delayline import DelayLineProcess  # noqa: E402
+from harness.netcheck import measure_path  # noqa: E402
+from harness.seaweed import SeaweedServer  # noqa: E402
 
 
 def _positive(v: Any) -> bool:
@@ -280,7 +280,7 @@ class Suite:
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"torch {torch.__version__}, deeplake {deeplake.__version__}",
             "dataset": f"{self.cfg.rows} rows, {self.cfg.height}x{self.cfg.width}x3 {self.cfg.image_format} images + lz4 masks",
-            "server": "SeaweedFS weed mini on loopback, behind asyncload.testing.delayline.DelayLine",
+            "server": "SeaweedFS weed mini on loopback, behind harness.delayline.DelayLine",
             "config": asdict(self.cfg),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }

@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_markdown(doc["meta"], doc["summary"]))
         return 0
 
-    from asyncload.testing.seaweed import SeaweedServer
+    from harness.seaweed import SeaweedServer
 
     rows: list[dict[str, Any]] = []
     notes: list[str] = []

@@ -4,7 +4,7 @@
 
 1. Sets up the network (``netem.py``): packet-level latency in network namespaces where the machine
    allows it, else the TCP proxy, and says which in every report.
-2. Starts SeaweedFS (``asyncload.testing.seaweed``) in the server namespace and puts the photo-like
+2. Starts SeaweedFS (``harness.seaweed``) in the server namespace and puts the photo-like
    dataset (``photos.py``) on it; a local copy is the ceiling.
 3. For each round-trip time: the path check (small-GET RTT, handshake, per-RTT growth of one large GET),
    then every reader of ``peers.py`` in sequential and shuffled order, each repetition in a fresh process
@@ -185,7 +185,7 @@ class WanBench:
             "dataset": f"{cfg.rows} rows of photo-like 256x256x3 {cfg.image_format} images + lz4 masks (benchmarks/photos.py)",
             "bytes_per_sample": {**sizes, "total": sum(sizes.values())},
             "network": net.describe(),
-            "server": "SeaweedFS weed mini (asyncload.testing.seaweed) in the server namespace",
+            "server": "SeaweedFS weed mini (harness.seaweed) in the server namespace",
             "method": f"each repetition a fresh process, first epoch on a freshly opened dataset; {cfg.warmup} samples "
             f"(at most {cfg.warmup_s:g} s) of warm-up, then {cfg.measure} samples (at most {cfg.measure_s:g} s) measured; "
             f"median of {cfg.repeats} at {cfg.focus_ms} ms, {cfg.repeats_other} elsewhere",
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     with netem.network(ROOT / "data" / "netem", rate_mbit=cfg.rate_mbit, force_proxy=cfg.proxy) as net:
         net.enter_server()  # the orchestrator sets up and uploads from the server's side: no delay
-        from asyncload.testing.seaweed import SeaweedServer
+        from harness.seaweed import SeaweedServer
 
         with SeaweedServer(host=net.server_host) as server:
             bench.prepare(net, server)

@@ -38,7 +38,7 @@ import pytest
 
 from asyncload import make_dataset
 from asyncload.synthetic import make_sample
-from asyncload.testing.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
+from harness.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 REMOTE_ROWS = 96  # a few batches at any batch size used here; small enough to write in about a second
 HEIGHT, WIDTH = 40, 56  # the same shape as the local test dataset (conftest)

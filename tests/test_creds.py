@@ -34,7 +34,7 @@ import pytest
 
 from asyncload import AsyncLoader, ObjectStoreSource, SourceError
 from asyncload.sources.s3probe import S3AccessError, probe_s3_url
-from asyncload.testing.seaweed import _free_ports
+from harness.seaweed import _free_ports
 
 from .remote_fixtures import (
     PROFILE,

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from asyncload.testing.delayline import Conn, DelayLine, Direction, Hook, ResetConnection
-from asyncload.testing.netcheck import measure_path
+from harness.delayline import Conn, DelayLine, Direction, Hook, ResetConnection
+from harness.netcheck import measure_path
 
 RTT = 0.05
 SMALL = b"s" * 100

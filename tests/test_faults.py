@@ -1,4 +1,4 @@
-"""The fault matrix: real S3 (SeaweedFS) behind :class:`asyncload.testing.faults.FaultProxy`, read through
+"""The fault matrix: real S3 (SeaweedFS) behind :class:`harness.faults.FaultProxy`, read through
 ``ObjectStoreSource`` (and Deep Lake) with ``AsyncLoader``.
 
 What each row proves, and why it is tested this way:
@@ -33,8 +33,8 @@ import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError
 from asyncload.retry import RetryPolicy
-from asyncload.testing.faults import Fault, FaultProxy
-from asyncload.testing.seaweed import SeaweedServer
+from harness.faults import Fault, FaultProxy
+from harness.seaweed import SeaweedServer
 
 from .conftest import wait_no_loop_threads
 from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed, stem

@@ -18,7 +18,7 @@ import pytest
 from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, ReadError, SourceError
 from asyncload.sources._store import BucketNotFoundError, StoreEndpointError
 from asyncload.sources.gcs import GCSBucket, resolve_gcs
-from asyncload.testing.seaweed import _free_ports
+from harness.seaweed import _free_ports
 
 from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, reply, serving
 

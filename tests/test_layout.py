@@ -1,5 +1,5 @@
 """The package's shape: a one-way import graph (no cycles, also through imports inside functions), and
-the test harness outside the installed package."""
+the test harness (harness/) outside the installed package."""
 
 from __future__ import annotations
 
@@ -69,3 +69,18 @@ def test_the_import_graph_has_no_cycles() -> None:
 
 def test_the_cycle_check_sees_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_harness_is_outside_the_installed_package_and_the_package_never_imports_it() -> None:
+    """The SeaweedFS launcher, the delay line and the fault proxy are for tests and benchmarks: a user's
+    install does not carry them, and nothing the loader runs depends on them."""
+    root = PKG.parent
+    assert not (PKG / "testing").exists() and (root / "harness" / "__init__.py").exists()
+    text = (root / "pyproject.toml").read_text()
+    assert 'include = ["asyncload*"]' in text  # setuptools' package list: harness/ is not in it
+    for p in PKG.rglob("*.py"):
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            assert not any(n.split(".")[0] == "harness" for n in names), f"{p} imports the harness"

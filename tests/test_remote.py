@@ -24,7 +24,7 @@ from asyncload.retry import RetryPolicy, is_transient
 from asyncload.sigv4 import Credentials, SigV4Signer
 from asyncload.sources._http import HTTPStatusError
 from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
-from asyncload.testing.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
+from harness.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 from .conftest import wait_no_loop_threads
 from .remote_fixtures import RemoteData, originals, read_epoch, remote_data, running_seaweed, seaweed, upload_files

@@ -43,8 +43,8 @@ import pytest
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError, SourceError
 from asyncload.retry import RetryPolicy
 from asyncload.sources._http import ssl_option
-from asyncload.testing.faults import Fault, FaultProxy
-from asyncload.testing.seaweed import SeaweedServer, _free_ports
+from harness.faults import Fault, FaultProxy
+from harness.seaweed import SeaweedServer, _free_ports
 
 from .remote_fixtures import (
     PROFILE,

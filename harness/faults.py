@@ -39,7 +39,7 @@ Usage::
 
 Command line (foreground until Ctrl-C; every N-th request fails with the given kind)::
 
-    python -m asyncload.testing.faults --upstream 127.0.0.1:8333 [--port 9333] [--every http_503=10]
+    python -m harness.faults --upstream 127.0.0.1:8333 [--port 9333] [--every http_503=10]
 """
 
 from __future__ import annotations
@@ -61,10 +61,11 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from .._loop import LoopKind, LoopThread
+from asyncload._loop import LoopKind, LoopThread
+
 from ._service import LoopService
 
-log = logging.getLogger("asyncload.testing")
+log = logging.getLogger("harness")
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST, not a FIN
 # Hop-by-hop headers (RFC 9110 §7.6.1) belong to one connection, never forwarded; the length is set apart.
@@ -539,7 +540,7 @@ async def _flushed(transport: asyncio.BaseTransport | None, limit_s: float = 1.0
 
 def main(argv: list[str] | None = None) -> int:
     """Run a proxy in the foreground until Ctrl-C; print what it did on exit."""
-    p = argparse.ArgumentParser(prog="python -m asyncload.testing.faults", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.faults", description=__doc__.split("\n")[0])
     p.add_argument("--upstream", required=True, help="HOST:PORT of the real server")
     p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--every", action="append", default=[], metavar="KIND=N", help="fault one request in N with KIND")

@@ -36,10 +36,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from .._loop import LoopKind, LoopThread
+from asyncload._loop import LoopKind, LoopThread
+
 from ._service import LoopService
 
-log = logging.getLogger("asyncload.testing")
+log = logging.getLogger("harness")
 
 Direction = Literal["up", "down"]
 """``up``: client to upstream; ``down``: upstream to client."""
@@ -475,7 +476,7 @@ class DelayLineProcess:
 
         self.host = host
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "asyncload.testing.delayline", f"{upstream[0]}:{upstream[1]}", "--rtt", str(rtt_s), "--host", host],
+            [sys.executable, "-m", "harness.delayline", f"{upstream[0]}:{upstream[1]}", "--rtt", str(rtt_s), "--host", host],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self._proc.stdout is not None
@@ -519,12 +520,12 @@ class DelayLineProcess:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m asyncload.testing.delayline HOST:PORT --rtt S``: prints ``port N``, then obeys
+    """``python -m harness.delayline HOST:PORT --rtt S``: prints ``port N``, then obeys
     ``rtt S`` lines on stdin (answering ``ok``) until end of input."""
     import argparse
     import sys
 
-    ap = argparse.ArgumentParser(prog="python -m asyncload.testing.delayline")
+    ap = argparse.ArgumentParser(prog="python -m harness.delayline")
     ap.add_argument("upstream", help="HOST:PORT to forward to")
     ap.add_argument("--rtt", type=float, default=0.0, help="added round-trip time in seconds")
     ap.add_argument("--host", default="127.0.0.1")

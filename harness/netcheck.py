@@ -1,6 +1,6 @@
 """Measure an HTTP path (connect, small-GET round trip, large-GET bandwidth), to check the emulated network.
 
-Why: a benchmark run behind a :class:`~asyncload.testing.delayline.DelayLine` is only meaningful if the
+Why: a benchmark run behind a :class:`~harness.delayline.DelayLine` is only meaningful if the
 path really has the RTT it claims and the bandwidth is not throttled by the emulation; these figures go
 into the benchmark report next to the throughput numbers.
 
@@ -9,7 +9,7 @@ measured is the path, not a client library. Through a proxy a bare TCP connect r
 kernel finishes the handshake before user space sees it), so the connect cost is reported as
 ``handshake_s`` = (connect + first GET) - (GET on a warm connection).
 
-    python -m asyncload.testing.netcheck http://127.0.0.1:8333 --rtt 0.05
+    python -m harness.netcheck http://127.0.0.1:8333 --rtt 0.05
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ import asyncio
 import logging
 from typing import Any
 
-from .._loop import LoopKind, LoopThread
+from asyncload._loop import LoopKind, LoopThread
 
-log = logging.getLogger("asyncload.testing")
+log = logging.getLogger("harness")
 
 
 class LoopService:

@@ -25,7 +25,7 @@ Why this shape:
 
 Command line (foreground until SIGTERM/SIGINT; for ``make s3``)::
 
-    python -m asyncload.testing.seaweed --data ./s3data --port 8333 [--bucket NAME ...]
+    python -m harness.seaweed --data ./s3data --port 8333 [--bucket NAME ...]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-from ..sigv4 import Credentials, SigV4Signer, quote_key
+from asyncload.sigv4 import Credentials, SigV4Signer, quote_key
 
 _STATE_FILE = "asyncload-seaweed.json"  # keys and ports, so a data folder restarts the same way
 _IDENTITIES_FILE = "s3-identities.json"
@@ -473,7 +473,7 @@ class SeaweedServer:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a server in the foreground until SIGTERM or SIGINT; print how to reach it."""
-    p = argparse.ArgumentParser(prog="python -m asyncload.testing.seaweed", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m harness.seaweed", description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="data folder (kept; remembers keys and ports)")
     p.add_argument("--port", type=int, default=8333, help="S3 port on --host (default 8333)")
     p.add_argument("--host", default="127.0.0.1")

@@ -1,1 +1,0 @@
-"""Test and benchmark harness helpers (network emulation, local servers); not used by the loader itself."""
