@@ -17,6 +17,7 @@ import pickle
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import deeplake
 import numpy as np
@@ -66,7 +67,9 @@ def http_images(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         def log_message(self, *args: object) -> None:
             pass
 
-    with serving(http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))) as url:
+    with serving(
+        http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    ) as url:
         yield url
 
 
@@ -235,6 +238,38 @@ def test_adapter_without_workers_resumes_through_the_shared_helper(seg_url: str)
         lambda: AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=32, shuffle=True, seed=9, concurrency=16),
         in_order=True,
     )
+
+
+class _AdapterInStatefulWorkers:
+    """The torch adapter read by StatefulDataLoader's persistent spawn workers, driven as ``check_resume``
+    drives every other epoch shape (the loader's state is the DataLoader's, as a training loop saves it)."""
+
+    def __init__(self, url: str) -> None:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        self.ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=32, shuffle=True, seed=9, concurrency=16)
+        self.dl = StatefulDataLoader(
+            self.ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", persistent_workers=True
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        self.ds.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dl.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dl.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        yield from self.dl
+
+
+@pytest.mark.timeout(400)
+def test_adapter_in_stateful_dataloader_workers_resumes_through_the_shared_helper(seg_url: str) -> None:
+    from .resume import check_resume
+
+    check_resume(lambda: _AdapterInStatefulWorkers(seg_url), in_order=True, epochs=1, finished_restarts=True)
 
 
 # -- AsyncLoader under torch.distributed -----------------------------------------------------------------
