@@ -2,8 +2,8 @@
 
 Why this exists: the loader hands out CPU tensors. A plain ``batch.to("cuda")`` in the training loop is a
 synchronous copy from pageable memory, and a pinned staging copy made on the training thread is worse:
-on one H100 with 16 cores it cost 20-30% of the loader's throughput (issue 12), while the training
-thread has nothing else to do in that time but wait. ``DeviceFeed`` takes all of it off that thread:
+it costs a share of the loader's throughput (issue 12; figures: ``benchmarks/results/design_notes.md``),
+while the training thread has nothing else to do in that time but wait. ``DeviceFeed`` takes all of it off that thread:
 
 - **A pin thread, bounded and woken.** One thread (``asyncload-pin``) takes batches from the upstream
   iterator, copies each CPU tensor into a reused page-locked (pinned) buffer and issues its copy to the
@@ -48,6 +48,7 @@ import torch
 from ._loop import Stage, on_exit, start_thread
 from ._protocol import END, Failure
 from .errors import ConfigError
+from .state import EpochProgress, with_progress
 
 __all__ = ["DeviceFeed", "map_tensors"]
 
@@ -129,9 +130,9 @@ class _PinnedRing:
 
 def _host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     """Copy on this thread alone, the GIL released (numpy). Torch's CPU ``copy_`` of a batch-sized tensor
-    fans out over its OpenMP pool, one thread per core, whose threads then spin-wait: on the 16-core
-    H100 machine that cost ~3.5 ms of CPU per sample and a third of the loader's throughput
-    (benchmarks/results/gpu/). Dtypes numpy lacks (bfloat16) fall back to ``copy_``."""
+    fans out over its OpenMP pool, one thread per core, whose threads then spin-wait, which costs CPU
+    per sample and loader throughput on many-core machines (figures: benchmarks/results/design_notes.md).
+    Dtypes numpy lacks (bfloat16) fall back to ``copy_``."""
     try:
         np.copyto(dst.numpy(), src.numpy())
     except TypeError:
@@ -207,6 +208,14 @@ class _Stager:
         return out, event
 
 
+def _progress_of(it: Iterator[Any]) -> EpochProgress | None:
+    """A copy of an asyncload epoch's consumed batches, taken right after a ``next()`` of it (None for
+    any other iterator): what a resume must skip once the consumer has the batch just taken."""
+    state = getattr(it, "state", None)
+    progress = state() if callable(state) else None
+    return progress.copy() if isinstance(progress, EpochProgress) else None
+
+
 def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff) -> None:
     """The pin thread's body. It holds no reference to the ``DeviceFeed``, so dropping the feed stops it."""
     try:
@@ -216,7 +225,7 @@ def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff) -> No
             except StopIteration:
                 handoff.put(END)
                 return
-            if handoff.stopped or not handoff.put(stager.stage(batch)):
+            if handoff.stopped or not handoff.put((*stager.stage(batch), _progress_of(source))):
                 return
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there with its type
         handoff.put(Failure(exc))
@@ -298,7 +307,10 @@ class DeviceFeed(Iterator[Any]):
         self.join_timeout = join_timeout
         # Pinned staging only serves host-to-CUDA copies; without CUDA it is skipped, whatever was asked.
         self.pin_memory = cuda and (pin_memory is None or bool(pin_memory))
+        self._upstream = batches
         self._source: Iterator[Any] = iter(batches)
+        # The upstream epoch's consumed batches as of the last batch handed to the consumer (see state_dict).
+        self._taken = _progress_of(self._source)
         self._stager = _Stager(self.device, self.pin_memory, per_key=max(depth, 1) + 3)
         self._handoff = _Handoff(max(depth, 1)) if cuda else None
         self._pin = _Pinning(self._source, self._handoff, join_timeout)
@@ -346,22 +358,28 @@ class DeviceFeed(Iterator[Any]):
     def _next_cpu(self) -> Any:
         while not self._exhausted and len(self._ahead) <= self.depth:
             try:
-                self._ahead.append(self._stager.stage(next(self._source))[0])
+                batch = next(self._source)
+                self._ahead.append((self._stager.stage(batch)[0], _progress_of(self._source)))
             except StopIteration:
                 self._exhausted = True
-        return self._ahead.popleft() if self._ahead else END
+        if not self._ahead:
+            return END
+        batch, self._taken = self._ahead.popleft()
+        return batch
 
     def _next_cuda(self) -> Any:
         assert self._handoff is not None
         if self._pin.thread is None:
-            self._pin.thread = start_thread(_pin_thread, self._source, self._stager, self._handoff, name="asyncload-pin")
+            self._pin.thread = start_thread(
+                _pin_thread, self._source, self._stager, self._handoff, name="asyncload-pin"
+            )
         item = self._handoff.get()
         if isinstance(item, Failure):
             self.close()
             raise item.exc
         if item is END:
             return item
-        batch, event = item
+        batch, event, self._taken = item
         # The consumer's stream waits for the copy on the device; the allocator learns who reads the memory.
         consumer = torch.cuda.current_stream(self.device)
         consumer.wait_event(event)
@@ -369,6 +387,21 @@ class DeviceFeed(Iterator[Any]):
             if t.device.type == "cuda":
                 t.record_stream(consumer)
         return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The upstream ``AsyncLoader``'s resume state as of the batches this feed handed out.
+
+        The feed takes batches from the loader ahead of the training step (``depth``), so the loader's
+        own ``state_dict()`` counts batches the step never saw, and a resume from it would skip them.
+        Checkpoint this instead and load it with the loader's ``load_state_dict``."""
+        owner = getattr(self._upstream, "state_dict", None)
+        if owner is None:
+            raise ConfigError(
+                f"DeviceFeed.state_dict() needs a loader with state_dict() upstream (an AsyncLoader); "
+                f"this feed reads a {type(self._upstream).__name__}"
+            )
+        state = owner()
+        return with_progress(state, self._taken) if self._taken is not None else state
 
     def close(self) -> None:
         """Stop the pin thread, drop prepared batches and close the upstream iterator (if it can be closed)."""

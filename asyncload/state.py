@@ -77,6 +77,14 @@ class EpochProgress:
         return cls(int(state["epoch"]), total, int(state["next"]), set(map(int, state["extra"])))
 
 
+def with_progress(state: dict[str, Any], progress: EpochProgress) -> dict[str, Any]:
+    """``state`` (a ``to_dict``) with the consumed batches of ``progress`` when both are of one epoch:
+    a consumer downstream of the loader (``DeviceFeed``) states what *it* has taken."""
+    if state.get("epoch") != progress.epoch or state.get("total") != progress.total:
+        return state
+    return {**state, "next": progress.next, "extra": sorted(progress.extra)}
+
+
 def check_dataset_version(saved: str | None, current: str | None, where: str) -> None:
     """Refuse to resume on other data: row numbers of one version name other samples in another."""
     if saved != current:

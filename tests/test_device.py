@@ -279,3 +279,29 @@ def test_cuda_slow_consumer_does_not_wait_and_the_pin_thread_stays_depth_ahead()
         assert pulled <= k + depth + 1  # handed out + waiting in the hand-off + one being staged
     assert feed.batches == 30
     assert feed.wait_s - waited_first < 0.05  # 29 batches taken ready: no waiting for data
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_feed_state_counts_only_batches_handed_to_the_step(seg_url, in_order, device) -> None:
+    """The feed holds batches ahead of the step: its state_dict() leaves them out (the loader's own
+    would skip them on resume), so taken + resumed is the whole epoch, each batch once."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    make = lambda: AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=2, in_order=in_order)  # noqa: E731
+    ref = sorted(b["index"].tolist() for b in make())
+    loader = make()
+    feed = DeviceFeed(loader, device, depth=3)
+    taken = [next(feed)["index"].tolist() for _ in range(4)]
+    time.sleep(0.2)  # the pin thread (CUDA) fills its hand-off meanwhile
+    state = feed.state_dict()
+    assert loader.state_dict()["next"] + len(loader.state_dict()["extra"]) > 4  # the loader counted read-ahead
+    assert state["next"] + len(state["extra"]) == 4
+    feed.close()
+    again = make()
+    again.load_state_dict(state)
+    rest = [b["index"].tolist() for b in again]
+    assert sorted(taken + rest) == ref and len(taken + rest) == len(ref)
+    with pytest.raises(ConfigError, match="needs a loader with state_dict"):
+        DeviceFeed(iter([]), "cpu").state_dict()
