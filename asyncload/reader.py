@@ -20,8 +20,8 @@ from .tuning import ConcurrencyTuner
 
 #: Samples in flight when a reader's first epoch starts with ``concurrency="auto"``. A first epoch on a
 #: WAN is short next to the tuner's intervals (a few round trips each), so where it starts is most of what
-#: a user gets in that epoch: on the packet-level 50 ms benchmark 256 in flight read far more than 128
-#: (benchmarks/results/wan/). Memory stays bounded by ``max_concurrency``.
+#: a user gets in that epoch, so it starts high (the WAN runs that chose this value:
+#: benchmarks/results/design_notes.md). Memory stays bounded by ``max_concurrency``.
 TUNER_START = 256
 
 

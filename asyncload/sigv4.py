@@ -1,14 +1,13 @@
 """AWS Signature Version 4 for S3 requests, with ``hmac`` and ``hashlib`` only.
 
-Why our own signer rather than botocore's ``S3SigV4Auth`` or aiobotocore (measured on this 2-core
-machine; ``benchmarks/remote_throughput.py --signers`` repeats the GET figures):
+Why our own signer rather than botocore's ``S3SigV4Auth`` or aiobotocore:
 
-- one signature costs ~14 µs here; botocore's costs ~95 µs (an ``AWSRequest`` + ``add_auth``), and
-  ``import botocore`` adds ~0.1 s and ~15 MB of RSS to every worker process;
-- over raw GETs at 64 in flight against SeaweedFS, client CPU per GET was ~330 µs with aiohttp and this
-  signer, ~470 µs with aiohttp and botocore's signer, ~1,500-1,900 µs with aiobotocore's ``get_object``
-  (its request/response machinery), i.e. 3-4x fewer GETs/s per core for aiobotocore; it would also bring
-  its own session, pool and retries (to be configured around ours) and a pinned botocore range;
+- on a small client the CPU per GET caps throughput, and this signer costs less per signature and per GET
+  than botocore's signer, and far less than aiobotocore's request/response machinery, without importing
+  botocore into every worker process (figures: ``benchmarks/results/design_notes.md``;
+  ``benchmarks/remote_throughput.py --signers`` repeats the GET ones);
+- aiobotocore would also bring its own session, pool and retries (to be configured around ours) and a
+  pinned botocore range;
 - S3 needs only the header form of SigV4 for GET/PUT/HEAD/LIST, which is small and is checked against
   AWS's published example (in the tests) and a real server that verifies signatures.
 

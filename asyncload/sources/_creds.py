@@ -8,9 +8,10 @@ each with its own files, caches and refresh rules. botocore, google-auth and azu
 as their SDKs do, so a machine where ``aws s3 ls`` / ``gsutil`` / ``az storage`` work reads here too.
 
 Why off the loop: resolving a chain reads files and may ask a metadata server or a token endpoint (with
-timeouts of a second or more), and importing botocore takes ~0.4 s; on the loader's loop that would stall
-every read in flight. So the first fetch runs where the source opens (a helper thread) and a renewal runs
-in a worker thread via ``asyncio.to_thread`` while other requests go on with the still-valid credential.
+timeouts of a second or more), and importing botocore is slow (``benchmarks/results/design_notes.md``); on
+the loader's loop either would stall every read in flight. So the first fetch runs where the source opens
+(a helper thread) and a renewal runs in a worker thread via ``asyncio.to_thread`` while other requests go
+on with the still-valid credential.
 
 Each library is imported only when its cloud is used. Nothing here logs or formats a secret: the values
 live in :class:`~asyncload.sigv4.Credentials` (secret hidden from its repr) or in a token string that is

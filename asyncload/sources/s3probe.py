@@ -1,8 +1,9 @@
 """A fast, signed look at an S3 bucket before a store is opened: is it there, and may we list it?
 
-Why: Deep Lake retries an unreachable endpoint for ~42 s (and a missing bucket for over a minute) before
-failing with ``curlCode: 7``, and says nothing about which setting is wrong. One signed ``ListObjectsV2``
-(``max-keys=1``) under the dataset's prefix, with a deadline of a few seconds, tells the cases apart:
+Why: Deep Lake retries an unreachable endpoint or a missing bucket for a long time before failing with
+``curlCode: 7`` (figures: ``benchmarks/results/design_notes.md``), and says nothing about which setting
+is wrong. One signed ``ListObjectsV2`` (``max-keys=1``) under the dataset's prefix, with a deadline of a
+few seconds, tells the cases apart:
 
 - nothing answers (refused, reset, timeout)   → :class:`S3EndpointError` (also a ``ConnectionError``)
 - 403 with a signature/key error or a denial  → :class:`S3AccessError` (also a ``PermissionError``)
