@@ -80,6 +80,26 @@ class GiveUp(Exception):
         plural = "s" if attempts != 1 else ""
         super().__init__(f"{what}: failed after {attempts} attempt{plural} ({why}); last cause: {describe(last)}")
 
+    def as_builtin(self) -> BaseException:
+        """A built-in exception type for the failure (so ``except FileNotFoundError`` works), this message:
+        ``FileNotFoundError`` for 404, ``PermissionError`` for 401/403, ``TimeoutError`` for a timeout,
+        ``ConnectionError`` for any other transient failure, else this ``GiveUp`` itself."""
+        last = self.last
+        status = getattr(last, "status", None)
+        cause: BaseException
+        if status == 404:
+            cause = FileNotFoundError(str(self))
+        elif status in (401, 403):
+            cause = PermissionError(str(self))
+        elif status is None and isinstance(last, TimeoutError):
+            cause = TimeoutError(str(self))
+        elif not self.permanent:
+            cause = ConnectionError(str(self))
+        else:
+            return self
+        cause.__cause__ = last
+        return cause
+
     def __reduce__(self) -> tuple[Any, ...]:
         # The keyword-only flags are not in ``args``: rebuild from the fields so it crosses processes.
         return _give_up, (self.what, self.attempts, portable(self.last), self.permanent, self.budget_exhausted)

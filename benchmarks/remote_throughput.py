@@ -37,7 +37,7 @@ import numpy as np
 
 from asyncload import AsyncLoader, DeepLakeSource, ObjectStoreSource, make_dataset
 from asyncload.measure import Measurement, measure, sequential, table
-from asyncload.sources.objectstore import decode_image
+from asyncload.sources.imagecodec import decode_image
 from asyncload.sources.s3 import S3Endpoint
 from asyncload.synthetic import make_sample
 from harness.seaweed import SeaweedServer

@@ -2,36 +2,27 @@
 
 ``ObjectStoreSource("s3://bucket/prefix")`` (or ``gs://bucket/prefix``, ``az://container/prefix``)
 pairs ``<prefix>/<column>/<stem>.<ext>`` objects across columns by their stem, found by listing
-(paginated) or named by a manifest (JSON or text list of stems; required for ``http(s)://`` prefixes,
-which cannot be listed). Row ``i`` is the ``i``-th stem in sorted order (listing) or manifest order.
+(paginated) or named by a manifest (required for ``http(s)://`` prefixes, which cannot be listed); the
+pairing rules are in :mod:`.manifest`, decoding in :mod:`.imagecodec`.
 
 Design, and why:
 
-- **Requests on the loader's loop.** Every object is one GET issued with aiohttp on the running loop;
-  a read of ``n`` indices issues ``n × columns`` GETs at once. The session (and its one connection pool)
-  is created lazily on the loop that reads and closed when that loop ends (see ``_loop.LoopLocal``): the source
-  handle itself (the row → key index) is plain data, opened from any thread, never crossing a fork.
-- **Pool sized to the fan-out.** ``configure(requests_in_flight)`` from the loader × the indices per
-  read × columns, capped by ``max_connections``; aiohttp's default cap of 100 would otherwise queue the
-  excess silently inside the client. Twice that, because a hedged read (the loader's second request
-  for a straggler) needs connections beyond the loader's concurrency, and the hedged-away request
-  keeps its connection until it ends: with no headroom, stalled losers filled the pool and every later
-  read waited for them (measured, tests/test_faults.py: 5 stalls of 3 s at concurrency 2 cost +5.5-5.9 s
-  without the headroom, +2.7-2.9 s with it).
-  Connections are opened lazily, so the cap costs nothing when unused.
-- **Decoding off the loop.** PNG/JPEG bytes are decoded with Pillow in a thread pool sized to the cores
-  (Pillow releases the GIL while decoding), so the loop thread only moves bytes. Images come out
-  ``H×W×3`` uint8, masks ``H×W`` uint8 (palette/grey values as stored).
+- **Requests on the loader's loop.** Every object is one aiohttp GET on the running loop; a read of ``n``
+  indices issues ``n × columns`` at once. The session (one connection pool) and the decode pool are made
+  lazily on the loop that reads and closed when that loop ends (``_loop.LoopLocal``), so the source handle
+  (the row → key index) stays plain data that opens on any thread and never crosses a fork.
+- **Pool sized to the fan-out, twice over.** ``configure(requests_in_flight)`` × the most indices per
+  read × columns, capped by ``max_connections``, because aiohttp's default cap of 100 would queue the
+  excess silently; doubled because a hedged-away request keeps its connection until it ends, and without
+  that headroom stalled losers fill the pool and every later read waits for them (figures:
+  ``benchmarks/results/design_notes.md``). Connections open lazily, so an unused cap costs nothing.
 - **One transport for every store** (:mod:`._store`: S3 in :mod:`.s3`, GCS in :mod:`.gcs`, Azure Blob in
   :mod:`.azure`, plain HTTP): the same pool, timeouts, retry policy and typed errors whatever the cloud.
   Credentials come from each cloud's standard chain (:mod:`._creds`), resolved where the source opens
   (never on the loop) and renewed before they expire; the store is per process and never pickled.
-  obstore was measured as the alternative transport (``benchmarks/results/transport/``).
-- **SigV4 with our own signer** (:mod:`asyncload.sigv4`) over the same aiohttp session, chosen by
-  measurement over botocore's signer and aiobotocore: client CPU per signed GET ~330 µs (ours) vs
-  ~470 µs (botocore's ``S3SigV4Auth`` on aiohttp) vs ~1,500-1,900 µs (aiobotocore ``get_object``), and
-  no botocore import (~0.1 s, ~15 MB per process). On 2 cores the client's CPU per GET caps throughput,
-  so this matters; details in the signer's docstring.
+- **SigV4 with our own signer** (:mod:`asyncload.sigv4`) over the same session: on 2 cores the client's
+  CPU per GET caps throughput, and ours costs less of it than botocore's signer or aiobotocore and needs
+  no botocore import (figures: ``benchmarks/results/design_notes.md``; obstore: ``benchmarks/results/transport/``).
 - **Retries by policy** (:mod:`asyncload.retry`): transient failures are retried with full-jitter
   backoff within per-request attempts and a per-source-per-process budget; 403/404 fail at once with the
   key named. ``retry_stats()`` shows what it took.
@@ -44,9 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import io
-import json
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -64,6 +52,8 @@ from ._store import HTTPStore, Store, probe_store
 from .azure import resolve_azure, split_az_url
 from .base import Columns, Source
 from .gcs import resolve_gcs, split_gs_url
+from .imagecodec import DecodeMode, decode_image, decode_modes, default_workers
+from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
 from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
 
 #: The clouds' URL schemes → how ``scheme://bucket/prefix`` splits into bucket and prefix.
@@ -73,11 +63,6 @@ _CLOUDS = {
     "az": split_az_url,
     "azure": split_az_url,
 }
-
-log = logging.getLogger("asyncload")
-
-DecodeMode = Literal["rgb", "gray"]
-Manifest = str | os.PathLike[str] | Sequence[str | Mapping[str, str]]
 
 
 @dataclass(frozen=True)
@@ -99,85 +84,6 @@ class _LoopState:
 async def _close_state(state: _LoopState) -> None:
     await state.session.close()
     state.pool.shutdown(wait=True, cancel_futures=True)  # idle by now: every read was awaited
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
-    """PNG/JPEG bytes → ``H×W×3`` (``rgb``) or ``H×W`` (``gray``: palette index or grey value) uint8."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(data)) as opened:
-            img: Image.Image = opened
-            if mode == "rgb":
-                if img.mode != "RGB":
-                    img = img.convert("RGB")
-                arr = np.asarray(img)
-            else:
-                if img.mode in ("L", "P"):
-                    arr = np.asarray(img)
-                elif img.mode == "1":
-                    arr = np.asarray(img).astype(np.uint8)
-                elif img.mode in ("RGB", "RGBA", "LA"):  # a mask saved with channels: the first one
-                    arr = np.asarray(img.getchannel(0))
-                else:
-                    arr = np.asarray(img.convert("L"))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ValueError(f"cannot decode {where} as an image ({len(data)} bytes): {exc}") from exc
-    if arr.dtype != np.uint8:
-        raise ValueError(f"{where} decodes to {arr.dtype}, expected 8-bit data")
-    return arr
-
-
-def _final_cause(g: GiveUp) -> BaseException:
-    """A built-in exception type for the failure (so ``except FileNotFoundError`` works), message from ``g``."""
-    last = g.last
-    status = getattr(last, "status", None)
-    cause: BaseException
-    if status == 404:
-        cause = FileNotFoundError(str(g))
-    elif status in (401, 403):
-        cause = PermissionError(str(g))
-    elif status is None and isinstance(last, TimeoutError):
-        cause = TimeoutError(str(g))
-    elif not g.permanent:
-        cause = ConnectionError(str(g))
-    else:
-        cause = g
-    if cause is not g:
-        cause.__cause__ = last
-    return cause
-
-
-def _split_stem(rel: str) -> str:
-    """``a/b/000123.png`` → ``a/b/000123`` (the last extension only)."""
-    head, _, name = rel.rpartition("/")
-    stem = name.rsplit(".", 1)[0] if "." in name.lstrip(".") else name
-    return f"{head}/{stem}" if head else stem
-
-
-def parse_manifest(data: bytes, where: str) -> list[str | dict[str, str]]:
-    """A manifest's rows: a JSON list (of stems, or of ``{column: key}``), ``{"stems": [...]}``, or text
-    with one stem per line (blank lines and ``#`` comments skipped)."""
-    text = data.decode("utf-8-sig")
-    stripped = text.lstrip()
-    if stripped.startswith(("[", "{")):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise SourceError(f"manifest {where} is not valid JSON: {exc}") from None
-        if isinstance(doc, dict):
-            doc = doc.get("stems", doc.get("samples"))
-        if not isinstance(doc, list):
-            raise SourceError(f"manifest {where}: expected a JSON list of stems or {{'stems': [...]}}")
-        return [r if isinstance(r, dict) else str(r) for r in doc]
-    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
 class ObjectStoreSource(Source[_Index]):
@@ -236,17 +142,13 @@ class ObjectStoreSource(Source[_Index]):
         self._creds = dict(creds) if creds else None
         self._manifest = manifest
         self._suffixes = {c: ".png" for c in self.columns} | dict(suffixes or {})
-        self._decode: dict[str, DecodeMode] = {c: ("gray" if "mask" in c.lower() else "rgb") for c in self.columns}
-        self._decode.update(decode or {})
-        for c, m in self._decode.items():
-            if m not in ("rgb", "gray"):
-                raise ConfigError(f"decode[{c!r}]={m!r} is not allowed: 'rgb' or 'gray'")
+        self._decode = decode_modes(self.columns, decode)
         self.retry = retry or RetryPolicy()
         self.timeouts = timeouts or Timeouts()
         self._connections = connections
         self.max_connections = max_connections
         self.verify_tls = verify_tls
-        self._decode_workers = decode_workers or _cores()
+        self._decode_workers = decode_workers or default_workers()
         self.open_deadline = open_deadline
         self.list_page_size = list_page_size
         self.profile = profile
@@ -260,7 +162,7 @@ class ObjectStoreSource(Source[_Index]):
             except ValueError as exc:
                 raise ConfigError(f"url={url!r}: {exc}") from None
         self._requests_in_flight = 64
-        self._fanout = 1
+        self._indices_per_read = 1  # the most indices one read has asked for: sizes the pool
         self._init_process_state()
 
     # -- per-process state (never pickled, reset after fork) -----------------------------------------
@@ -362,7 +264,7 @@ class ObjectStoreSource(Source[_Index]):
         async with new_session(len(self.columns), self.timeouts, self.verify_tls) as session:
             if self._manifest is not None:
                 rows = await self._load_manifest(session, budget, stats)
-                keys = self._keys_from_manifest(rows)
+                keys = keys_from_manifest(rows, self.columns, self._suffixes, self.url)
             else:
                 keys = await self._keys_from_listing(session, budget, stats)
         n = len(next(iter(keys.values())))
@@ -414,39 +316,17 @@ class ObjectStoreSource(Source[_Index]):
             if not token:
                 return keys
 
-    async def _keys_from_listing(
-        self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats
-    ) -> dict[str, tuple[str, ...]]:
-        by_col: dict[str, dict[str, str]] = {}
+    async def _keys_from_listing(self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats) -> Keys:
+        by_column: dict[str, dict[str, str]] = {}
         for col in self.columns:
-            base = self._full_key(f"{col}/")
-            stems: dict[str, str] = {}
-            for key in await self._list(session, base, budget, stats):
-                rel = key[len(self._prefix) + 1 :] if self._prefix else key
-                if rel.endswith("/"):
-                    continue  # a folder marker
-                stem = _split_stem(rel[len(col) + 1 :])
-                if stem in stems:
-                    raise SourceError(
-                        f"{self.url}: two {col!r} objects share the stem {stem!r} ({stems[stem]}, {rel}); "
-                        "keep one, or pass a manifest naming the keys"
-                    )
-                stems[stem] = rel
-            by_col[col] = stems
-        common = set.intersection(*(set(s) for s in by_col.values()))
-        for col, stems in by_col.items():
-            lone = sorted(set(stems) - common)
-            if lone:
-                log.warning(
-                    "asyncload: %s: %d %r objects have no partner in every other column and are skipped (first: %s)",
-                    self.url, len(lone), col, stems[lone[0]],
-                )  # fmt: skip
-        order = sorted(common)
-        return {col: tuple(by_col[col][s] for s in order) for col in self.columns}
+            keys = await self._list(session, self._full_key(f"{col}/"), budget, stats)
+            rels = [key[len(self._prefix) + 1 :] if self._prefix else key for key in keys]
+            by_column[col] = stems(col, rels, self.url)
+        return keys_from_listing(by_column, self.url)
 
     async def _load_manifest(
         self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats
-    ) -> list[str | dict[str, str]]:
+    ) -> Sequence[str | Mapping[str, str]]:
         m = self._manifest
         if not isinstance(m, (str, os.PathLike)):
             return list(m)  # type: ignore[arg-type]
@@ -473,24 +353,12 @@ class ObjectStoreSource(Source[_Index]):
         else:
             path = where.removeprefix("file://")
             try:
-                data = await asyncio.to_thread(_read_file, path)
+                data = await asyncio.to_thread(read_local, path)
             except OSError as exc:
                 raise DatasetNotFoundError(
                     f"cannot read the manifest of {self.url} at {path}: {describe(exc)}"
                 ) from None
         return parse_manifest(data, where)
-
-    def _keys_from_manifest(self, rows: list[str | dict[str, str]]) -> dict[str, tuple[str, ...]]:
-        keys: dict[str, list[str]] = {c: [] for c in self.columns}
-        for i, row in enumerate(rows):
-            for col in self.columns:
-                if isinstance(row, Mapping):
-                    if col not in row:
-                        raise SourceError(f"manifest of {self.url}: row {i} has no key for column {col!r}")
-                    keys[col].append(str(row[col]).lstrip("/"))
-                else:
-                    keys[col].append(f"{col}/{row}{self._suffixes[col]}")
-        return {c: tuple(v) for c, v in keys.items()}
 
     # -- reading -------------------------------------------------------------------------------------
     def _new_loop_state(self) -> _LoopState:
@@ -500,13 +368,14 @@ class ObjectStoreSource(Source[_Index]):
 
     def connections(self) -> int:
         """The pool size a session created now would get (for logs and tests)."""
-        want = self._connections or 2 * self._requests_in_flight * self._fanout * len(self.columns)  # ×2: hedges
+        # ×2: headroom for hedged reads (see the module docstring)
+        want = self._connections or 2 * self._requests_in_flight * self._indices_per_read * len(self.columns)
         return max(1, min(self.max_connections, want))
 
     async def read(self, indices: list[int]) -> Columns:
         index = self.handle()
         budget, stats, loops = self._process_state()
-        self._fanout = max(self._fanout, len(indices))
+        self._indices_per_read = max(self._indices_per_read, len(indices))
         state = loops.get()
         loop = asyncio.get_running_loop()
         tasks = [
@@ -541,7 +410,7 @@ class ObjectStoreSource(Source[_Index]):
         try:
             data = await self._get(state.session, url, f"GET {where}", budget, stats)
         except GiveUp as g:
-            raise read_error(self.url, col, [i], _final_cause(g))  # noqa: B904 - read_error sets __cause__
+            raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 state.pool, decode_image, data, self._decode[col], where
@@ -553,9 +422,5 @@ class ObjectStoreSource(Source[_Index]):
         return f"ObjectStoreSource({self.url!r}, columns={self.columns!r})"
 
 
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
-
-
+#: ``decode_image`` and ``parse_manifest`` live in :mod:`.imagecodec` and :mod:`.manifest`; still importable here.
 __all__ = ["ObjectStoreSource", "Timeouts", "RetryPolicy", "HTTPStatusError", "decode_image", "parse_manifest"]
