@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from ._loop import Stage, on_exit, start_thread
-from ._protocol import END, Failure
+from ._protocol import END, Failure, Sentinel
 from .errors import ConfigError
 from .state import EpochProgress, with_progress
 
@@ -83,7 +83,8 @@ def _tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(v)
 
 
-_PENDING = object()  # a slot being filled for the batch now staged: its copy has no event yet
+#: A pinned slot being filled for the batch now staged: its copy has no event yet.
+PENDING = Sentinel("PENDING")
 
 
 class _PinnedRing:
@@ -114,7 +115,7 @@ class _PinnedRing:
                 self._rings.popitem(last=False)
         self._rings.move_to_end(key)
         slot: list[Any] | None = None
-        if ring and ring[0][1] is not _PENDING:
+        if ring and ring[0][1] is not PENDING:
             event = ring[0][1]  # events complete in issue order on one stream: the oldest frees first
             if event.query() or len(ring) >= self.per_key:
                 event.synchronize()  # returns at once when query() said done
@@ -122,7 +123,7 @@ class _PinnedRing:
         if slot is None:
             slot = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True), None]
             self.allocations += 1
-        slot[1] = _PENDING
+        slot[1] = PENDING
         _host_copy(slot[0], t)
         ring.append(slot)
         return slot[0], slot
