@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ._loop import start_thread
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -92,8 +94,7 @@ class PeakRSS:
         self.every_s = every_s
         self.peak = self.start = tree_rss_bytes()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="peak-rss", daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, name="peak-rss")
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):
@@ -163,7 +164,9 @@ def measure(
     return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
 
 
-def sequential(url: str, columns: Sequence[str], limit: int | None = None, creds: dict[str, str] | None = None) -> Iterable[int]:
+def sequential(
+    url: str, columns: Sequence[str], limit: int | None = None, creds: dict[str, str] | None = None
+) -> Iterable[int]:
     """The baseline: ``ds[i][col]`` for each row and column, one after another, copied like a batch is."""
     import deeplake
     import numpy as np

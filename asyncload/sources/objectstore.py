@@ -44,7 +44,7 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
-from .._loop import LoopLocal, run_blocking
+from .._loop import LoopLocal, run_blocking, thread_pool
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, read_error
 from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
@@ -363,7 +363,7 @@ class ObjectStoreSource(Source[_Index]):
     # -- reading -------------------------------------------------------------------------------------
     def _new_loop_state(self) -> _LoopState:
         session = new_session(self.connections(), self.timeouts, self.verify_tls)
-        pool = ThreadPoolExecutor(self._decode_workers, thread_name_prefix="asyncload-decode")
+        pool = thread_pool(self._decode_workers, "asyncload-decode")
         return _LoopState(session, pool)
 
     def connections(self) -> int:
