@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -88,6 +89,11 @@ def test_impossible_values_name_the_key_the_value_and_the_range() -> None:
         "num_workers": (-2, "num_workers=-2 is not allowed: an int >= 0 (DataLoader worker processes)"),
         "holdout": (1.0, "holdout=1.0 is not allowed: a number > 0 and < 1 (fraction of rows held out for validation)"),
         "image_size": (4, "image_size=4 is not allowed: an int >= 8 (height and width of made images)"),
+        "processes": (
+            -1,
+            "processes=-1 is not allowed: an int >= 0 (AsyncLoader worker processes of the training split; 0: read "
+            "in this process)",
+        ),
     }
     for key, (value, message) in cases.items():
         with pytest.raises(ConfigError) as e:
@@ -96,6 +102,13 @@ def test_impossible_values_name_the_key_the_value_and_the_range() -> None:
         with pytest.raises(ConfigError) as e:
             TrainConfig(**{key: value})  # built in Python: checked the same way
         assert str(e.value) == message
+    for clash in ({"loader": "sync"}, {"num_workers": 2}):
+        with pytest.raises(ConfigError) as e:
+            load_config({"processes": 2, **clash}, TrainConfig)
+        assert str(e.value) == (
+            "TrainConfig: processes=2 is not allowed: 0 with loader: sync or num_workers > 0 (processes are "
+            "AsyncLoader's own workers, used instead of DataLoader's)"
+        )
 
 
 @pytest.mark.timeout(20)
@@ -199,6 +212,28 @@ def test_a_few_steps_train_evaluate_and_checkpoint(tiny_url: str, tmp_path: Path
     wait_no_loop_threads()
 
 
+@pytest.mark.timeout(90)  # ~7 s idle, 20 s on a loaded 2-core machine: spawn workers import torch
+def test_processes_2_trains_every_sample_of_each_epoch_once_on_spawn_workers(tiny_url: str, tmp_path: Path) -> None:
+    """``processes: 2``: the training split is read by two persistent spawn workers (AsyncLoader's
+    fan-out) on the CPU, the same two in both epochs; each epoch trains each of the 48 rows once, in a
+    new order, and the workers are gone when the job returns."""
+    steps: list[dict[str, Any]] = []
+    workers: list[list[int]] = []
+
+    def on_step(s: dict[str, Any]) -> None:
+        steps.append(s)
+        workers.append(sorted(p.pid for p in multiprocessing.active_children()))
+
+    rows = train(tiny(tiny_url, tmp_path, processes=2, epochs=2), on_step=on_step)
+    assert len(workers[0]) == 2 and all(w == workers[0] for w in workers)  # started once, kept
+    assert [s["step"] for s in steps] == list(range(1, 13)) and [r["samples"] for r in rows] == [48, 48]
+    orders = [[i for s in steps if s["epoch"] == e for i in s["indices"]] for e in (0, 1)]
+    assert all(sorted(order) == list(range(48)) for order in orders) and orders[0] != orders[1]
+    assert all(0.0 < r["data_wait"] < 1.0 and r["samples_per_s"] > 0 for r in rows)
+    assert multiprocessing.active_children() == []
+    wait_no_loop_threads()
+
+
 @pytest.mark.timeout(60)
 def test_resume_continues_at_the_saved_epoch_and_step(tiny_url: str, tmp_path: Path) -> None:
     (first,) = train(tiny(tiny_url, tmp_path, max_steps_per_epoch=2))
@@ -215,20 +250,23 @@ class _Crash(Exception):
     pass
 
 
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("loader", ["asyncload", "sync"])
-def test_mid_epoch_resume_trains_exactly_the_rest_of_the_epoch(tiny_url: str, tmp_path: Path, loader: str) -> None:
+@pytest.mark.timeout(120)  # processes=2 starts workers three times: ~25 s on a loaded 2-core machine
+@pytest.mark.parametrize(("loader", "processes"), [("asyncload", 0), ("sync", 0), ("asyncload", 2)])
+def test_mid_epoch_resume_trains_exactly_the_rest_of_the_epoch(
+    tiny_url: str, tmp_path: Path, loader: str, processes: int
+) -> None:
     """Interrupted after step 3 with a checkpoint at step 2: the resumed run trains the batches of steps
-    3..6 of the uninterrupted run, in its order (the loader's resume state, or a replayed order)."""
+    3..6 of the uninterrupted run, in its order (the loader's resume state, or a replayed order). With
+    ``processes: 2`` the state counts the steps trained, not the batches the device feed took ahead."""
     reference: list[dict[str, Any]] = []
-    train(tiny(tiny_url, tmp_path / "ref", loader=loader), on_step=reference.append)
+    train(tiny(tiny_url, tmp_path / "ref", loader=loader, processes=processes), on_step=reference.append)
     assert len(reference) == 6  # 48 training rows, batches of 8
 
     def crash_after_3(s: dict[str, Any]) -> None:
         if s["step"] == 3:
             raise _Crash
 
-    cfg = tiny(tiny_url, tmp_path, loader=loader, checkpoint_every=2)
+    cfg = tiny(tiny_url, tmp_path, loader=loader, processes=processes, checkpoint_every=2)
     with pytest.raises(_Crash):
         train(cfg, on_step=crash_after_3)
     ck = torch.load(cfg.checkpoint, weights_only=True)

@@ -18,6 +18,10 @@ Choices, and why:
   ``DistributedDataParallel``. ``AsyncIterableDataset`` reads the rank from the process group, and every
   rank gets the same number of batches, which is what keeps DDP's all-reduces in step. Only rank 0 logs
   and writes checkpoints; losses, IoU counts and timings are all-reduced.
+- **Worker processes**: ``processes: K`` reads the training split with ``AsyncLoader(processes=K)``, K
+  persistent spawn workers started by the first epoch and kept to the end of the job (instead of
+  ``num_workers`` DataLoader workers; the held-out split is read in the training process). Its resume
+  state counts the steps trained (``data.TrainedPrefix``): ``DeviceFeed`` takes batches ahead of them.
 - **Evaluation counts each held-out row once**: ranks pad their shares to equal length, so the padded
   repeats at the end of a rank's share are masked out of the IoU counts.
 - **Checkpoints** hold model, optimizer, epoch, global step and the step within the epoch (plus the

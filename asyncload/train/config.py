@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..config import setting, validate
+from ..config import check, setting, validate
 
 
 def _device_ok(v: str) -> bool:
@@ -28,6 +28,9 @@ class TrainConfig:
     concurrency: int = setting(64, "an int >= 1", lambda v: v >= 1)
     prefetch: int = setting(4, "an int >= 1", lambda v: v >= 1)
     num_workers: int = setting(0, "an int >= 0 (DataLoader worker processes)", lambda v: v >= 0)
+    processes: int = setting(
+        0, "an int >= 0 (AsyncLoader worker processes of the training split; 0: read in this process)", lambda v: v >= 0
+    )
     depth: int = setting(2, "an int >= 0 (batches copied to the device ahead)", lambda v: v >= 0)
     bf16: bool = True  # bf16 autocast on CUDA (ignored on the CPU)
     channels_last: bool = True  # channels_last activations and weights on CUDA (ignored on the CPU)
@@ -52,3 +55,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+        check(
+            "processes", self.processes, not self.processes or (self.loader == "asyncload" and not self.num_workers),
+            "0 with loader: sync or num_workers > 0 (processes are AsyncLoader's own workers, used instead of "
+            "DataLoader's)",
+        )  # fmt: skip

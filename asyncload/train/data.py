@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..dataset import AsyncIterableDataset
+from ..loader import AsyncLoader
 from ..sampler import EpochSampler, Shard
 from ..sources.deeplake import DeepLakeSource
 from ..sources.subset import RangeSource
@@ -22,10 +23,11 @@ from .config import TrainConfig
 class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """The baseline: rows ``[start, stop)`` read one by one with ``ds[i]["images"]``, ``ds[i]["masks"]``.
 
-    The Deep Lake handle is opened lazily in the process that reads (DataLoader workers included)."""
+    The Deep Lake handle is opened lazily in the process that reads (DataLoader workers included), with
+    ``creds`` for a dataset on an object store. ``benchmarks/scaling.py`` measures the same baseline."""
 
-    def __init__(self, url: str, start: int, stop: int) -> None:
-        self.url, self.start, self.stop = url, start, stop
+    def __init__(self, url: str, start: int, stop: int, creds: dict[str, str] | None = None) -> None:
+        self.url, self.start, self.stop, self.creds = url, start, stop, creds
         self._ds: Any = None
         self._pid = -1
 
@@ -36,7 +38,7 @@ class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self._pid != os.getpid():
             import deeplake
 
-            self._ds, self._pid = deeplake.open_read_only(self.url), os.getpid()
+            self._ds, self._pid = deeplake.open_read_only(self.url, creds=self.creds), os.getpid()
         row = self._ds[self.start + i]
         return {
             "images": torch.from_numpy(np.array(row["images"])),
@@ -57,13 +59,21 @@ class Split:
     ) -> None:
         self.n, self.rank, self.world = stop - start, rank, world
         self.dataset: Any
+        self.sampler: Any = None
         if cfg.loader == "asyncload":
-            self.dataset = AsyncIterableDataset(
-                RangeSource(DeepLakeSource(url), start, stop), cfg.batch_size, shuffle=train, seed=cfg.seed,
-                concurrency=cfg.concurrency, prefetch=cfg.prefetch, remainder="pad",
+            source = RangeSource(DeepLakeSource(url), start, stop)
+            how: dict[str, Any] = dict(
+                batch_size=cfg.batch_size, shuffle=train, seed=cfg.seed, concurrency=cfg.concurrency,
+                prefetch=cfg.prefetch, remainder="pad",
             )  # fmt: skip
-            self.sampler: Any = None
-            self.loader = torch.utils.data.DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers)
+            if cfg.processes and train:
+                # K persistent worker processes, started by the first epoch and kept across epochs; the
+                # held-out split is small and read once per epoch, in this process.
+                loader = AsyncLoader(source, processes=cfg.processes, rank=rank, world_size=world, **how)
+                self.dataset = self.loader = TrainedPrefix(loader)
+            else:
+                self.dataset = AsyncIterableDataset(source, **how)
+                self.loader = torch.utils.data.DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers)
             per = EpochSampler(self.n, 1, remainder="pad", shard=Shard(rank, world)).rank_samples
             self.real = max(0, min(per, self.n - rank * per))
         else:
@@ -82,6 +92,41 @@ class Split:
     def epoch(self, epoch: int) -> Iterator[Any]:
         (self.sampler or self.dataset).set_epoch(epoch)
         return iter(self.loader)
+
+    def close(self) -> None:
+        """Stop the loader's worker processes, if it has its own (``processes=K``)."""
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+
+
+class TrainedPrefix:
+    """An in-order ``AsyncLoader`` whose resume state counts the batches the training loop *trained*.
+
+    ``DeviceFeed`` takes batches a step or two ahead of the step that trains them, so the loader's own
+    ``state_dict()`` would count those too, and a resume would skip them. In order, the batches trained
+    are the first ``batches_consumed`` of the epoch's plan, which is what the state says here."""
+
+    def __init__(self, loader: AsyncLoader) -> None:
+        self.loader = loader
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self, batches_consumed: int) -> dict[str, Any]:
+        return {**self.loader.state_dict(), "next": batches_consumed, "extra": []}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 def first_n(it: Iterator[Any], n: int) -> Iterator[Any]:

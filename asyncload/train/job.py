@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import math
@@ -78,7 +79,8 @@ def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = N
     try:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)  # process-wide: put back below for in-process callers
-        return _run(cfg, w, on_step)
+        with contextlib.ExitStack() as stack:  # closes the splits' loaders (processes=K: stops the workers)
+            return _run(cfg, w, on_step, stack)
     finally:
         torch.set_num_threads(threads)
         torch.backends.cudnn.benchmark = benchmark
@@ -86,7 +88,9 @@ def train(cfg: TrainConfig, on_step: Callable[[dict[str, Any]], None] | None = N
             dist.destroy_process_group()
 
 
-def _run(cfg: TrainConfig, w: World, on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+def _run(
+    cfg: TrainConfig, w: World, on_step: Callable[[dict[str, Any]], None] | None, stack: contextlib.ExitStack
+) -> list[dict[str, Any]]:
     from tqdm import tqdm
 
     url = _ensure_data(cfg, w)
@@ -96,8 +100,12 @@ def _run(cfg: TrainConfig, w: World, on_step: Callable[[dict[str, Any]], None] |
     check(
         "holdout", cfg.holdout, 0 < n_train < n, f"a fraction that leaves rows on both sides of the split of {n} rows"
     )
-    train_split = Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world)
-    val_split = Split(cfg, url, n_train, n, train=False, rank=w.rank, world=w.world)
+    train_split = stack.enter_context(
+        contextlib.closing(Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world))
+    )
+    val_split = stack.enter_context(
+        contextlib.closing(Split(cfg, url, n_train, n, train=False, rank=w.rank, world=w.world))
+    )
     steps = len(train_split) if not cfg.max_steps_per_epoch else min(cfg.max_steps_per_epoch, len(train_split))
 
     how = StepOptions.for_device(w.device, cfg.bf16, cfg.channels_last, cfg.cudnn_benchmark)
@@ -138,7 +146,7 @@ def _run(cfg: TrainConfig, w: World, on_step: Callable[[dict[str, Any]], None] |
     if w.main:
         print(
             f"training a U-Net (width {cfg.width}) on {n_train} rows, validating on {n - n_train}, of {url}; "
-            f"loader {cfg.loader}, {w.world} rank(s) on {w.device}, {steps} steps/epoch of {cfg.batch_size} per rank; "
+            f"loader {cfg.loader}{f' (processes={cfg.processes})' if cfg.processes else ''}, {w.world} rank(s) on {w.device}, {steps} steps/epoch of {cfg.batch_size} per rank; "
             f"bf16 {how.bf16}, channels_last {how.channels_last}",
             flush=True,
         )
