@@ -47,9 +47,10 @@ bench-large: install  ## the loopback suite on a bigger machine: more rows, late
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(PY) benchmarks/suite.py --config configs/bench_large.yaml
 
-scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataLoader persistent workers (--small on 2 cores)
+scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataLoader persistent workers, local and at 50 ms RTT (--small on 2 cores, ~15 min)
 	$(PIP) install -c constraints.txt -e '.[bench]'
-	$(PY) benchmarks/scaling.py $(if $(filter 1 2,$(shell nproc)),--small,)
+	-@$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/scaling.py --rtt-ms 50 $(if $(filter 1 2,$(shell nproc)),--small,)
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
 	$(PY) -m asyncload.train --config configs/train_unet.yaml

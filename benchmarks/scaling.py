@@ -1,9 +1,10 @@
 """Samples/s against worker processes 1…N: asyncload (``processes=K``; ``processes=0`` as the one-process
 point) and a synchronous map-style Dataset in ``DataLoader(num_workers=K, persistent_workers=True)``, in
-one run, on a local Deep Lake dataset of 256×256 PNG images + lz4 masks.
+one run, on a Deep Lake dataset of 256×256 PNG images + lz4 masks: on local disk, and with ``--rtt-ms``
+also on an S3 store behind that round-trip time.
 
-    python benchmarks/scaling.py --small        # 2 cores: a few minutes
-    python benchmarks/scaling.py                # N = os.cpu_count(): K = 1…N, 3,000 rows
+    python benchmarks/scaling.py --small --rtt-ms 50    # 2 cores: local, then at 50 ms (~15 min)
+    python benchmarks/scaling.py --rtt-ms 50            # N = os.cpu_count(): K = 1…N, 3,000 rows
 
 Each configuration runs two epochs on one loader (``set_epoch`` 0, then 1; shuffled, batch 32) and
 reports, per epoch: samples/s over the whole epoch (from ``iter()`` to the last batch, so epoch 1 pays the
@@ -12,59 +13,44 @@ training run sees from then on: persistent workers must make its first batch com
 checks that asyncload's worker pids did not change). The consumer only counts the batches; every epoch
 must deliver each row exactly once (checked), so no configuration can win by dropping samples.
 
+``--rtt-ms``: the same dataset's files on SeaweedFS in the server namespace of ``netem.network()``
+(packet-level NFQUEUE delay as root, else the TCP proxy; the tables name which, with a measured small-GET
+round trip). Each configuration runs in a fresh process started inside the client namespace, so it, its
+workers and Deep Lake's threads all read over the emulated path, and its first epoch is cold.
+
 Writes ``results.json``, ``table.md`` and ``scaling.png`` under
 ``benchmarks/results/scaling/<machine>/`` (``<machine>``: cores and GPU, or ``--name``). Needs only torch,
-deeplake, asyncload and matplotlib.
+deeplake, asyncload and matplotlib (and, for ``--rtt-ms``, SeaweedFS's ``weed``).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import multiprocessing as mp
 import os
 import platform
 import re
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import deeplake
-import numpy as np
-import torch
-from torch.utils.data import DataLoader, Dataset
-
-from asyncload import AsyncLoader, DeepLakeSource, make_dataset
-
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path[:0] = [str(HERE), str(ROOT)]  # netem, harness; and this checkout's asyncload before any installed one
 
+import deeplake  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
 
-class DeepLakeMapDataset(Dataset):  # type: ignore[type-arg]
-    """The synchronous baseline: one blocking read per column and row, decoded in the worker process.
-    The handle opens lazily in the worker that uses it (a dataset handle must not cross a fork)."""
+from asyncload import AsyncLoader, DeepLakeSource, make_dataset  # noqa: E402
+from asyncload.train.data import SyncSegmentation  # noqa: E402
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.n = len(deeplake.open_read_only(url))
-        self._ds: Any = None
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        if self._ds is None:
-            self._ds = deeplake.open_read_only(self.url)
-        row = self._ds[int(i)]
-        return {
-            "images": torch.from_numpy(np.array(row["images"])),
-            "masks": torch.from_numpy(np.array(row["masks"])),
-            "index": int(i),
-        }
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_ds": None}
+LOCAL = "local disk"
 
 
 @dataclass
@@ -90,6 +76,12 @@ class Row:
     label: str
     epochs: list[Epoch]
     same_workers: bool | None  # asyncload: the same pids in both epochs
+    store: str = LOCAL  # or "S3 at <rtt> ms RTT"
+    load: float = 0.0  # 1-minute load average when the configuration finished
+
+
+def store_name(rtt_ms: float | None) -> str:
+    return LOCAL if rtt_ms is None else f"S3 at {rtt_ms:g} ms RTT"
 
 
 def run_epoch(batches: Iterable[Any], rows: int) -> Epoch:
@@ -106,8 +98,10 @@ def run_epoch(batches: Iterable[Any], rows: int) -> Epoch:
     return Epoch(len(seen), seconds, first or 0.0, first_samples)
 
 
-def run_asyncload(url: str, rows: int, processes: int, batch: int, epochs: int) -> Row:
-    loader = AsyncLoader(DeepLakeSource(url), batch_size=batch, shuffle=True, seed=0, processes=processes)
+def run_asyncload(url: str, creds: dict[str, str] | None, rows: int, processes: int, batch: int, epochs: int) -> Row:
+    loader = AsyncLoader(
+        DeepLakeSource(url, creds=creds), batch_size=batch, shuffle=True, seed=0, processes=processes
+    )  # fmt: skip
     out, pids = [], []
     with loader:
         for e in range(epochs):
@@ -120,9 +114,10 @@ def run_asyncload(url: str, rows: int, processes: int, batch: int, epochs: int) 
     return Row("asyncload", max(processes, 1), label, out, same)
 
 
-def run_dataloader(url: str, rows: int, workers: int, batch: int, epochs: int) -> Row:
+def run_dataloader(url: str, creds: dict[str, str] | None, rows: int, workers: int, batch: int, epochs: int) -> Row:
+    """The synchronous baseline (``asyncload.train``'s): one blocking read per column and row, in the workers."""
     dl = DataLoader(
-        DeepLakeMapDataset(url), batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
+        SyncSegmentation(url, 0, rows, creds), batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
         multiprocessing_context="spawn", generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
     out = [run_epoch(dl, rows) for _ in range(epochs)]
@@ -143,29 +138,58 @@ def machine_name(info: dict[str, Any]) -> str:
     return f"{info['cores']}-cores" + (f"-{gpu}" if gpu else "-cpu")
 
 
+def ratios(rows: list[Row], r: Row) -> tuple[str, str]:
+    """Epoch 2 samples/s against asyncload in-process, and (asyncload rows) epochs 1 / 2 against DataLoader
+    with as many workers, both on the same store."""
+    same = [x for x in rows if x.store == r.store]
+    inproc = next((x for x in same if x.system == "asyncload" and "in-process" in x.label), None)
+    dl = next((x for x in same if x.system == "DataLoader" and x.workers == r.workers), None)
+    vs_inproc = f"{r.epochs[-1].samples_per_s / inproc.epochs[-1].samples_per_s:.2f}" if inproc else ""
+    vs_dl = ""
+    if dl is not None and r.system == "asyncload" and "in-process" not in r.label:
+        vs_dl = " / ".join(f"{a.samples_per_s / b.samples_per_s:.2f}" for a, b in zip(r.epochs, dl.epochs, strict=True))
+    return vs_inproc, vs_dl
+
+
 def table(rows: list[Row], info: dict[str, Any], args: argparse.Namespace) -> str:
-    base = next((r for r in rows if r.system == "asyncload" and r.workers == 1), rows[0]).epochs[-1].samples_per_s
     lines = [
         "# Scaling with worker processes",
         "",
         f"{info['cores']} cores, GPU: {info['gpu'] or 'none'}; {info['platform']}, Python {info['python']}, "
         f"torch {info['torch']}, deeplake {info['deeplake']}; load average {info['load_average_start']:.2f} at "
-        f"the start. {args.rows} rows of 256×256 PNG images + lz4 masks on local disk, batch {args.batch_size}, "
-        f"shuffled; one run each. samples/s over the whole epoch (epoch 1 includes start-up); "
-        f"× is epoch 2 against asyncload with one process in-process.",
-        "",
-        "| loader | workers | epoch 1 samples/s | epoch 1 first batch s | epoch 2 samples/s | epoch 2 after first batch | "
-        "epoch 2 first batch s | × | same workers |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"the start, {info.get('load_average_end', 0):.2f} at the end (a shared machine). {args.rows} rows of "
+        f"256×256 PNG images + lz4 masks, batch {args.batch_size}, shuffled; one run each. samples/s over the "
+        f"whole epoch (epoch 1 includes start-up); × in-process: epoch 2 against asyncload with one process "
+        f"in-process; × DataLoader: asyncload against DataLoader with as many persistent workers, epoch 1 / 2.",
     ]
-    for r in rows:
-        e1, e2 = r.epochs[0], r.epochs[-1]
-        same = {None: "", True: "yes", False: "NO"}[r.same_workers]
-        lines.append(
-            f"| {r.label} | {r.workers} | {e1.samples_per_s:,.0f} | {e1.first_batch_s:.2f} | {e2.samples_per_s:,.0f} | "
-            f"{e2.after_first_per_s:,.0f} | {e2.first_batch_s:.3f} | {e2.samples_per_s / base:.2f} | {same} |"
-        )
-    lines += ["", f"Command: `{' '.join(['python', *sys.argv])}`", ""]
+    if net := info.get("network"):
+        path = net.get("path", {})
+        lines += [
+            "",
+            f"At {args.rtt_ms:g} ms: {net['emulation']} ({net['how']}); SeaweedFS S3 in the server namespace; "
+            f"each configuration a fresh process started in the client namespace (its first epoch cold). "
+            f"Measured path: small GET {1e3 * path.get('small_get_s', 0):.1f} ms, TCP connect "
+            f"{1e3 * path.get('connect_s', 0):.1f} ms, one 8 MB GET {path.get('large_mb_s', 0):.0f} MB/s.",
+        ]
+    for store in dict.fromkeys(r.store for r in rows):
+        lines += [
+            "",
+            f"## {store}",
+            "",
+            "| loader | workers | epoch 1 samples/s | epoch 1 after first batch | epoch 1 first batch s | epoch 2 "
+            "samples/s | epoch 2 after first batch | epoch 2 first batch s | × in-process | × DataLoader | same workers |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in (r for r in rows if r.store == store):
+            e1, e2 = r.epochs[0], r.epochs[-1]
+            same = {None: "", True: "yes", False: "NO"}[r.same_workers]
+            vs_inproc, vs_dl = ratios(rows, r)
+            lines.append(
+                f"| {r.label} | {r.workers} | {e1.samples_per_s:,.0f} | {e1.after_first_per_s:,.0f} | {e1.first_batch_s:.2f} | "
+                f"{e2.samples_per_s:,.0f} | {e2.after_first_per_s:,.0f} | {e2.first_batch_s:.3f} | {vs_inproc} | "
+                f"{vs_dl} | {same} |"
+            )
+    lines += ["", f"Command: `{info['command']}`", ""]
     return "\n".join(lines)
 
 
@@ -175,40 +199,109 @@ def plot(rows: list[Row], info: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = {
-        "asyncload processes=K": [r for r in rows if r.system == "asyncload" and "in-process" not in r.label],
-        "asyncload in-process": [r for r in rows if "in-process" in r.label],
-        "DataLoader persistent workers": [r for r in rows if r.system == "DataLoader"],
-    }
-    for (name, rs), marker in zip(series.items(), "osD", strict=True):
-        if not rs:
-            continue
-        ks = [r.workers for r in rs]
-        ax.plot(ks, [r.epochs[-1].samples_per_s for r in rs], marker=marker, label=f"{name}, epoch 2")
-        ax.plot(ks, [r.epochs[0].samples_per_s for r in rs], marker=marker, ls=":", alpha=0.6, label=f"{name}, epoch 1")
-        ax2.plot(ks, [r.epochs[-1].first_batch_s for r in rs], marker=marker, label=f"{name}, epoch 2")
-        ax2.plot(
-            ks, [r.epochs[0].first_batch_s for r in rs], marker=marker, ls=":", alpha=0.6, label=f"{name}, epoch 1"
-        )
-    one = [r for r in series["asyncload processes=K"] if r.workers == 1]
-    if one:
-        kmax = max(r.workers for r in rows)
-        ax.plot(
-            [1, kmax],
-            [one[0].epochs[-1].samples_per_s, kmax * one[0].epochs[-1].samples_per_s],
-            "k--",
-            lw=0.8,
-            label="linear from processes=1",
-        )
-    ax.set(xlabel="worker processes", ylabel="samples/s (whole epoch)", title="throughput")
-    ax2.set(xlabel="worker processes", ylabel="seconds", title="time to first batch", yscale="log")
-    for a in (ax, ax2):
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.suptitle(f"{info['cores']} cores, GPU {info['gpu'] or 'none'}: 256×256 PNG + mask, local Deep Lake")
+    stores = list(dict.fromkeys(r.store for r in rows))
+    fig, axes = plt.subplots(len(stores), 2, figsize=(11, 4.2 * len(stores)), squeeze=False)
+    for store, (ax, ax2) in zip(stores, axes, strict=True):
+        here = [r for r in rows if r.store == store]
+        series = {
+            "asyncload processes=K": [r for r in here if r.system == "asyncload" and "in-process" not in r.label],
+            "asyncload in-process": [r for r in here if "in-process" in r.label],
+            "DataLoader persistent workers": [r for r in here if r.system == "DataLoader"],
+        }
+        for (name, rs), marker in zip(series.items(), "osD", strict=True):
+            if not rs:
+                continue
+            ks = [r.workers for r in rs]
+            for e, style in ((-1, "-"), (0, ":")):
+                label = f"{name}, epoch {'2' if e else '1'}"
+                alpha = 1.0 if e else 0.6
+                ax.plot(ks, [r.epochs[e].samples_per_s for r in rs], marker=marker, ls=style, alpha=alpha, label=label)
+                ax2.plot(ks, [r.epochs[e].first_batch_s for r in rs], marker=marker, ls=style, alpha=alpha, label=label)
+        one = [r for r in series["asyncload processes=K"] if r.workers == 1]
+        if one:
+            kmax, rate = max(r.workers for r in here), one[0].epochs[-1].samples_per_s
+            ax.plot([1, kmax], [rate, kmax * rate], "k--", lw=0.8, label="linear from processes=1")
+        ax.set(xlabel="worker processes", ylabel="samples/s (whole epoch)", title=f"throughput, {store}")
+        ax2.set(xlabel="worker processes", ylabel="seconds", title=f"time to first batch, {store}", yscale="log")
+        for a in (ax, ax2):
+            a.set_xticks(sorted({r.workers for r in here}))
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+    emulation = f"; {info['network']['emulation']}" if info.get("network") else ""
+    fig.suptitle(f"{info['cores']} cores, GPU {info['gpu'] or 'none'}: 256×256 PNG + mask, Deep Lake{emulation}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def measure(system: str, k: int, url: str, creds: dict[str, str] | None, args: argparse.Namespace) -> Row:
+    run = run_asyncload if system == "asyncload" else run_dataloader
+    return run(url, creds, args.rows, k, args.batch_size, args.epochs)
+
+
+def _reply(conn: Any, fn: Any, args: tuple[Any, ...]) -> None:
+    """In the fresh process: ``fn(*args)`` (or its error) back to the parent, then exit hard (Deep Lake's
+    threads can crash a normal interpreter exit; the loaders were closed and the result is out)."""
+    try:
+        out: Any = fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        out = RuntimeError(f"{type(exc).__name__}: {exc}")
+    conn.send(out)
+    conn.close()
+    os._exit(0)
+
+
+def in_client(net: Any, fn: Any, *args: Any, timeout_s: float = 3600.0) -> Any:
+    """``fn(*args)`` in a fresh spawned process started from inside the client's network namespace
+    (``netem.inside``): it, the worker processes it starts and Deep Lake's threads all read over the
+    emulated path, and its Deep Lake caches start cold."""
+    import netem
+
+    ctx = mp.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_reply, args=(send, fn, args))
+    with netem.inside(net.enter_client):
+        p.start()
+    send.close()
+    try:
+        out = recv.recv() if recv.poll(timeout_s) else TimeoutError(f"no result within {timeout_s:.0f}s")
+    except EOFError:
+        out = RuntimeError("the process died without a result")
+    p.join(10)
+    if p.is_alive():
+        p.kill()
+        p.join()
+    if isinstance(out, BaseException):
+        raise out
+    return out
+
+
+def over_network(
+    args: argparse.Namespace, local: Path, steps: list[tuple[str, int]], info: dict[str, Any]
+) -> Iterator[Row]:
+    """The same configurations on the dataset's files served by SeaweedFS behind ``args.rtt_ms``."""
+    import netem
+
+    from harness.seaweed import SeaweedServer
+
+    with netem.network(ROOT / "data" / "netem") as net:
+        net.enter_server()  # set-up and upload from the server's side: no delay
+        with SeaweedServer(host=net.server_host) as server:
+            bucket = server.create_bucket("scaling")
+            for path in sorted(p for p in local.rglob("*") if p.is_file()):  # the same bytes
+                server.put_object(bucket, f"scaling/{path.relative_to(local)}", path.read_bytes())
+            server.put_object(bucket, "netcheck/small", b"x" * 100)
+            server.put_object(bucket, "netcheck/large", os.urandom(8 << 20))
+            rtt_s = args.rtt_ms / 1e3
+            net.set_rtt(rtt_s)
+            filer = net.url(int(server.filer_url.rsplit(":", 1)[1]))
+            info["network"] = {**net.describe(), "path": in_client(net, netem.check_path, filer, bucket, rtt_s)}
+            print(f"network: {info['network']['emulation']}, small GET "
+                  f"{1e3 * info['network']['path']['small_get_s']:.1f} ms", flush=True)  # fmt: skip
+            creds = {**server.creds(), "endpoint_url": net.url(server.port)}
+            for system, k in steps:
+                row = in_client(net, measure, system, k, f"s3://{bucket}/scaling", creds, args)
+                row.store = store_name(args.rtt_ms)
+                yield row
 
 
 def main() -> int:
@@ -219,6 +312,7 @@ def main() -> int:
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--systems", nargs="+", default=["asyncload", "DataLoader"], choices=["asyncload", "DataLoader"])
+    ap.add_argument("--rtt-ms", type=float, default=None, help="also on an S3 store at this round-trip time")
     ap.add_argument("--data", default=None, help="dataset directory (made once; default /tmp/asyncload-scaling-<rows>)")
     ap.add_argument("--name", default=None, help="results folder name (default: cores and GPU)")
     ap.add_argument("--out", default=str(HERE / "results" / "scaling"))
@@ -227,9 +321,10 @@ def main() -> int:
     ks = args.processes or list(range(1, (os.cpu_count() or 1) + 1))
 
     info = machine()
+    info["command"] = " ".join(["python", *sys.argv])
     print(f"machine: {info['cores']} cores, GPU: {info['gpu'] or 'none'}, {info['platform']}", flush=True)
-    path = Path(args.data or f"/tmp/asyncload-scaling-{args.rows}")
-    url = "file://" + str(path.resolve())
+    path = Path(args.data or f"/tmp/asyncload-scaling-{args.rows}").resolve()
+    url = "file://" + str(path)
     if not deeplake.exists(url) or len(deeplake.open_read_only(url)) != args.rows:
         t0 = time.perf_counter()
         make_dataset(url, args.rows, overwrite=True, progress=False)
@@ -239,15 +334,16 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows: list[Row] = []
     steps = [("asyncload", 0)] + [(s, k) for k in ks for s in args.systems]
-    for system, k in steps:
-        run = run_asyncload if system == "asyncload" else run_dataloader
-        r = run(url, args.rows, k, args.batch_size, args.epochs)
+    local = (measure(system, k, url, None, args) for system, k in steps)
+    remote = over_network(args, path, steps, info) if args.rtt_ms is not None else iter(())
+    for r in itertools.chain(local, remote):
         rows.append(r)
+        r.load = os.getloadavg()[0]
         e1, e2 = r.epochs[0], r.epochs[-1]
         print(
-            f"{r.label:45s} epoch 1 {e1.samples_per_s:7,.0f}/s (first batch {e1.first_batch_s:5.2f}s)  "
-            f"epoch 2 {e2.samples_per_s:7,.0f}/s (first batch {e2.first_batch_s:6.3f}s)  "
-            f"load {os.getloadavg()[0]:.1f}", flush=True,
+            f"{r.store:16s} {r.label:45s} epoch 1 {e1.samples_per_s:7,.0f}/s (first batch {e1.first_batch_s:5.2f}s)  "
+            f"epoch 2 {e2.samples_per_s:7,.0f}/s (first batch {e2.first_batch_s:6.3f}s)  load {r.load:.1f}",
+            flush=True,
         )  # fmt: skip
         write(out, rows, info, args)  # after every step: a run cut short keeps what it measured
     plot(rows, info, out / "scaling.png")
@@ -259,7 +355,7 @@ def write(out: Path, rows: list[Row], info: dict[str, Any], args: argparse.Names
     info["load_average_end"] = os.getloadavg()[0]
     result = {
         "machine": info, "rows": args.rows, "batch_size": args.batch_size, "epochs": args.epochs,
-        "command": " ".join(["python", *sys.argv]),
+        "rtt_ms": args.rtt_ms, "command": info["command"],
         "runs": [asdict(r) | {"per_epoch": [
             {"samples_per_s": e.samples_per_s, "after_first_per_s": e.after_first_per_s} for e in r.epochs
         ]} for r in rows],
