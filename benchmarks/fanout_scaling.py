@@ -35,7 +35,8 @@ import numpy as np
 
 from asyncload import AsyncLoader, DeepLakeSource, Shard, make_dataset
 from asyncload.collate import collate_columns, set_allocator
-from asyncload.fanout import _CREDITS, FanoutEpoch, _shared_empty
+from asyncload.fanout import FanoutEpoch
+from asyncload.fanout.wire import _CREDITS, _shared_empty
 
 _MEAN = np.array([0.45, 0.45, 0.45], np.float32)
 _STD = np.array([0.25, 0.25, 0.25], np.float32)

@@ -1,0 +1,262 @@
+"""The worker processes as the parent holds them: started once, asked for epochs, stopped in steps.
+
+One epoch at a time: ``begin`` settles the previous epoch if it is still open, then asks every worker for
+its share of the next. An epoch abandoned mid-way (``break``, ``close()``, garbage collection, an
+exception raised by a worker) is settled before the pool serves another: the parent sends ``Cancel`` to
+every worker still busy with it and reads (and drops) their messages until each has answered with its
+terminal message. A worker sees the cancel at its next credit wait, closes its epoch's iterator (reads in
+flight awaited) and goes idle. Dropped batches are unpickled, which releases their shared memory. A worker
+that does not answer within ``2 * timeout`` seconds, or dies, closes the whole pool: the next epoch starts
+fresh workers.
+
+Stopping (``close()``, garbage collection of the pool, interpreter exit at ``_loop.Stage.WORKERS``: after
+epochs stopped and before multiprocessing's own hook) asks every worker to exit, waits ``timeout`` seconds,
+then sends SIGTERM, waits again, then SIGKILL, and joins them all.
+
+The public ``WorkerPool`` (this pool plus ``epoch()``) is in ``fanout.epoch``: an epoch built on its own
+makes a pool, and a pool makes epochs: with one class in each module, each would import the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.util
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+from .._loop import Stage, on_exit
+from ..errors import ConfigError
+from ..options import LoaderOptions
+from ..reader import ShardReader
+from ..sampler import EpochSampler, Shard
+from ..sources.base import Source
+from ..stats import Stats
+from .shares import _per_worker, sub_shard
+from .wire import _CREDITS, _STOP, _TERMINAL, Cancel, End, StartEpoch, _add_figures, _Channel
+from .worker import _worker_main, _WorkerSpec
+
+log = logging.getLogger("asyncload")
+
+_CONTEXTS = ("spawn", "forkserver")
+
+
+@dataclass
+class _Proc:
+    """One live worker process and the parent's end of its pipe."""
+
+    index: int
+    process: BaseProcess
+    channel: _Channel
+
+    @property
+    def conn(self) -> Connection:
+        return self.channel.conn
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "stopped answering"
+    if exitcode < 0:
+        try:
+            return f"was killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-exitcode}"
+    return f"exited with code {exitcode}" + (" (its traceback is on stderr)" if exitcode else "")
+
+
+def _stop_processes(procs: list[BaseProcess], timeout: float) -> None:
+    """Join ``procs`` (already asked to stop); SIGTERM the ones still alive after ``timeout``, SIGKILL
+    the ones still alive ``timeout`` later; release every process object."""
+    for step in ("join", "terminate", "kill"):
+        alive = [p for p in procs if p.exitcode is None]
+        if not alive:
+            break
+        if step != "join":
+            log.warning(
+                "asyncload: fan-out workers %s did not stop within %.1fs: %s", [p.pid for p in alive], timeout, step
+            )
+            for p in alive:
+                getattr(p, step)()
+        deadline = time.monotonic() + timeout
+        for p in alive:
+            p.join(None if step == "kill" else max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        p.close()
+
+
+def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
+    """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
+    live = list(procs.values())
+    procs.clear()
+    if os.getpid() != owner_pid:  # a forked copy of the pool: the workers are not ours
+        return
+    for w in live:
+        try:
+            w.conn.send(_STOP)
+        except OSError:
+            pass
+        w.channel.close()  # also unblocks a worker stuck sending: it gets EPIPE
+    _stop_processes([w.process for w in live], timeout)
+
+
+class _Pool:
+    """The parent's side of ``WorkerPool``'s processes (see there for the arguments): it starts them at
+    the first epoch, asks each for its share of an epoch, settles an epoch left open, and stops them."""
+
+    def __init__(
+        self,
+        source: Source[Any],
+        options: LoaderOptions | Mapping[str, Any],
+        shard: Shard,
+        processes: int,
+        *,
+        context: str = "spawn",
+        timeout: float = 10.0,
+        sampler: EpochSampler | None = None,
+    ) -> None:
+        if context == "fork":
+            raise ConfigError(
+                "context='fork' is not allowed: forking a process where Deep Lake or an event loop is live "
+                "hangs or segfaults; use 'spawn' (default) or 'forkserver'"
+            )
+        if context not in _CONTEXTS:
+            raise ConfigError(f"context={context!r} is not allowed: 'spawn' or 'forkserver'")
+        if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+            raise ConfigError(f"processes={processes!r} is not allowed: an int >= 1")
+        if not timeout > 0:
+            raise ConfigError(f"timeout={timeout!r} is not allowed: a number of seconds > 0")
+        if not isinstance(options, LoaderOptions):
+            for key in ("shard", "processes"):
+                if key in options:
+                    raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
+            options = LoaderOptions(**options)
+        # Workers read in order so that every message names its batch (see ``fanout.epoch``), and never
+        # fan out again.
+        options = _per_worker(options, processes)
+        if sampler is None:  # the plan of this shard, as each worker computes its share of it
+            sampler = ShardReader(source.open(), options, shard).sampler
+        self.sampler = sampler
+        self.processes = processes
+        self.url = source.url
+        self._context = context
+        self._timeout = float(timeout)
+        # A worker with no batch in any epoch (fewer batches than processes) is not worth a process.
+        self._specs = [
+            _WorkerSpec(k, source, options, sub_shard(shard, k, processes), _CREDITS)
+            for k in range(min(processes, len(sampler)))
+        ]  # fmt: skip
+        try:
+            ForkingPickler.dumps(self._specs[0] if self._specs else None)
+        except Exception as exc:
+            raise ConfigError(
+                f"processes={processes} needs loader options that can be pickled into a new process "
+                f"({type(exc).__name__}: {exc}); define transform and collate_fn at module level"
+            ) from exc
+        self.procs: dict[int, _Proc] = {}
+        self._pids: dict[int, int] = {}
+        self.gen = 0  # the latest epoch started on the pool
+        self.busy: set[int] = set()  # workers that owe epoch ``gen`` its terminal message
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_workers, self.procs, self._timeout, os.getpid())
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def pids(self) -> dict[int, int]:
+        """Worker index → pid of the workers started (empty before the first epoch's ``next()``; kept after
+        ``close()``, for logs and for checking that they are gone)."""
+        return dict(self._pids)
+
+    def close(self) -> None:
+        """Stop and join every worker (ask, SIGTERM, SIGKILL, ``timeout`` seconds apart); idempotent."""
+        self.busy.clear()
+        self._finalizer()
+
+    def begin(self, epoch: int, skips: Mapping[int, frozenset[int]]) -> int:
+        """Start the workers if they are not running, settle an epoch still open, and ask worker ``k`` of
+        ``skips`` to serve ``epoch`` leaving out its own batches ``skips[k]``; returns the epoch's gen."""
+        if self.closed:
+            raise RuntimeError(f"asyncload: the fan-out pool for {self.url} is closed")
+        self.settle(self.gen)
+        if not self.procs:
+            self._start()
+        self.gen += 1
+        for k, own_skip in skips.items():
+            self.send(k, StartEpoch(self.gen, epoch, own_skip))
+        self.busy = set(skips)
+        return self.gen
+
+    def send(self, k: int, msg: object) -> None:
+        try:
+            self.procs[k].conn.send(msg)
+        except OSError:
+            pass  # it is gone: the next wait sees its sentinel
+
+    def settle(self, gen: int, stats: Stats | None = None) -> None:
+        """End epoch ``gen`` if it is still open: cancel it in every worker that owes its terminal message
+        and drop what they send until each has answered (the figures of an ``End`` go to ``stats``). A
+        worker that dies or does not answer within ``2 * timeout`` closes the pool (the next epoch starts
+        fresh workers): a worker sees the cancel once its next batch is ready, then closes its epoch, which
+        waits up to ``timeout`` for its reads in flight."""
+        if gen != self.gen or not self.busy or self.closed:
+            return
+        try:
+            for k in self.busy:
+                self.send(k, Cancel(gen))
+            deadline = time.monotonic() + 2 * self._timeout
+            while self.busy:
+                conns = {self.procs[k].conn: k for k in self.busy}
+                sentinels = {self.procs[k].process.sentinel: k for k in self.busy}
+                ready = wait([*conns, *sentinels], timeout=max(0.0, deadline - time.monotonic()))
+                if not ready or any(r in sentinels for r in ready):
+                    log.warning(
+                        "asyncload: fan-out workers %s for %s %s while settling an abandoned epoch; "
+                        "restarting the pool at the next epoch", sorted(self._pids[k] for k in self.busy),
+                        self.url, f"did not answer within {2 * self._timeout:.1f}s" if not ready else "died",
+                    )  # fmt: skip
+                    self.close()
+                    return
+                for r in ready:
+                    try:
+                        msg = self.procs[conns[r]].channel.recv()  # a dropped batch is mapped and freed here
+                    except Exception:  # noqa: BLE001 - EOF: it is dying; its sentinel tells the rest
+                        log.warning(
+                            "asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url
+                        )
+                        self.close()
+                        return
+                    if isinstance(msg, _TERMINAL) and msg.gen == gen:
+                        self.busy.discard(conns[r])
+                        if isinstance(msg, End) and stats is not None:
+                            _add_figures(stats, msg.figures)
+        except BaseException:
+            self.close()  # a broken pipe, or Ctrl-C while settling: stop rather than guess
+            raise
+
+    def _start(self) -> None:
+        ctx: Any = multiprocessing.get_context(self._context)  # SpawnContext or ForkServerContext
+        # Workers inherit this process's multiprocessing temp dir (where the sockets that pass file
+        # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
+        multiprocessing.util.get_temp_dir()
+        for spec in self._specs:
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            k = spec.index
+            proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
+            try:
+                proc.start()
+            except BaseException:
+                parent_end.close()
+                raise
+            finally:
+                child_end.close()  # the worker holds its end now; ours would hide its EOF
+            self.procs[k] = _Proc(k, proc, _Channel(parent_end))
+            self._pids[k] = proc.pid  # type: ignore[assignment]

@@ -1,0 +1,226 @@
+"""What runs inside a worker process: build the loader once, then serve epochs as the parent asks.
+
+Two threads: the main thread runs the epoch (its own ``ShardReader``: event loop, CPU pool, store handle)
+and sends each batch against a credit; a control thread reads the parent's messages, so that credits and
+cancels arrive while the main thread waits, and an epoch can be cancelled at its next credit wait.
+
+Batches are allocated in shared memory from the start (``wire._shared_empty``), so sending one copies
+nothing. Ctrl-C is ignored: it reaches the whole process group, and the parent decides when its workers
+stop. A worker exits only when told to (or when the parent is gone); it leaves with ``os._exit`` after
+closing its loader, skipping an interpreter teardown that costs ~0.5 s and, with Deep Lake 4.7.4,
+sometimes aborts.
+
+The parent starts ``_worker_main`` by reference (spawn or forkserver): it must stay a module-level name
+of this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing.resource_sharer
+import os
+import queue
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from .._loop import start_thread
+from .._protocol import Failure
+from ..collate import set_allocator
+from ..options import LoaderOptions
+from ..reader import ShardReader
+from ..sampler import Shard
+from ..sources.base import Source
+from ..state import EpochProgress
+from .wire import (
+    _STOP,
+    Batch,
+    Cancel,
+    Cancelled,
+    Credit,
+    End,
+    Failed,
+    StartEpoch,
+    Terminal,
+    _Channel,
+    _figures,
+    _shared_empty,
+)
+
+
+@dataclass(frozen=True)
+class _WorkerSpec:
+    """What one worker needs for its whole life; pickled into the new process. Epochs come as messages."""
+
+    index: int
+    source: Source[Any]
+    options: LoaderOptions
+    shard: Shard
+    credits: int
+
+
+class _Control:
+    """The worker's view of the epoch in progress: its credits and whether it was cancelled. Written by the
+    control thread (messages from the parent), waited on by the main thread before each send."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._gen = -1
+        self._credits = 0
+        self._cancelled = -1  # every epoch up to this gen is cancelled (gens only grow)
+        self._stopped = False
+
+    def _over(self, gen: int) -> bool:
+        return self._stopped or gen <= self._cancelled
+
+    def begin(self, gen: int, credits: int) -> bool:
+        """Make ``gen`` the epoch in progress with ``credits``; False when it was cancelled already."""
+        with self._cond:
+            self._gen, self._credits = gen, credits
+            return not self._over(gen)
+
+    def take(self, gen: int) -> bool:
+        """Wait for a credit of ``gen`` and use it; False when ``gen`` is cancelled or the worker stops."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._over(gen) or self._credits > 0)
+            if self._over(gen):
+                return False
+            self._credits -= 1
+            return True
+
+    def credit(self, gen: int) -> None:
+        with self._cond:
+            if gen == self._gen:  # a late credit of an earlier epoch means nothing now
+                self._credits += 1
+                self._cond.notify_all()
+
+    def cancel(self, gen: int) -> None:
+        with self._cond:
+            self._cancelled = max(self._cancelled, gen)
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+
+
+def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEpoch | None]) -> None:
+    """Worker's control thread: epochs to the main thread, credits and cancels to ``ctl``; stop on
+    ``_STOP`` or when the parent is gone."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            msg = _STOP
+        if isinstance(msg, StartEpoch):
+            commands.put(msg)
+        elif isinstance(msg, Credit):
+            ctl.credit(msg.gen)
+        elif isinstance(msg, Cancel):
+            ctl.cancel(msg.gen)
+        else:
+            ctl.stop()
+            commands.put(_STOP)
+            return
+
+
+class _ParentGone(Exception):
+    """The pipe to the parent is closed: it is stopping this worker, or it is gone."""
+
+
+def _send(channel: _Channel, msg: object) -> None:
+    try:
+        channel.send(msg)
+    except OSError as exc:
+        raise _ParentGone from exc
+
+
+def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+    """Serve one epoch of this worker's sub-shard, one batch per credit."""
+    total = len(reader.sampler)
+    progress = EpochProgress(cmd.epoch, total)
+    for j in cmd.skip:  # resume: these batches are left out without being read
+        progress.mark(j)
+    # Which batch each one yielded is: the epoch marks every batch it consumed in its progress,
+    # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
+    expected = collections.deque(s for s in range(total) if s not in cmd.skip)
+    samples = 0
+    with reader.epoch(cmd.epoch, progress) as it:
+        for batch in it:
+            seq = -1
+            while expected and progress.done(expected[0]):
+                seq = expected.popleft()
+            count, samples = it.stats().samples_yielded - samples, it.stats().samples_yielded
+            if not ctl.take(cmd.gen):
+                return Cancelled(cmd.gen)  # leaving the ``with`` stops the epoch's reads
+            _send(channel, Batch(cmd.gen, seq, count, batch))
+            del batch  # the shared memory lives on in the message until the parent maps it
+    return End(cmd.gen, _figures(it.stats()))
+
+
+def _serve(conn: Connection, spec: _WorkerSpec) -> None:
+    """Build this worker's loader once, then serve epochs as they are asked for until told to stop."""
+    import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
+
+    torch_mp.set_sharing_strategy("file_descriptor")
+    set_allocator(_shared_empty)
+    # As in DataLoader workers: K processes each running torch ops on every core would oversubscribe.
+    torch.set_num_threads(1)
+    ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
+    start_thread(_listen, conn, ctl, commands, name="asyncload-fanout-control")
+    channel = _Channel(conn)
+    reader: ShardReader | None = None
+    broken: Failure | None = None
+    try:
+        reader = ShardReader(spec.source.open(), spec.options, spec.shard)
+    except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
+        broken = Failure(exc)
+    try:
+        while (cmd := commands.get()) is not _STOP:
+            outcome: Terminal
+            if reader is None:
+                assert broken is not None
+                outcome = Failed(cmd.gen, broken)
+            elif not ctl.begin(cmd.gen, spec.credits):
+                outcome = Cancelled(cmd.gen)
+            else:
+                try:
+                    outcome = _run_epoch(channel, reader, ctl, cmd)
+                except _ParentGone:
+                    return
+                except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
+                    outcome = Failed(cmd.gen, Failure(exc))
+            _send(channel, outcome)
+    except _ParentGone:
+        return
+
+
+def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
+    """Entry point of a worker process."""
+    # Ctrl-C reaches the whole process group; the parent decides when its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    code = 0
+    try:
+        _serve(conn, spec)
+    except BaseException:  # noqa: BLE001 - last resort: say it where a person will look
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            multiprocessing.resource_sharer.stop(timeout=1.0)  # removes its socket file
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        # The loader is closed (reads in flight awaited): skip interpreter teardown, see the module doc.
+        os._exit(code)
