@@ -57,10 +57,7 @@ class WanConfig:
     readers: tuple[str, ...] = setting(PEERS, f"a list from {PEERS}", lambda v: set(v) <= set(PEERS))
     focus_only: tuple[str, ...] = setting((), f"a list from {PEERS}", lambda v: set(v) <= set(PEERS))
     variants: dict[str, dict[str, Any]] = field(default_factory=dict)
-    warmup: int = setting(128, "an int >= 0", lambda v: v >= 0)
-    measure: int = setting(512, "an int >= 32", lambda v: v >= 32)
-    warmup_s: float = setting(3.0, "seconds > 0", _pos)
-    measure_s: float = setting(5.0, "seconds > 0", _pos)
+    epoch_s: float = setting(6.0, "seconds > 0 (a reader that has not finished the epoch by then is stopped)", _pos)
     repeats: int = setting(3, "an int >= 1 (at focus_ms)", _pos)
     repeats_other: int = setting(1, "an int >= 1 (at the other latencies)", _pos)
     run_timeout_s: float = setting(90.0, "seconds > 0", _pos)
@@ -119,11 +116,14 @@ class Runner:
         with netem.inside(net.enter_client):
             forkserver.ensure_running()
 
-    def __call__(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, spec: dict[str, Any], on_start: Any = None) -> dict[str, Any]:
+        """``spec`` measured in a fresh child; ``on_start(pid)`` is called once it runs (the probe's hook)."""
         recv, send = self.ctx.Pipe(duplex=False)
         p = self.ctx.Process(target=_child, args=(spec, send), daemon=False)
         p.start()
         send.close()
+        if on_start is not None:
+            on_start(p.pid)
         try:
             out = recv.recv() if recv.poll(self.timeout_s) else {"error": f"no result within {self.timeout_s:.0f}s"}
         except EOFError:
@@ -186,9 +186,10 @@ class WanBench:
             "bytes_per_sample": {**sizes, "total": sum(sizes.values())},
             "network": net.describe(),
             "server": "SeaweedFS weed mini (harness.seaweed) in the server namespace",
-            "method": f"each repetition a fresh process, first epoch on a freshly opened dataset; {cfg.warmup} samples "
-            f"(at most {cfg.warmup_s:g} s) of warm-up, then {cfg.measure} samples (at most {cfg.measure_s:g} s) measured; "
-            f"median of {cfg.repeats} at {cfg.focus_ms} ms, {cfg.repeats_other} elsewhere",
+            "method": f"each repetition a fresh process reading one whole first epoch ({cfg.rows} rows, or what it read "
+            f"within {cfg.epoch_s:g} s of its first batch) on a freshly opened dataset; samples/s from the first batch "
+            f"to the last, and from open to the last; CPU, RSS and bytes over the whole process; median of "
+            f"{cfg.repeats} at {cfg.focus_ms} ms, {cfg.repeats_other} elsewhere",
             "config": asdict(self.cfg),
         }
 
@@ -222,10 +223,7 @@ class WanBench:
             "creds": None if local else self.creds,
             "order": order,
             "rows": cfg.rows,
-            "warmup": cfg.warmup,
-            "measure": cfg.measure,
-            "warmup_s": cfg.warmup_s,
-            "measure_s": cfg.measure_s,
+            "epoch_s": cfg.epoch_s,
             "options": cfg.variants.get(variant, {}) if variant else {},
         }
 
