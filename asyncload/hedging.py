@@ -53,9 +53,9 @@ class Hedger:
     async def read(self, idx: list[int]) -> tuple[Any, float]:
         """``(result, seconds)`` of reading ``idx``, racing a second request if the first straggles."""
         after = self.after()
+        if after is None:  # no latencies to judge by yet (or hedging off): no task to race
+            return await self._timed(idx)
         first = asyncio.ensure_future(self._timed(idx))
-        if after is None:
-            return await first
         done, _ = await asyncio.wait({first}, timeout=after)
         if done:
             return first.result()

@@ -14,6 +14,8 @@ parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to 
   The producer waits for a slot by awaiting; nothing on the loop thread blocks.
 - ``N`` fetchers each keep one request of ``request_size`` indices in flight, so at most ``N * request_size`` samples
   (the loader's ``concurrency``) are being read.
+- The first batch's requests go out alone; the rest follow once the first read has answered. Issued all
+  at once, the first batch queued behind everyone else's transfers and decoding on a busy client.
 - Reads are never cancelled (a cancelled Deep Lake future hangs forever): ``stop()`` drains the work
   queue and lets the requests in flight finish.
 - With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import queue
 import time
 from dataclasses import dataclass, field
@@ -105,7 +108,9 @@ class Pipeline:
         self._slots = asyncio.Semaphore(plan.slots(plan.requests))
         self._slot_count = plan.slots(plan.requests)
         self._slot_debt = 0  # slots to swallow on release after the requests allowed went down
-        self._gate = _RequestGate(plan.requests)
+        first = math.ceil(plan.batch_size / plan.request_size)  # the first batch's requests
+        self._held: int | None = plan.requests if plan.requests > first else None  # the rest, until a read answers
+        self._gate = _RequestGate(first if self._held else plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
         self.stats.concurrency = plan.requests * plan.request_size
 
@@ -139,6 +144,7 @@ class Pipeline:
     # -- concurrency tuning and the periodic stats line -----------------------------------------
     def allow(self, requests: int) -> None:
         """Move the requests allowed in flight, and the batch slots with them (memory follows)."""
+        self._held = None
         self._gate.allow(requests)
         self.stats.concurrency = requests * self.plan.request_size
         want = self.plan.slots(requests)
@@ -216,6 +222,9 @@ class Pipeline:
         finally:
             stats.in_flight -= len(idx)
             self._gate.release()
+            if self._held is not None:  # the first read has answered: the rest may go
+                self._gate.allow(self._held)
+                self._held = None
         stats.latencies.append(seconds)
         stats.samples_read += len(idx)
         stats.bytes_read += _nbytes(part)

@@ -1,16 +1,13 @@
 """Deep Lake datasets (local disk, memory, S3-compatible stores) read with ``get_async``.
 
-Facts this module is built on (Deep Lake 4.7.4, measured; see the architecture document):
-- ``ds[col].get_async([i, j, ...])`` reads many rows of a column in one request and returns them stacked
-  when their shapes agree; ``ds[i].get_async(col)`` reads one cell. Index *lists*, never slices: a slice of
-  a compressed column decodes whole chunks.
-- Reads return read-only zero-copy views; the loader copies once into its batch.
-- ``await`` on a Deep Lake future turns every error into ``RuntimeError``; ``.result()`` keeps the type.
-  A failed read is therefore re-issued once on a helper thread with ``.result()`` to recover the type.
-- Never ``cancel()`` a Deep Lake future (the read then hangs forever); all futures are awaited to the end,
-  through ``gather(..., return_exceptions=True)`` so one failure does not orphan its siblings.
-- Storage I/O runs on a process-wide pool of 16 threads by default, and a dataset's connections are
-  fixed when it opens: the pool is raised *before* opening (``_size_storage_pool``).
+Why it reads the way it does (Deep Lake 4.7.4; the figures are in benchmarks/results/wan/deeplake.md):
+- Index lists, never slices: a slice of a compressed column decodes whole chunks.
+- Reads are read-only zero-copy views: the loader copies each sample once, into its batch.
+- ``await`` turns every error into ``RuntimeError``: a failed read is re-issued once on a helper thread
+  with ``.result()``, which keeps the type.
+- A Deep Lake future is never cancelled (it then hangs forever) and never left unawaited: a request's
+  reads are all issued, then each is awaited in turn, failures included.
+- A dataset's connections are fixed when it opens: the storage pool is sized before (``_size_storage_pool``).
 """
 
 from __future__ import annotations
@@ -226,10 +223,9 @@ class DeepLakeSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """ "row", on every store. Deep Lake decodes each request on its own threads, so one request per
-        sample spreads decoding widest: 1.3-2x faster than 32-index column reads on local PNG, and
-        faster on SeaweedFS at 0, 20 and 50 ms RTT in every run (benchmarks/local_read_paths.py,
-        benchmarks/remote_throughput.py and the bench suite's concurrency sweep)."""
+        """ "row", on every store: one request per sample spreads decoding over Deep Lake's threads and
+        hedges a straggler alone; column reads were no faster on local disk or on the emulated WAN, only a
+        little cheaper in client CPU there (benchmarks/results/wan/deeplake.md)."""
         return "row"
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
@@ -237,12 +233,10 @@ class DeepLakeSource(Source[Any]):
         it (see ``_size_storage_pool``), so raising the pool afterwards adds threads, not connections."""
 
     def _size_storage_pool(self) -> None:
-        """Set Deep Lake's process-wide storage pool *before* a dataset is opened.
-
-        ``"auto"``: at least ``AUTO_STORAGE_THREADS``. On the packet-level WAN benchmark a dataset opened
-        with the default 16 kept 16-17 connections whatever the pool became later, and reads queued inside
-        Deep Lake; opened with 64 it used 64, and more threads than that cost CPU without reading faster
-        (benchmarks/results/wan/). An int sets the pool; ``None`` leaves it alone.
+        """Set Deep Lake's process-wide storage pool *before* a dataset is opened, since a dataset's
+        connections are fixed at open. ``"auto"``: at least ``AUTO_STORAGE_THREADS`` (fewer queue reads
+        inside Deep Lake, more cost CPU and cold connections without reading faster: see
+        benchmarks/results/wan/deeplake.md). An int sets the pool; ``None`` leaves it alone.
         """
         want = self.storage_concurrency
         if want == "auto":
@@ -255,18 +249,26 @@ class DeepLakeSource(Source[Any]):
     async def read(self, indices: list[int]) -> Columns:
         ds = self.handle()
         indices = self.row_ids(indices)
+        cols = self.columns
         if len(indices) == 1:
             row = ds[indices[0]]
-            makers = [lambda c=c: row.get_async(c) for c in self.columns]
+            makers = [lambda c=c: row.get_async(c) for c in cols]
         else:
-            makers = [lambda c=c: ds[c].get_async(indices) for c in self.columns]
-        results = await asyncio.gather(*(m() for m in makers), return_exceptions=True)
+            makers = [lambda c=c: ds[c].get_async(indices) for c in cols]
+        # all issued first (they run at once), then each awaited in turn: no task per future
+        futures = [m() for m in makers]
         out: Columns = {}
-        for col, make, res in zip(self.columns, makers, results, strict=True):
-            if isinstance(res, BaseException):
-                cause = res
-                if type(res) is RuntimeError:
-                    cause = await _recover_type(make, timeout=5.0) or res
-                raise read_error(self.url, col, indices, cause)
-            out[col] = [res] if len(indices) == 1 else res
+        failed: tuple[int, BaseException] | None = None
+        for k, fut in enumerate(futures):
+            try:
+                res = await fut
+            except Exception as exc:  # noqa: BLE001 - raised once every read has ended
+                failed = failed or (k, exc)
+                continue
+            out[cols[k]] = [res] if len(indices) == 1 else res
+        if failed is not None:
+            k, cause = failed
+            if type(cause) is RuntimeError:
+                cause = await _recover_type(makers[k], timeout=5.0) or cause
+            raise read_error(self.url, cols[k], indices, cause)
         return out
