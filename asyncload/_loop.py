@@ -38,6 +38,7 @@ log = logging.getLogger("asyncload")
 T = TypeVar("T")
 LoopKind = Literal["auto", "uvloop", "asyncio"]
 
+
 def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     """uvloop when asked for or importable (``auto``); plain asyncio otherwise."""
     if kind in ("auto", "uvloop"):

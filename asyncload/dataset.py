@@ -80,7 +80,14 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # Validated now, in the constructing process, so that mistakes surface before workers start; the
         # source is opened for the same reason (a missing dataset or column fails here, not in a worker).
         self.options = LoaderOptions.of(
-            dict(batch_size=batch_size, shuffle=shuffle, seed=seed, drop_last=drop_last, remainder=remainder, **loader_options)
+            dict(
+                batch_size=batch_size,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=drop_last,
+                remainder=remainder,
+                **loader_options,
+            )
         )
         self.source = source.open()
         self.rank = rank

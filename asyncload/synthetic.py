@@ -90,7 +90,13 @@ def make_dataset(
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=rows, desc=f"writing {url}", unit="row", file=sys.stderr, disable=not sys.stderr.isatty() and os.environ.get("CI") == "true")
+        bar = tqdm(
+            total=rows,
+            desc=f"writing {url}",
+            unit="row",
+            file=sys.stderr,
+            disable=not sys.stderr.isatty() and os.environ.get("CI") == "true",
+        )
     for start in range(0, rows, chunk):
         n = min(chunk, rows - start)
         pairs = [make_sample(np.random.default_rng([seed, start + i]), height, width) for i in range(n)]

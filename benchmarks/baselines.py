@@ -28,7 +28,9 @@ class SyncSegDataset(torch.utils.data.Dataset):  # type: ignore[type-arg]
         import deeplake
 
         if self._ds is None or self._pid != os.getpid():
-            self._ds = deeplake.open_read_only(self.url, creds=self.creds) if self.creds else deeplake.open_read_only(self.url)
+            self._ds = (
+                deeplake.open_read_only(self.url, creds=self.creds) if self.creds else deeplake.open_read_only(self.url)
+            )
             self._pid = os.getpid()
         return self._ds
 

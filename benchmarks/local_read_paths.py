@@ -40,7 +40,9 @@ def main() -> int:
         make_dataset(url, args.rows, overwrite=True)
     src = DeepLakeSource(url)
     rows: list[Measurement] = []
-    base = median_of([measure("sequential ds[i][col]", sequential(url, src.columns), count=lambda _: 1) for _ in range(args.repeats)])
+    base = median_of(
+        [measure("sequential ds[i][col]", sequential(url, src.columns), count=lambda _: 1) for _ in range(args.repeats)]
+    )
     rows.append(base)
     for mode in ("row", "column"):
         for c in (int(x) for x in args.concurrency.split(",")):
@@ -60,7 +62,9 @@ def main() -> int:
     with open(os.path.join(args.out, "local_read_paths.json"), "w") as f:
         json.dump({**meta, "results": [m.as_dict() for m in rows]}, f, indent=2)
     with open(os.path.join(args.out, "local_read_paths.md"), "w") as f:
-        f.write(f"# Local read paths\n\n{meta['machine']}; {meta['dataset']}; batch {args.batch_size}; median of {args.repeats}.\n\n{md}\n")
+        f.write(
+            f"# Local read paths\n\n{meta['machine']}; {meta['dataset']}; batch {args.batch_size}; median of {args.repeats}.\n\n{md}\n"
+        )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Render a benchmark run (``results.json``) as markdown tables and PNG plots.
 
-    python benchmarks/report.py benchmarks/results/reference
+python benchmarks/report.py benchmarks/results/reference
 """
 
 from __future__ import annotations
@@ -20,7 +20,11 @@ def _sps(row: dict[str, Any]) -> float | None:
 
 
 def _main_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["loader"] != "netcheck" and not r["settings"].get("sweep") and not r["loader"].startswith("train-step")]
+    return [
+        r
+        for r in rows
+        if r["loader"] != "netcheck" and not r["settings"].get("sweep") and not r["loader"].startswith("train-step")
+    ]
 
 
 def _fmt(v: float | None, digits: int = 0) -> str:
@@ -33,17 +37,30 @@ def tables(data: dict[str, Any]) -> str:
     out = [f"# Benchmark run {data['date']}", "", f"{data['machine']}; {data['dataset']}; {data['server']}.", ""]
 
     # Path check.
-    out += ["## The emulated network", "", "| RTT set ms | small GET ms | handshake ms | 8 MiB GET MB/s |", "|---|---|---|---|"]
+    out += [
+        "## The emulated network",
+        "",
+        "| RTT set ms | small GET ms | handshake ms | 8 MiB GET MB/s |",
+        "|---|---|---|---|",
+    ]
     for r in rows:
         if r["loader"] == "netcheck":
             m = r["m"]
-            out.append(f"| {r['latency_ms']} | {m['small_get_s'] * 1e3:.1f} | {m['handshake_s'] * 1e3:.1f} | {m['large_mb_s']:,.0f} |")
+            out.append(
+                f"| {r['latency_ms']} | {m['small_get_s'] * 1e3:.1f} | {m['handshake_s'] * 1e3:.1f} | {m['large_mb_s']:,.0f} |"
+            )
 
     # Throughput by latency.
     by: dict[str, dict[int | None, dict[str, Any]]] = defaultdict(dict)
     for r in _main_rows(rows):
         by[r["loader"]][r["latency_ms"]] = r
-    out += ["", "## samples/s by round-trip latency", "", "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |", "|---|" + "---|" * len(lats)]
+    out += [
+        "",
+        "## samples/s by round-trip latency",
+        "",
+        "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |",
+        "|---|" + "---|" * len(lats),
+    ]
     for name, per in by.items():
         if None in per:
             out.append(f"| {name} | " + " | ".join(_fmt(_sps(per[None])) for _ in lats) + " |")
@@ -52,10 +69,18 @@ def tables(data: dict[str, Any]) -> str:
 
     # The focus latency, with ratios and the targets.
     at = {name: per.get(FOCUS_MS, per.get(None)) for name, per in by.items()}
-    base = next((r for n, r in at.items() if n.startswith("sync Dataset") and r and r["settings"].get("workers") == 0), None)
+    base = next(
+        (r for n, r in at.items() if n.startswith("sync Dataset") and r and r["settings"].get("workers") == 0), None
+    )
     if base is not None and _sps(base):
         b = _sps(base) or 1.0
-        out += ["", f"## At {FOCUS_MS} ms RTT", "", "| loader | samples/s | × sync, 0 workers | CPU ms/sample | peak RSS MB | RSS added MB | first batch s |", "|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            f"## At {FOCUS_MS} ms RTT",
+            "",
+            "| loader | samples/s | × sync, 0 workers | CPU ms/sample | peak RSS MB | RSS added MB | first batch s |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for name, r in at.items():
             if r is None or "error" in r["m"]:
                 continue
@@ -71,19 +96,39 @@ def tables(data: dict[str, Any]) -> str:
     if sweep:
         conc = sorted({r["settings"]["concurrency"] for r in sweep})
         for lat in sorted({r["latency_ms"] for r in sweep}):
-            out += ["", f"## Concurrency sweep at {lat} ms (samples/s)", "", "| read mode | " + " | ".join(map(str, conc)) + " |", "|---|" + "---|" * len(conc)]
+            out += [
+                "",
+                f"## Concurrency sweep at {lat} ms (samples/s)",
+                "",
+                "| read mode | " + " | ".join(map(str, conc)) + " |",
+                "|---|" + "---|" * len(conc),
+            ]
             for mode in sorted({r["settings"]["read_mode"] for r in sweep}):
-                cells = {r["settings"]["concurrency"]: _sps(r) for r in sweep if r["latency_ms"] == lat and r["settings"]["read_mode"] == mode}
+                cells = {
+                    r["settings"]["concurrency"]: _sps(r)
+                    for r in sweep
+                    if r["latency_ms"] == lat and r["settings"]["read_mode"] == mode
+                }
                 out.append(f"| {mode} | " + " | ".join(_fmt(cells.get(c)) for c in conc) + " |")
 
     # Training-step simulation.
     sims = [r for r in rows if r["loader"].startswith("train-step")]
     if sims:
         names = sorted({r["loader"] for r in sims})
-        out += ["", "## Fraction of a 100 ms training step spent waiting for data", "", "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |", "|---|" + "---|" * len(lats)]
+        out += [
+            "",
+            "## Fraction of a 100 ms training step spent waiting for data",
+            "",
+            "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |",
+            "|---|" + "---|" * len(lats),
+        ]
         for n in names:
             cells = {r["latency_ms"]: r["m"].get("data_wait_fraction") for r in sims if r["loader"] == n}
-            out.append(f"| {n.removeprefix('train-step sim: ')} | " + " | ".join("-" if cells.get(x) is None else f"{cells[x]:.0%}" for x in lats) + " |")
+            out.append(
+                f"| {n.removeprefix('train-step sim: ')} | "
+                + " | ".join("-" if cells.get(x) is None else f"{cells[x]:.0%}" for x in lats)
+                + " |"
+            )
     return "\n".join(out) + "\n"
 
 
@@ -128,7 +173,13 @@ def plots(data: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for name, pts in by.items():
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name, linewidth=2.5 if name.startswith("asyncload") else 1.2)
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            label=name,
+            linewidth=2.5 if name.startswith("asyncload") else 1.2,
+        )
     if ceiling and ceiling[1]:
         ax.axhline(ceiling[1], color="grey", linestyle="--", label=ceiling[0])
     ax.set_yscale("log")
@@ -146,9 +197,17 @@ def plots(data: dict[str, Any], out: Path) -> None:
         fig, ax = plt.subplots(figsize=(8, 5))
         for lat in sorted({r["latency_ms"] for r in sweep}):
             for mode in sorted({r["settings"]["read_mode"] for r in sweep}):
-                pts = sorted((r["settings"]["concurrency"], _sps(r) or 0.0) for r in sweep if r["latency_ms"] == lat and r["settings"]["read_mode"] == mode)
+                pts = sorted(
+                    (r["settings"]["concurrency"], _sps(r) or 0.0)
+                    for r in sweep
+                    if r["latency_ms"] == lat and r["settings"]["read_mode"] == mode
+                )
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{mode} reads, {lat} ms")
-            auto = [r for r in _main_rows(rows) if r["latency_ms"] == lat and r["loader"].startswith("asyncload, concurrency auto")]
+            auto = [
+                r
+                for r in _main_rows(rows)
+                if r["latency_ms"] == lat and r["loader"].startswith("asyncload, concurrency auto")
+            ]
             if auto and _sps(auto[0]):
                 ax.axhline(_sps(auto[0]), linestyle="--", color="black", label=f"concurrency='auto', {lat} ms")
         ax.set_xscale("log", base=2)

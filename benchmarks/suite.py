@@ -75,8 +75,12 @@ class BenchConfig:
     latencies_ms: tuple[int, ...] = setting((0, 20, 50, 100), "a list of ints >= 0", _all(lambda v: v >= 0))
     sweep_latencies_ms: tuple[int, ...] = (50,)
     concurrency_sweep: tuple[int, ...] = setting((1, 8, 32, 64, 128, 256, 512), "a list of ints >= 1", _all(_positive))
-    read_modes: tuple[str, ...] = setting(("column", "row"), "a list of 'row'/'column'", _all(lambda v: v in ("row", "column")))
-    concurrency: int | str = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or (isinstance(v, int) and v >= 1))
+    read_modes: tuple[str, ...] = setting(
+        ("column", "row"), "a list of 'row'/'column'", _all(lambda v: v in ("row", "column"))
+    )
+    concurrency: int | str = setting(
+        "auto", "'auto' or an int >= 1", lambda v: v == "auto" or (isinstance(v, int) and v >= 1)
+    )
     dataloader_workers: tuple[int, ...] = setting((0, 2, 4), "a list of ints >= 0", _all(lambda v: v >= 0))
     processes: tuple[int, ...] = setting((), "a list of ints >= 1", _all(_positive))
     recipe: bool = True
@@ -123,16 +127,39 @@ class Suite:
         cfg = self.cfg
         self.bucket = server.create_bucket("bench")
         self.s3_url = f"s3://{self.bucket}/seg"
-        self.local_url = "file://" + os.path.abspath(os.path.join(cfg.data_dir, f"seg-{cfg.rows}-{cfg.height}-{cfg.image_format}"))
+        self.local_url = "file://" + os.path.abspath(
+            os.path.join(cfg.data_dir, f"seg-{cfg.rows}-{cfg.height}-{cfg.image_format}")
+        )
         if not deeplake.exists(self.local_url) or len(deeplake.open_read_only(self.local_url)) != cfg.rows:
-            make_dataset(self.local_url, cfg.rows, height=cfg.height, width=cfg.width, image_format=cfg.image_format, overwrite=True)  # type: ignore[arg-type]
-        make_dataset(self.s3_url, cfg.rows, height=cfg.height, width=cfg.width, image_format=cfg.image_format, creds=server.creds(), progress=True)  # type: ignore[arg-type]
+            make_dataset(
+                self.local_url,
+                cfg.rows,
+                height=cfg.height,
+                width=cfg.width,
+                image_format=cfg.image_format,
+                overwrite=True,
+            )  # type: ignore[arg-type]
+        make_dataset(
+            self.s3_url,
+            cfg.rows,
+            height=cfg.height,
+            width=cfg.width,
+            image_format=cfg.image_format,
+            creds=server.creds(),
+            progress=True,
+        )  # type: ignore[arg-type]
         server.put_object(self.bucket, "netcheck/small", b"x" * 100)
         server.put_object(self.bucket, "netcheck/large", os.urandom(8 << 20))
 
     # -- one measurement ---------------------------------------------------------------------------
     def run(
-        self, loader: str, latency_ms: int | None, settings: dict[str, Any], make: Callable[[], Iterable[Any]], repeats: int = 1, **kw: Any
+        self,
+        loader: str,
+        latency_ms: int | None,
+        settings: dict[str, Any],
+        make: Callable[[], Iterable[Any]],
+        repeats: int = 1,
+        **kw: Any,
     ) -> Row:
         cfg = self.cfg
         limit = min(cfg.max_samples, cfg.rows)
@@ -177,7 +204,14 @@ class Suite:
         """The published recipe leaks its threads by design: measure it in a process of its own."""
         env = {**os.environ, "ASYNCLOAD_BENCH_CREDS": json.dumps(creds)}
         limit = min(self.cfg.max_samples, self.cfg.rows)
-        cmd = [sys.executable, str(HERE / "recipe.py"), url, str(limit), str(self.cfg.max_seconds), str(self.cfg.batch_size)]
+        cmd = [
+            sys.executable,
+            str(HERE / "recipe.py"),
+            url,
+            str(limit),
+            str(self.cfg.max_seconds),
+            str(self.cfg.batch_size),
+        ]
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=self.cfg.max_seconds * 4 + 60)
             m = json.loads(p.stdout.strip().splitlines()[-1])
@@ -211,7 +245,14 @@ class Suite:
         total = time.perf_counter() - t0
         step_total = (steps - 1) * cfg.step_ms / 1e3
         frac = wait / (wait + step_total) if steps > 1 else None
-        self.rows.append(Row(f"train-step sim: {name}", latency_ms, {"step_ms": cfg.step_ms}, {"data_wait_fraction": frac, "steps": steps, "seconds": total}))
+        self.rows.append(
+            Row(
+                f"train-step sim: {name}",
+                latency_ms,
+                {"step_ms": cfg.step_ms},
+                {"data_wait_fraction": frac, "steps": steps, "seconds": total},
+            )
+        )
 
     # -- the whole suite ---------------------------------------------------------------------------
     def plan(self) -> list[tuple[int, str]]:
@@ -236,7 +277,10 @@ class Suite:
         cfg = self.cfg
         filer = server.filer_url.removeprefix("http://")
         fhost, fport = filer.split(":")
-        with DelayLineProcess((server.host, server.port)) as s3_line, DelayLineProcess((fhost, int(fport))) as filer_line:
+        with (
+            DelayLineProcess((server.host, server.port)) as s3_line,
+            DelayLineProcess((fhost, int(fport))) as filer_line,
+        ):
             creds = {**server.creds(), "endpoint_url": s3_line.url}
             bar = tqdm(self.plan(), desc="bench", unit="run", file=sys.stderr)
             url = self.s3_url
@@ -247,31 +291,76 @@ class Suite:
                     filer_line.set_rtt(lat / 1e3)
                 kind, _, arg = what.partition(":")
                 if kind == "netcheck":
-                    path = measure_path(filer_line.url, small_path=f"/buckets/{self.bucket}/netcheck/small", large_path=f"/buckets/{self.bucket}/netcheck/large", n=10, fresh=3)
+                    path = measure_path(
+                        filer_line.url,
+                        small_path=f"/buckets/{self.bucket}/netcheck/small",
+                        large_path=f"/buckets/{self.bucket}/netcheck/large",
+                        n=10,
+                        fresh=3,
+                    )
                     self.rows.append(Row("netcheck", lat, {}, path))
                 elif kind == "sync":
                     w = int(arg)
-                    self.run(f"sync Dataset + DataLoader, {w} workers", lat, {"workers": w}, lambda w=w: self.dataloader(SyncSegDataset(url, creds), w))
+                    self.run(
+                        f"sync Dataset + DataLoader, {w} workers",
+                        lat,
+                        {"workers": w},
+                        lambda w=w: self.dataloader(SyncSegDataset(url, creds), w),
+                    )
                 elif kind == "pytorch":
                     w = int(arg)
-                    self.run(f"ds.pytorch() + DataLoader, {w} workers", lat, {"workers": w}, lambda w=w: self.dataloader(deeplake_pytorch(url, creds), w))
+                    self.run(
+                        f"ds.pytorch() + DataLoader, {w} workers",
+                        lat,
+                        {"workers": w},
+                        lambda w=w: self.dataloader(deeplake_pytorch(url, creds), w),
+                    )
                 elif kind == "recipe":
                     self.recipe(url, creds, lat)
                 elif kind == "asyncload":
-                    self.run(f"asyncload, concurrency {cfg.concurrency}", lat, {"concurrency": cfg.concurrency, "read_mode": "auto"}, lambda: self.asyncload(url, creds, concurrency=cfg.concurrency), repeats=cfg.repeats)
+                    self.run(
+                        f"asyncload, concurrency {cfg.concurrency}",
+                        lat,
+                        {"concurrency": cfg.concurrency, "read_mode": "auto"},
+                        lambda: self.asyncload(url, creds, concurrency=cfg.concurrency),
+                        repeats=cfg.repeats,
+                    )
                 elif kind == "fanout":
                     k = int(arg)
-                    self.run(f"asyncload, {k} processes", lat, {"processes": k, "concurrency": cfg.concurrency}, lambda k=k: self.asyncload(url, creds, concurrency=cfg.concurrency, processes=k))
+                    self.run(
+                        f"asyncload, {k} processes",
+                        lat,
+                        {"processes": k, "concurrency": cfg.concurrency},
+                        lambda k=k: self.asyncload(url, creds, concurrency=cfg.concurrency, processes=k),
+                    )
                 elif kind == "sweep":
                     mode, c = arg.split(":")
-                    self.run(f"asyncload {mode}, concurrency {c}", lat, {"sweep": True, "read_mode": mode, "concurrency": int(c)}, lambda mode=mode, c=c: self.asyncload(url, creds, concurrency=int(c), read_mode=mode), repeats=cfg.repeats)
+                    self.run(
+                        f"asyncload {mode}, concurrency {c}",
+                        lat,
+                        {"sweep": True, "read_mode": mode, "concurrency": int(c)},
+                        lambda mode=mode, c=c: self.asyncload(url, creds, concurrency=int(c), read_mode=mode),
+                        repeats=cfg.repeats,
+                    )
                 elif kind == "train":
                     if arg == "sync":
-                        self.train_sim("sync DataLoader, 0 workers", lat, self.dataloader(SyncSegDataset(url, creds), 0))
+                        self.train_sim(
+                            "sync DataLoader, 0 workers", lat, self.dataloader(SyncSegDataset(url, creds), 0)
+                        )
                     else:
-                        self.train_sim(f"asyncload, concurrency {cfg.concurrency}", lat, self.asyncload(url, creds, concurrency=cfg.concurrency))
+                        self.train_sim(
+                            f"asyncload, concurrency {cfg.concurrency}",
+                            lat,
+                            self.asyncload(url, creds, concurrency=cfg.concurrency),
+                        )
                 elif kind == "ceiling":
-                    self.run(f"asyncload on local disk (ceiling), concurrency {cfg.concurrency}", None, {"concurrency": cfg.concurrency}, lambda: self.asyncload(self.local_url, None, concurrency=cfg.concurrency), repeats=cfg.repeats)
+                    self.run(
+                        f"asyncload on local disk (ceiling), concurrency {cfg.concurrency}",
+                        None,
+                        {"concurrency": cfg.concurrency},
+                        lambda: self.asyncload(self.local_url, None, concurrency=cfg.concurrency),
+                        repeats=cfg.repeats,
+                    )
                 self.save()
 
     # -- output ------------------------------------------------------------------------------------

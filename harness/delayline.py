@@ -450,7 +450,6 @@ class DelayLine(LoopService):
     def _started(self) -> bool:
         return self._thread is not None or self._lsock is not None
 
-
     async def __aenter__(self) -> DelayLine:
         if self._thread is not None or self._lsock is not None:
             raise RuntimeError("DelayLine already started")

@@ -358,7 +358,9 @@ def check_epoch(it: Iterator[dict], images: np.ndarray, masks: np.ndarray) -> li
     return seen
 
 
-def reply(handler: BaseHTTPRequestHandler, body: bytes, status: int = 200, headers: dict[str, str] | None = None) -> None:
+def reply(
+    handler: BaseHTTPRequestHandler, body: bytes, status: int = 200, headers: dict[str, str] | None = None
+) -> None:
     """Answer a request of a loopback test server with ``body`` (length set, extra ``headers``)."""
     handler.send_response(status)
     for k, v in (headers or {}).items():

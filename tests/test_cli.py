@@ -64,7 +64,9 @@ def test_inspect_of_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys) -
 
 
 def test_every_subcommand_has_help() -> None:
-    out = subprocess.run([sys.executable, "-m", "asyncload", "--help"], capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "asyncload", "--help"], capture_output=True, text=True, timeout=60
+    ).stdout
     for cmd in ("make-dataset", "inspect", "load", "bench", "train", "demo"):
         assert cmd in out
     for cmd in ("make-dataset", "inspect", "load", "bench", "train", "demo"):
@@ -83,7 +85,19 @@ def test_every_subcommand_has_help() -> None:
     ],
 )
 def test_bench_config_errors_name_key_value_and_allowed(args, message, capsys) -> None:
-    assert main(["bench", "--config", str(ROOT / "configs" / "bench.yaml"), "--suite", str(ROOT / "benchmarks" / "suite.py"), *args]) == 2
+    assert (
+        main(
+            [
+                "bench",
+                "--config",
+                str(ROOT / "configs" / "bench.yaml"),
+                "--suite",
+                str(ROOT / "benchmarks" / "suite.py"),
+                *args,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert message in err
 
@@ -108,8 +122,21 @@ def test_live_stats_and_the_periodic_log_line(seg_url, caplog) -> None:
             for _ in loader:
                 pass
     s = loader.stats()
-    for key in ("samples_per_s", "bytes_per_s", "in_flight", "ready_batches", "read_p50_ms", "read_p90_ms", "read_p99_ms",
-                "consumer_wait_s", "retries", "hedges", "skipped", "concurrency", "concurrency_setting"):
+    for key in (
+        "samples_per_s",
+        "bytes_per_s",
+        "in_flight",
+        "ready_batches",
+        "read_p50_ms",
+        "read_p90_ms",
+        "read_p99_ms",
+        "consumer_wait_s",
+        "retries",
+        "hedges",
+        "skipped",
+        "concurrency",
+        "concurrency_setting",
+    ):
         assert key in s, key
     assert s["bytes_per_s"] > 0 and s["concurrency"] >= 1 and s["concurrency_setting"] == "auto"
     assert s["read_p50_ms"] <= s["read_p90_ms"] <= s["read_p99_ms"]

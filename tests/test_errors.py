@@ -81,11 +81,15 @@ def test_a_missing_chunk_raises_a_typed_read_error_naming_url_column_indices(cop
     path = copy_of()
     url = f"file://{path}"
     # The images column's data chunk is the largest file; remove it, keep the masks.
-    chunk = max((p for p in path.rglob("*") if p.is_file() and "_deeplake_log" not in p.parts), key=lambda p: p.stat().st_size)
+    chunk = max(
+        (p for p in path.rglob("*") if p.is_file() and "_deeplake_log" not in p.parts), key=lambda p: p.stat().st_size
+    )
     chunk.unlink()
     root = str(Path(__file__).resolve().parents[1])
     for _ in range(3):  # a Deep Lake segfault is retried in a new process; anything else is judged
-        p = subprocess.run([sys.executable, "-c", MISSING_CHUNK_SCRIPT, url], capture_output=True, text=True, timeout=90, cwd=root)
+        p = subprocess.run(
+            [sys.executable, "-c", MISSING_CHUNK_SCRIPT, url], capture_output=True, text=True, timeout=90, cwd=root
+        )
         if p.returncode != -11:
             break
     if p.returncode == -11:
@@ -94,7 +98,9 @@ def test_a_missing_chunk_raises_a_typed_read_error_naming_url_column_indices(cop
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert got["is_key_error"]  # the type Deep Lake's .result() gives, not await's RuntimeError
     assert got["column"] == "images" and got["source"] == url and got["indices"] == list(range(8))
-    assert got["message"].startswith(f"reading column 'images' of {url} at indices [0, 1, 2, 3, 4, 5, 6, 7] failed: KeyError:")
+    assert got["message"].startswith(
+        f"reading column 'images' of {url} at indices [0, 1, 2, 3, 4, 5, 6, 7] failed: KeyError:"
+    )
     assert got["threads"] == 0  # the loop thread was stopped by the error
 
 
@@ -127,6 +133,8 @@ def test_a_failure_the_receiver_cannot_rebuild_arrives_as_remote_error_with_its_
     got = _arrived(b"not a pickle", "workers_only.ChunkError", "chunk 7 is corrupt", "Traceback: line 1\n")
     exc = got.raise_in("fan-out worker 1 of 2 (pid 9)")
     assert type(exc) is RemoteError and str(exc) == "workers_only.ChunkError: chunk 7 is corrupt"
-    assert exc.__notes__ == ["asyncload: raised in fan-out worker 1 of 2 (pid 9); its traceback there:\nTraceback: line 1"]
+    assert exc.__notes__ == [
+        "asyncload: raised in fan-out worker 1 of 2 (pid 9); its traceback there:\nTraceback: line 1"
+    ]
     local = Failure(KeyError("x"))  # within a process: the exception itself, no note
     assert local.raise_in("anywhere") is local.exc and not hasattr(local.exc, "__notes__")

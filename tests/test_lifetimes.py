@@ -109,7 +109,9 @@ def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
 
     def run(k: int) -> tuple[int, str]:
         mode = "column" if k % 2 else "row"
-        p = subprocess.run([sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=90, env=env)
+        p = subprocess.run(
+            [sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=90, env=env
+        )
         return p.returncode, p.stdout + p.stderr[-6000:]
 
     with ThreadPoolExecutor(2) as pool:
@@ -177,4 +179,12 @@ def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:-1] == ["closed-twice", "collected", "main done", "WORK", "LOOPS", "WORKERS", "STORES"]
+    assert out.stdout.split("\n")[:-1] == [
+        "closed-twice",
+        "collected",
+        "main done",
+        "WORK",
+        "LOOPS",
+        "WORKERS",
+        "STORES",
+    ]

@@ -81,7 +81,9 @@ def test_completion_order_yields_every_sample_once_out_of_order(seg_url) -> None
 @pytest.mark.parametrize("concurrency", [1, 8, 256])
 @pytest.mark.parametrize("read_mode", ["column", "row"])
 def test_any_concurrency_gives_the_same_batches(seg_url, concurrency, read_mode) -> None:
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=24, shuffle=True, seed=2, concurrency=concurrency, read_mode=read_mode)
+    loader = AsyncLoader(
+        DeepLakeSource(seg_url), batch_size=24, shuffle=True, seed=2, concurrency=concurrency, read_mode=read_mode
+    )
     assert [b["index"].tolist() for b in loader] == EpochSampler(ROWS, 24, shuffle=True, seed=2).batches(0)
 
 
@@ -139,11 +141,15 @@ def test_transform_and_collate_fn(seg_url, seg_arrays) -> None:
     loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=10, transform=transform)
     first = next(iter(loader))
     assert first["index"].tolist() == list(range(10))
-    assert torch.allclose(first["x"], torch.tensor(seg_arrays["images"][:10].reshape(10, -1).astype(np.float32).mean(1)))
+    assert torch.allclose(
+        first["x"], torch.tensor(seg_arrays["images"][:10].reshape(10, -1).astype(np.float32).mean(1))
+    )
     assert first["m"].tolist() == seg_arrays["masks"][:10].reshape(10, -1).max(1).tolist()
 
     seen = []
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=10, collate_fn=lambda samples: [s["index"] for s in samples])
+    loader = AsyncLoader(
+        DeepLakeSource(seg_url), batch_size=10, collate_fn=lambda samples: [s["index"] for s in samples]
+    )
     for b in loader:
         seen += b
     assert seen == list(range(ROWS))

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_in_order_resume_is_exact(seg_url, shuffle) -> None:
     src = DeepLakeSource(seg_url)
-    check_resume(lambda: AsyncLoader(src, batch_size=16, shuffle=shuffle, seed=4, concurrency=64, prefetch=3), in_order=True)
+    check_resume(
+        lambda: AsyncLoader(src, batch_size=16, shuffle=shuffle, seed=4, concurrency=64, prefetch=3), in_order=True
+    )
 
 
 def test_out_of_order_resume_loses_and_repeats_nothing(seg_url) -> None:
@@ -79,7 +81,9 @@ def test_dataloader_workers_resume_by_batch_count(seg_url, workers) -> None:
         resumed = make()
         resumed.load_state_dict(state)
         resumed.set_epoch(1)
-        dl = DataLoader(resumed, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None)
+        dl = DataLoader(
+            resumed, batch_size=None, num_workers=workers, multiprocessing_context="fork" if workers else None
+        )
         assert len(dl) == len(ref)  # the epoch's length, as StatefulDataLoader and Lightning count it
         assert taken + [b["index"].tolist() for b in dl] == ref, f"resumed after {k} batches"
 

@@ -33,7 +33,9 @@ def test_shuffle_is_a_seeded_permutation_per_epoch() -> None:
     assert flat(EpochSampler(100, 7, shuffle=True, seed=4).batches(0)) != e0
 
 
-@pytest.mark.parametrize("n,world,workers,bs", [(203, 1, 1, 32), (203, 1, 3, 16), (200, 2, 2, 8), (204, 3, 2, 5), (8, 2, 4, 2)])
+@pytest.mark.parametrize(
+    "n,world,workers,bs", [(203, 1, 1, 32), (203, 1, 3, 16), (200, 2, 2, 8), (204, 3, 2, 5), (8, 2, 4, 2)]
+)
 def test_shards_cover_the_epoch_exactly_once_when_ranks_divide_it(n: int, world: int, workers: int, bs: int) -> None:
     seen: Counter[int] = Counter()
     per_rank = []

@@ -34,7 +34,9 @@ def test_skip_leaves_out_exactly_the_bad_samples_and_reports_them(seg_url, read_
     assert got == [i for i in range(ROWS) if i not in BAD]
     s = loader.stats()
     assert s["skipped"] == 3
-    assert [i for i, _ in s["skipped_samples"]] == sorted(BAD) or sorted(i for i, _ in s["skipped_samples"]) == sorted(BAD)
+    assert [i for i, _ in s["skipped_samples"]] == sorted(BAD) or sorted(i for i, _ in s["skipped_samples"]) == sorted(
+        BAD
+    )
     assert all("OSError: unreadable object for sample" in why for _, why in s["skipped_samples"])
     assert s["samples_yielded"] == ROWS - 3
     assert any("skipped 3 samples in epoch 0" in r.getMessage() and seg_url in r.getMessage() for r in caplog.records)

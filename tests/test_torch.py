@@ -93,7 +93,9 @@ def _rank_main(rank: int, world: int, port: int, url: str, out_dir: str) -> None
 
 def test_two_ranks_times_two_workers_cover_the_epoch(seg_url, tmp_path) -> None:
     world = 2
-    mp.start_processes(_rank_main, args=(world, _free_port(), seg_url, str(tmp_path)), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        _rank_main, args=(world, _free_port(), seg_url, str(tmp_path)), nprocs=world, start_method="spawn"
+    )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     order = EpochSampler(ROWS, 8, shuffle=True, seed=11).order(1).tolist()
 

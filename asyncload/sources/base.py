@@ -26,7 +26,6 @@ H = TypeVar("H")
 Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
 
 
-
 def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
     """A source's stop at interpreter exit (``Stage.STORES``: after every read was stopped). Garbage
     collection of the source needs nothing: its handle goes with it."""
