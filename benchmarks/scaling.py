@@ -174,7 +174,8 @@ def table(rows: list[Row], info: dict[str, Any], args: argparse.Namespace) -> st
         f"the start, {info.get('load_average_end', 0):.2f} at the end (a shared machine). {args.rows} rows of "
         f"256×256 PNG images + lz4 masks, batch {args.batch_size}, shuffled; one run each. samples/s over the "
         f"whole epoch (epoch 1 includes start-up); × in-process: epoch 2 against asyncload with one process "
-        f"in-process; × DataLoader: asyncload against DataLoader with as many persistent workers, epoch 1 / 2.",
+        f"in-process; × DataLoader: an asyncload row against the synchronous Dataset in a DataLoader with as "
+        f"many persistent workers, epoch 1 / 2.",
     ]
     if net := info.get("network"):
         path = net.get("path", {})
