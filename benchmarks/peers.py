@@ -178,20 +178,24 @@ def _count(batch: Any) -> int:
     return len(batch)
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its live descendants, from /proc."""
+def proc_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds (user + system) of one process from /proc, with its reaped children's if ``reaped``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_s(pid: int | None, reaped: bool = False) -> float:
+    """CPU seconds of a process and its live descendants (see ``proc_cpu_s``); 0 for no process."""
     from asyncload.measure import _children
 
-    tick = os.sysconf("SC_CLK_TCK")
-    total, todo = 0.0, [pid]
+    total, todo = 0.0, [pid] if pid else []
     while todo:
         p = todo.pop()
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
+        total += proc_cpu_s(p, reaped)
         todo += _children(p)
     return total
 
@@ -259,7 +263,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     # every 0.1 s, not PeakRSS's default 20 ms: walking /proc for a process with Deep Lake's ~70 threads
     # 50 times a second took ~5% of a core, charged to every reader on a CPU-bound machine
     rss = PeakRSS(every_s=0.1)
-    net0, thr0, c0 = net_counters(), thread_cpu_s(), _tree_cpu_s(os.getpid())
+    net0, thr0, c0 = net_counters(), thread_cpu_s(), tree_cpu_s(os.getpid())
     t_start = time.perf_counter()
     it = batches(spec, order, n)
     seen = s_first = 0
@@ -273,7 +277,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
             if seen >= n or now - t_first >= spec["epoch_s"]:
                 break
     finally:
-        t1, c1, wall1 = time.perf_counter(), _tree_cpu_s(os.getpid()), time.time()
+        t1, c1, wall1 = time.perf_counter(), tree_cpu_s(os.getpid()), time.time()
         net1, thr1 = net_counters(), thread_cpu_s()
         stats = _LIVE["asyncload"].stats() if "asyncload" in _LIVE else {}
         close = getattr(it, "close", None)

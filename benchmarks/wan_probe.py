@@ -42,19 +42,9 @@ sys.path[:0] = [str(HERE), str(ROOT)]
 
 import netem  # noqa: E402
 import wan  # noqa: E402
+from peers import proc_cpu_s, tree_cpu_s  # noqa: E402
 
 from asyncload.config import load_config, parse_overrides  # noqa: E402
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])) / _TICK
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _pids_named(name: str) -> list[int]:
@@ -111,21 +101,13 @@ class Monitor:
         self.ns = ns
         self.server_ns = server_ns
         self.server_pid = server_pid
-        self.cpu: list[tuple[float, float, float, float, float]] = []  # unix time, weed, nfq, machine busy, total
+        # unix time, weed, nfq_delay, machine busy, machine total, client tree (CPU seconds; jiffies for the machine)
+        self.cpu: list[tuple[float, float, float, float, float, float]] = []
+        self.client_pid: int | None = None
         self.sockets: list[tuple[float, list[dict[str, float]]]] = []
         self.server_sockets: list[tuple[float, list[dict[str, float]]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def _weed(self) -> float:
-        from asyncload.measure import _children
-
-        total, todo = 0.0, [self.server_pid] if self.server_pid else []
-        while todo:
-            p = todo.pop()
-            total += _proc_cpu_s(p)
-            todo += _children(p)
-        return total
 
     def _run(self) -> None:
         nfq = _pids_named("nfq_delay")
@@ -133,7 +115,9 @@ class Monitor:
         while not self._stop.is_set():
             now = time.time()
             busy, total = _machine()
-            self.cpu.append((now, self._weed(), sum(_proc_cpu_s(p) for p in nfq), busy, total))
+            nfq_s = sum(proc_cpu_s(p, reaped=True) for p in nfq)
+            server, client = tree_cpu_s(self.server_pid, reaped=True), tree_cpu_s(self.client_pid, reaped=True)
+            self.cpu.append((now, server, nfq_s, busy, total, client))
             if now - last_ss >= 0.5:
                 last_ss = now
                 self.sockets.append((now, ss(self.ns)))
@@ -142,6 +126,7 @@ class Monitor:
             self._stop.wait(0.1)
 
     def start(self, pid: int) -> None:
+        self.client_pid = pid
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -149,6 +134,18 @@ class Monitor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+
+    def busy_after(self, t: float) -> dict[str, float] | None:
+        """Cores busy on the machine, and the client's, from ``t`` (its first batch) to the last sample."""
+        later = [c for c in self.cpu if c[0] >= t]
+        if len(later) < 2:
+            return None
+        a, b = later[0], later[-1]
+        ncpu, secs = os.cpu_count() or 1, b[0] - a[0]
+        return {
+            "machine": round((b[3] - a[3]) / max(1, b[4] - a[4]) * ncpu, 2),
+            "client": round((b[5] - a[5]) / max(1e-9, secs), 2),
+        }
 
     def window(self, t0: float, t1: float, samples: int) -> dict[str, Any]:
         """CPU per sample of server and delay lines, machine busy share, sockets: over ``[t0, t1]``
@@ -160,6 +157,15 @@ class Monitor:
             out["server_cpu_ms_per_sample"] = 1e3 * (b[1] - a[1]) / samples
             out["delay_line_cpu_ms_per_sample"] = 1e3 * (b[2] - a[2]) / samples
             out["machine_busy_share"] = (b[3] - a[3]) / max(1, b[4] - a[4])
+            # cores used over the interval by the client, the server, the delay lines and everything else on
+            # the machine (other users' jobs, the kernel's own threads, this monitor)
+            secs, ncpu = b[0] - a[0], os.cpu_count() or 1
+            busy = out["machine_busy_share"] * ncpu
+            mine = [(b[k] - a[k]) / max(1e-9, secs) for k in (5, 1, 2)]
+            out["cores"] = {
+                "client": round(mine[0], 2), "server": round(mine[1], 2), "delay_line": round(mine[2], 2),
+                "other": round(busy - sum(mine), 2), "idle": round(ncpu - busy, 2),
+            }  # fmt: skip
             out["window_covered_s"] = b[0] - a[0]
             # the per-sample figures above span the sampled part of the window only: rescale
             scale = (t1 - t0) / max(1e-9, b[0] - a[0])
@@ -222,15 +228,16 @@ def pyspy_summary(raw: Path, top: int = 25) -> dict[str, Any]:
     return {"samples": total, "threads": pct(threads), "self_pct": pct(self_t), "total_pct": pct(incl)}
 
 
-def perf_summary(data: Path, m: dict[str, Any]) -> dict[str, Any]:
-    """Machine-wide CPU shares over a run from ``perf record -a``: by thread name (the client's Deep Lake
-    ``B_*`` threads folded into one), by process and shared object, and the top symbols."""
+def perf_summary(data: Path, client: int | None) -> dict[str, Any]:
+    """CPU shares over a run from ``perf record -a`` (percent of every sample on the machine): by process
+    (the client, ``weed``, ``nfq_delay``, idle, everything else), then the client's alone by thread name
+    (Deep Lake's ``B_*`` threads folded into one), by thread and shared object, and its top symbols."""
 
-    def report(*sort: str) -> list[tuple[float, list[str]]]:
-        text = subprocess.run(
-            ["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", ",".join(sort), "-q"],
-            capture_output=True, text=True,
-        ).stdout  # fmt: skip
+    def report(*sort: str, pid: int | None = None) -> list[tuple[float, list[str]]]:
+        argv = ["perf", "report", "-i", str(data), "--stdio", "--no-children", "--sort", ",".join(sort), "-q"]
+        if pid is not None:
+            argv += ["--pid", str(pid)]
+        text = subprocess.run(argv, capture_output=True, text=True).stdout
         rows = []
         for line in text.splitlines():
             parts = line.split()
@@ -239,19 +246,26 @@ def perf_summary(data: Path, m: dict[str, Any]) -> dict[str, Any]:
         return rows
 
     by_comm: Counter[str] = Counter()
-    for pct, rest in report("comm"):
+    for pct, rest in report("comm", pid=client):
         name = " ".join(rest)
         by_comm["B_* (deeplake)" if re.fullmatch(r"B_\d+", name) else name] += pct
     by_dso: Counter[str] = Counter()
-    for pct, rest in report("comm", "dso"):
+    for pct, rest in report("comm", "dso", pid=client):
         comm = "B_*" if re.fullmatch(r"B_\d+", rest[0]) else rest[0]
         by_dso[f"{comm} {' '.join(rest[1:])}"] += pct
-    syms = report("comm", "dso", "sym")
+    syms = report("comm", "dso", "sym", pid=client)
     top = [(pct, " ".join(rest)) for pct, rest in syms[:60]]
+    machine: Counter[str] = Counter()
+    for pct, rest in report("comm"):
+        machine[" ".join(rest)] += pct
+    by_owner = {"client": sum(by_comm.values())}
+    by_owner.update({k: machine.get(k, 0.0) for k in ("weed", "nfq_delay", "swapper")})
+    by_owner["other"] = 100.0 - sum(by_owner.values())  # other users' jobs, kernel threads, this probe
     data.unlink(missing_ok=True)
     return {
-        "by_thread_pct": {k: round(v, 1) for k, v in by_comm.most_common(25)},
-        "by_thread_dso_pct": {k: round(v, 1) for k, v in by_dso.most_common(40)},
+        "by_process_pct": {("idle" if k == "swapper" else k): round(v, 1) for k, v in by_owner.items()},
+        "client_by_thread_pct": {k: round(v, 1) for k, v in by_comm.most_common(25)},
+        "client_by_thread_dso_pct": {k: round(v, 1) for k, v in by_dso.most_common(40)},
         "top_symbols_pct": top,
     }
 
@@ -320,11 +334,12 @@ def main(argv: list[str] | None = None) -> int:
                     if perf is not None:
                         perf.send_signal(2)
                         perf.wait(60)
-                        m["perf"] = perf_summary(perf_data, m)
+                        m["perf"] = perf_summary(perf_data, mon.client_pid)
                     if spy is not None:
                         spy.wait(30)
                     if "span_unix" in m and mon.cpu:  # the whole run, as the client's own CPU figure
                         m["monitor"] = mon.window(mon.cpu[0][0], m["span_unix"][1], m["samples"])
+                        m["monitor"]["cores_after_first_batch"] = mon.busy_after(m["span_unix"][0])
                     if args.pyspy and prof.exists():
                         m["pyspy"] = pyspy_summary(prof)
                     runs.append({"reader": reader, "rep": rep, "m": m})
