@@ -390,16 +390,16 @@ def fork_call(enter: Callable[[], None], fn: Callable[..., Any], *args: Any, tim
     r, w = os.pipe()
     with inside(enter):
         pid = os.fork()
-    if pid == 0:  # child: never returns
-        code = 0
-        try:
-            os.close(r)
-            out = json.dumps({"ok": fn(*args)})
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            out, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}), 1
-        with os.fdopen(w, "w") as f:
-            f.write(out)
-        os._exit(code)
+        if pid == 0:  # the child runs ``fn`` here, inside the block, and never leaves it (``os._exit``)
+            code = 0
+            try:
+                os.close(r)
+                out = json.dumps({"ok": fn(*args)})
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                out, code = json.dumps({"error": f"{type(exc).__name__}: {exc}"}), 1
+            with os.fdopen(w, "w") as f:
+                f.write(out)
+            os._exit(code)
     os.close(w)
     with os.fdopen(r) as f:
         deadline = time.monotonic() + timeout
