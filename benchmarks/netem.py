@@ -357,6 +357,12 @@ def window_growth(url: str, path: str, rtt_s: float, rounds: int = 8) -> dict[st
     return {"bytes": got, "seconds": total, "mb_s": got / total / 1e6, "bytes_by_rtt": by_rtt}
 
 
+def put_check_objects(server: Any, bucket: str) -> None:
+    """The two objects ``check_path`` reads: a small one (round trips) and 8 MiB (window growth)."""
+    server.put_object(bucket, "netcheck/small", b"x" * 100)
+    server.put_object(bucket, "netcheck/large", os.urandom(8 << 20))
+
+
 def check_path(url: str, bucket: str, rtt_s: float) -> dict[str, Any]:
     """RTT of a small GET, the handshake, and a large GET's growth per RTT (the filer serves objects
     unsigned at ``/buckets/<bucket>/<key>``)."""
@@ -427,8 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         net.enter_server()
         with SeaweedServer(host=net.server_host) as server:
             bucket = server.create_bucket("netcheck")
-            server.put_object(bucket, "netcheck/small", b"x" * 100)
-            server.put_object(bucket, "netcheck/large", os.urandom(8 << 20))
+            put_check_objects(server, bucket)
             filer = net.url(int(server.filer_url.rsplit(":", 1)[1]))
             for ms in args.rtt:
                 net.set_rtt(ms / 1e3)

@@ -305,10 +305,8 @@ def over_network(
         net.enter_server()  # set-up and upload from the server's side: no delay
         with SeaweedServer(host=net.server_host) as server:
             bucket = server.create_bucket("scaling")
-            for path in sorted(p for p in local.rglob("*") if p.is_file()):  # the same bytes
-                server.put_object(bucket, f"scaling/{path.relative_to(local)}", path.read_bytes())
-            server.put_object(bucket, "netcheck/small", b"x" * 100)
-            server.put_object(bucket, "netcheck/large", os.urandom(8 << 20))
+            server.put_tree(bucket, "scaling", local)  # the same bytes
+            netem.put_check_objects(server, bucket)
             rtt_s = args.rtt_ms / 1e3
             net.set_rtt(rtt_s)
             filer = net.url(int(server.filer_url.rsplit(":", 1)[1]))

@@ -172,10 +172,8 @@ class WanBench:
             print(f"writing {self.local_url}", file=sys.stderr)
             make_photo_dataset(self.local_url, cfg.rows, image_format=cfg.image_format)  # type: ignore[arg-type]
         self.bucket = server.create_bucket("bench")
-        for path in sorted(p for p in local.rglob("*") if p.is_file()):  # the same bytes, no re-encoding
-            server.put_object(self.bucket, f"photos/{path.relative_to(local)}", path.read_bytes())
-        server.put_object(self.bucket, "netcheck/small", b"x" * 100)
-        server.put_object(self.bucket, "netcheck/large", os.urandom(8 << 20))
+        server.put_tree(self.bucket, "photos", local)  # the same bytes, no re-encoding
+        netem.put_check_objects(server, self.bucket)
         self.creds = {**server.creds(), "endpoint_url": net.url(server.port)}
         self.s3_url = f"s3://{self.bucket}/photos"
         self.filer = net.url(int(server.filer_url.rsplit(":", 1)[1]))

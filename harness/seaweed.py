@@ -464,6 +464,11 @@ class SeaweedServer:
             raise SeaweedError(f"creating bucket {name!r} at {self.endpoint_url} failed: HTTP {status}: {body[:300]!r}")
         return name
 
+    def put_tree(self, bucket: str, prefix: str, local: Path) -> None:
+        """Upload every file under ``local`` as ``<prefix>/<its relative path>``, the same bytes."""
+        for path in sorted(p for p in local.rglob("*") if p.is_file()):
+            self.put_object(bucket, f"{prefix}/{path.relative_to(local)}", path.read_bytes())
+
     def put_object(self, bucket: str, key: str, data: bytes) -> None:
         """Upload one object (a signed PUT)."""
         status, body = self._request("PUT", f"/{quote_key(bucket)}/{quote_key(key)}", body=data)
