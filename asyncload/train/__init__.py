@@ -31,15 +31,13 @@ Choices, and why:
   already trained (read, not trained).
 - **GPU practice, on by default on CUDA**: bf16 autocast (no loss scaling needed, unlike fp16),
   channels_last tensors (the layout cuDNN's fastest convolution kernels use on tensor cores) and
-  ``cudnn.benchmark`` (the U-Net's shapes are fixed, so the one-off kernel search pays). On the issue-12
-  H100 the model alone ran 1,276 samples/s in fp32 and 1,848 with bf16 + channels_last. Each has an
-  off switch in the config; on the CPU they are left off (bf16 convolutions are slow on most CPUs).
+  ``cudnn.benchmark`` (the U-Net's shapes are fixed, so the one-off kernel search pays); the H100
+  figures are in ``benchmarks/results/design_notes.md``. Each has an off switch in the config; on the CPU they are left off (bf16 convolutions are slow on most CPUs).
 - **A truthful data-wait figure**: only the time the loop is blocked in ``next()`` for its next batch
   counts as waiting for data. The device runs asynchronously, so the host also waits for it, at known
   points only (the loss read back every ``SYNC_EVERY`` steps and at the end of the epoch), and that time
   is reported apart as "device sync". The old figure (time inside ``DeviceFeed``, which then copied on
-  this thread) put the host's wait for the GPU under data wait: 50-56% on the H100 where the model was
-  the bottleneck.
+  this thread) put the host's wait for the GPU under data wait, where the model was the bottleneck.
 - **The model-only rate, measured the same way**: after training, the same step function runs
   ``model_only_steps`` times on one batch already on the device (model and optimizer put back after),
   so "trains at X% of the model-only rate" compares like with like.
