@@ -7,8 +7,8 @@ more requests and removes the tail.
 
 A read is a straggler only once reads issued after it have finished first. A read that is merely
 queued (every read slower because the client or the store is busy) is not one, and a second request
-would only add to the queue: on the CPU-bound WAN testbed at 0 ms, timing alone hedged 3-6% of reads,
-most of them lost the race, and the epoch was ~3% slower than with hedging off.
+would only add to the queue, and on a busy client most such second requests lose the race
+(``benchmarks/results/wan/limits.md``).
 
 The loser is never cancelled (a cancelled Deep Lake future hangs forever): it runs to its end in the
 background, its result dropped, and ``drain()`` waits for it before the epoch's loop may close.
