@@ -14,6 +14,17 @@ from typing import Any
 FOCUS_MS = 50
 
 
+def _by_latency_head(title: str, lats: list[Any]) -> list[str]:
+    """A section title and the head of a table with one column per round-trip latency."""
+    return [
+        "",
+        f"## {title}",
+        "",
+        "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |",
+        "|---|" + "---|" * len(lats),
+    ]
+
+
 def _sps(row: dict[str, Any]) -> float | None:
     v = row["m"].get("samples_per_s")
     return float(v) if v is not None else None
@@ -54,13 +65,7 @@ def tables(data: dict[str, Any]) -> str:
     by: dict[str, dict[int | None, dict[str, Any]]] = defaultdict(dict)
     for r in _main_rows(rows):
         by[r["loader"]][r["latency_ms"]] = r
-    out += [
-        "",
-        "## samples/s by round-trip latency",
-        "",
-        "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |",
-        "|---|" + "---|" * len(lats),
-    ]
+    out += _by_latency_head("samples/s by round-trip latency", lats)
     for name, per in by.items():
         if None in per:
             out.append(f"| {name} | " + " | ".join(_fmt(_sps(per[None])) for _ in lats) + " |")
@@ -115,13 +120,7 @@ def tables(data: dict[str, Any]) -> str:
     sims = [r for r in rows if r["loader"].startswith("train-step")]
     if sims:
         names = sorted({r["loader"] for r in sims})
-        out += [
-            "",
-            "## Fraction of a 100 ms training step spent waiting for data",
-            "",
-            "| loader | " + " | ".join(f"{x} ms" for x in lats) + " |",
-            "|---|" + "---|" * len(lats),
-        ]
+        out += _by_latency_head("Fraction of a 100 ms training step spent waiting for data", lats)
         for n in names:
             cells = {r["latency_ms"]: r["m"].get("data_wait_fraction") for r in sims if r["loader"] == n}
             out.append(

@@ -130,24 +130,10 @@ class Suite:
         self.local_url = "file://" + os.path.abspath(
             os.path.join(cfg.data_dir, f"seg-{cfg.rows}-{cfg.height}-{cfg.image_format}")
         )
+        shape = {"height": cfg.height, "width": cfg.width, "image_format": cfg.image_format}
         if not deeplake.exists(self.local_url) or len(deeplake.open_read_only(self.local_url)) != cfg.rows:
-            make_dataset(
-                self.local_url,
-                cfg.rows,
-                height=cfg.height,
-                width=cfg.width,
-                image_format=cfg.image_format,
-                overwrite=True,
-            )  # type: ignore[arg-type]
-        make_dataset(
-            self.s3_url,
-            cfg.rows,
-            height=cfg.height,
-            width=cfg.width,
-            image_format=cfg.image_format,
-            creds=server.creds(),
-            progress=True,
-        )  # type: ignore[arg-type]
+            make_dataset(self.local_url, cfg.rows, overwrite=True, **shape)  # type: ignore[arg-type]
+        make_dataset(self.s3_url, cfg.rows, creds=server.creds(), progress=True, **shape)  # type: ignore[arg-type]
         server.put_object(self.bucket, "netcheck/small", b"x" * 100)
         server.put_object(self.bucket, "netcheck/large", os.urandom(8 << 20))
 
