@@ -5,7 +5,8 @@ for its retransmission timer), and with batches delivered in order one stalled r
 behind it. Racing a second request for it after ``hedge`` × the recent p99 latency costs a few percent
 more requests and removes the tail.
 
-A read is a straggler only once reads issued after it have finished first. A read that is merely
+A read is a straggler only once reads issued after it have finished first (or, when none was issued
+after it, as at the tail of an epoch or with one read in flight, once it took that long). A read that is merely
 queued (every read slower because the client or the store is busy) is not one, and a second request
 would only add to the queue, and on a busy client most such second requests lose the race
 (``benchmarks/results/wan/limits.md``).
@@ -67,12 +68,15 @@ class Hedger:
         if after is None:  # no latencies to judge by yet (or hedging off): no task to race
             return await self._timed(idx)
         ahead, finished = self._started - self._finished, self._finished  # reads in flight before this one
+        issued = self._started + 1  # reads started once this one has
         first = asyncio.ensure_future(self._timed(idx))
         wait = after
         while True:
             done, _ = await asyncio.wait({first}, timeout=wait)
             if done:
                 return first.result()
+            if self._started <= issued:
+                break  # no read was issued after it (one in flight, an epoch's tail): time is all there is
             # finished since it started, less those that were ahead of it: at least that many reads issued
             # after it have overtaken it
             if self._finished - finished - ahead >= max(2, ahead // 2):

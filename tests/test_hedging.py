@@ -34,3 +34,14 @@ def test_no_hedging_when_disabled(seg_url) -> None:
     loader = AsyncLoader(src, batch_size=8, concurrency=16, read_mode="row", hedge=None)
     assert [i for b in loader for i in b["index"].tolist()] == list(range(ROWS))
     assert loader.stats()["hedges"] == 0 and src.stalled >= 1
+
+
+def test_a_straggler_with_nothing_behind_it_is_hedged_on_time(seg_url) -> None:
+    """One read in flight: no later read can overtake a stalled one, so its lateness alone must hedge it
+    (as for the last read of an epoch)."""
+    src = StragglerSource(seg_url, every=50, stall=2.0)
+    loader = AsyncLoader(src, batch_size=8, concurrency=1, read_mode="row", hedge=3.0)
+    assert [i for b in loader for i in b["index"].tolist()] == list(range(ROWS))
+    s = loader.stats()
+    assert src.stalled >= 1 and s["hedges"] >= 1 and s["hedges_won"] >= 1
+    assert src.in_flight == 0
