@@ -182,6 +182,14 @@ class _Running:
             log.warning("asyncload: loop thread %s did not stop within %.1fs", self.name, timeout)
         return self.stopped
 
+    def stop_from_any_thread(self, timeout: float) -> None:
+        """The finaliser's stop: a garbage-collection pass may run it on the loop thread itself, which
+        cannot join itself, so a helper thread does the stop there."""
+        if threading.current_thread() is self.thread:
+            start_thread(self.stop, timeout, name="asyncload-stop")
+        else:
+            self.stop(timeout)
+
 
 class LoopThread:
     """One event loop on one daemon thread, plus a CPU thread pool, started lazily and stopped once.
@@ -243,7 +251,7 @@ class LoopThread:
                 pool.shutdown()
                 raise box[0]
             self._run = _Running(self._name, os.getpid(), thread, box[0], pool)
-            self._finalizer = on_exit(self, Stage.LOOPS, self._run.stop, 10.0)
+            self._finalizer = on_exit(self, Stage.LOOPS, self._run.stop_from_any_thread, 10.0)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``.

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._loop import LoopKind, LoopThread, Stage, on_exit
+from ._loop import LoopKind, LoopThread, Stage, on_exit, start_thread
 from ._protocol import EMPTY, END, Failure
 from .errors import WorkerError
 from .pipeline import Pipeline
@@ -93,7 +93,7 @@ class _Run:
         if self.stopped:
             return
         if self.lt.in_loop_thread():  # a garbage-collection pass on the loop thread: it cannot wait for itself
-            self.lt.call_soon(self.pipeline.stop)
+            start_thread(self.stop, name="asyncload-stop")
             return
         if self.future is not None and self.lt.running:
             self.lt.call_soon(self.pipeline.stop)

@@ -188,3 +188,21 @@ def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None
         "WORKERS",
         "STORES",
     ]
+
+
+@pytest.mark.timeout(30)
+def test_an_epoch_stopped_from_its_own_loop_thread_still_stops_that_thread(seg_url) -> None:
+    """A garbage-collection pass can run an epoch's finaliser on the epoch's own loop thread, which cannot
+    wait for itself: the stop must still happen (on another thread), not leave the loop running."""
+    import asyncio
+
+    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, concurrency=4))
+    next(it)
+    run = it._run  # what the epoch's finaliser stops
+
+    async def stop_here() -> None:
+        run.stop()
+
+    asyncio.run_coroutine_threadsafe(stop_here(), run.lt.loop).result(5)
+    wait_no_loop_threads()
+    assert run.stopped
