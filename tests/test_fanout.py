@@ -82,6 +82,15 @@ def fail_at_85(sample: dict[str, Any]) -> dict[str, Any]:
     return sample
 
 
+def killed_while_allocating_at_85(sample: dict[str, Any]) -> dict[str, Any]:
+    """Dies as torch's allocator can leave a worker killed mid-allocation: its shm file made, not unlinked."""
+    if sample["index"] == 85:
+        with open(f"/dev/shm/torch_{os.getpid()}_0_0", "wb") as f:
+            f.truncate(1 << 20)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return sample
+
+
 # -- helpers ---------------------------------------------------------------------------------------
 def worker_shm(pids: Any) -> list[str]:
     """/dev/shm entries made by torch in these processes (``torch_<pid>_...``)."""
@@ -235,6 +244,21 @@ def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> 
     assert f"worker 1 of 2 (pid {pids[1]})" in str(err) and "killed by signal SIGKILL" in str(err)
     assert err.pid == pids[1] and err.exitcode == -signal.SIGKILL
     assert_held_exactly(err, plan, got)
+    assert_gone(pids.values())
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_mid_allocation_leaves_no_shm_file(seg_url) -> None:
+    """torch unlinks a batch's shm file right after creating it; SIGKILL in between leaves the file (a CI
+    run caught one). The pool removes what a worker that did not exit cleanly left."""
+    opts = {"batch_size": 16, "transform": killed_while_allocating_at_85}
+    it = FanoutEpoch(DeepLakeSource(seg_url), opts, Shard(), 0, 2)
+    got = [next(it)["index"][0].item()]
+    pids = it.pids
+    with pytest.raises(WorkerError, match=rf"worker 1 of 2 \(pid {pids[1]}\) for \S+ was killed by signal SIGKILL"):
+        for b in it:
+            got.append(b["index"][0].item())
+    assert got == [0, 16, 32, 48, 64][: len(got)]  # worker 1 died making batch 5
     assert_gone(pids.values())
 
 

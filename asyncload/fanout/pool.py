@@ -89,7 +89,29 @@ def _stop_processes(procs: list[BaseProcess], timeout: float) -> None:
         for p in alive:
             p.join(None if step == "kill" else max(0.0, deadline - time.monotonic()))
     for p in procs:
+        if p.exitcode != 0 and p.pid is not None:
+            _unlink_orphaned_shm(p.pid)
         p.close()
+
+
+def _unlink_orphaned_shm(pid: int) -> None:
+    """Remove the shared-memory files a worker that did not exit cleanly left in ``/dev/shm``.
+
+    torch names each file ``torch_<pid>_...`` and unlinks it right after mapping it, but a worker killed
+    between the two (SIGKILL while allocating a batch) leaves the file behind, and nothing else would ever
+    remove it: it holds RAM until reboot. Called only after the worker was joined, so the files are
+    nobody's."""
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:  # not Linux, or no /dev/shm: torch made no such files
+        return
+    for name in names:
+        if name.startswith(f"torch_{pid}_"):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
+            log.warning("asyncload: removed /dev/shm/%s, left by fan-out worker pid %d", name, pid)
 
 
 def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:

@@ -20,8 +20,9 @@ not one shared queue:
   ``multiprocessing.Queue`` buffers without bound in its feeder thread.
 
 Zero pickled pixels: a tensor travels as the file descriptor of its shared-memory storage, passed over
-the worker's own pipe with the message that names it (``_FdPickler``); the shm file is unlinked as soon
-as it is created, so a crash leaves nothing in ``/dev/shm``. Workers allocate batch tensors in shared memory
+the worker's own pipe with the message that names it (``_FdPickler``); torch unlinks the shm file right after
+mapping it, so a crash leaves nothing in ``/dev/shm`` (a worker killed between the two does; the pool
+removes those when it joins it). Workers allocate batch tensors in shared memory
 from the start (``_shared_empty``, set with ``collate.set_allocator``), so sending copies nothing: one copy
 per sample, from the store's buffer into the batch, as in one process. Tensors a custom ``collate_fn`` made
 on the heap are moved to shared memory when pickled (one more copy); anything else is pickled by value.
