@@ -53,9 +53,14 @@ class Hedger:
             self._at = st.requests
         return self._after_s
 
+    def _start(self, idx: list[int]) -> asyncio.Future[tuple[Any, float]]:
+        """Issue a read now. Counted here, not when its task first runs: reads issued in the same loop
+        turn must count as issued before or after one another in the order they were issued."""
+        self._started += 1
+        return asyncio.ensure_future(self._timed(idx))
+
     async def _timed(self, idx: list[int]) -> tuple[Any, float]:
         t0 = time.perf_counter()
-        self._started += 1
         try:
             part = await self._read(idx)
         finally:
@@ -66,10 +71,11 @@ class Hedger:
         """``(result, seconds)`` of reading ``idx``, racing a second request if the first straggles."""
         after = self.after()
         if after is None:  # no latencies to judge by yet (or hedging off): no task to race
+            self._started += 1
             return await self._timed(idx)
         ahead, finished = self._started - self._finished, self._finished  # reads in flight before this one
-        issued = self._started + 1  # reads started once this one has
-        first = asyncio.ensure_future(self._timed(idx))
+        first = self._start(idx)
+        issued = self._started  # reads issued up to and including this one
         wait = after
         while True:
             done, _ = await asyncio.wait({first}, timeout=wait)
@@ -83,7 +89,7 @@ class Hedger:
                 break
             wait = max(self._floor_s, after / 4)
         self._stats.hedges += 1
-        second = asyncio.ensure_future(self._timed(idx))
+        second = self._start(idx)
         pending = {first, second}
         error: BaseException | None = None
         while pending:

@@ -3,9 +3,13 @@ and the losing read still runs to its end before the epoch's loop closes."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from asyncload import AsyncLoader
+from asyncload.hedging import Hedger
+from asyncload.stats import Stats
 
 from .conftest import ROWS, wait_no_loop_threads
 from .sources import StragglerSource
@@ -45,3 +49,29 @@ def test_a_straggler_with_nothing_behind_it_is_hedged_on_time(seg_url) -> None:
     s = loader.stats()
     assert src.stalled >= 1 and s["hedges"] >= 1 and s["hedges_won"] >= 1
     assert src.in_flight == 0
+
+
+def test_reads_issued_in_one_loop_turn_are_not_counted_as_overtaking_each_other() -> None:
+    """Four reads issued together, then a fifth: the fourth is slower than the three issued with it, but no
+    read issued *after* it has finished, so it is queued behind its peers, not a straggler. (Counted when
+    their tasks first ran, the three looked issued after it, and it was hedged.)"""
+    seconds = {0: 0.3, 1: 0.3, 2: 0.3, 3: 1.0, 4: 2.0}
+    calls = {i: 0 for i in seconds}
+
+    async def read(idx: list[int]) -> list[int]:
+        calls[idx[0]] += 1
+        await asyncio.sleep(seconds[idx[0]])
+        return idx
+
+    async def main() -> None:
+        stats = Stats()
+        stats.latencies.extend([0.05] * 64)  # hedge after 3 x 0.05 s
+        hedger = Hedger(read, stats, 3.0, 0.05)
+        first = [asyncio.ensure_future(hedger.read([i])) for i in range(4)]  # one loop turn
+        await asyncio.sleep(0.02)
+        results = await asyncio.gather(*first, hedger.read([4]))
+        assert [r for r, _ in results] == [[i] for i in range(5)]
+        await hedger.drain()
+
+    asyncio.run(main())
+    assert calls == {0: 1, 1: 1, 2: 1, 3: 1, 4: 2}  # read 4 has nothing behind it: hedged on time
