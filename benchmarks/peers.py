@@ -178,12 +178,17 @@ def _count(batch: Any) -> int:
     return len(batch)
 
 
+def _stat_cpu_s(path: str, reaped: bool = False) -> float:
+    """CPU seconds (user + system) in a ``/proc/.../stat`` file, with reaped children's if ``reaped``."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
+
+
 def proc_cpu_s(pid: int, reaped: bool = False) -> float:
     """CPU seconds (user + system) of one process from /proc, with its reaped children's if ``reaped``."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
+        return _stat_cpu_s(f"/proc/{pid}/stat", reaped)
     except (OSError, IndexError, ValueError):
         return 0.0
 
@@ -215,18 +220,16 @@ def net_counters() -> dict[str, int]:
 def thread_cpu_s() -> dict[str, float]:
     """CPU seconds of this process's live threads, grouped by kind: Deep Lake's storage/decode pool
     (``B_<n>``), its other named threads, and the Python threads (the loop, the CPU pool, the consumer)."""
-    tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for tid in os.listdir("/proc/self/task"):
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = _stat_cpu_s(f"/proc/self/task/{tid}/stat")
         except OSError:
             continue
         group = "deeplake B_*" if name.startswith("B_") else ("python threads" if name == "python" else name)
-        out[group] = out.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        out[group] = out.get(group, 0.0) + cpu
     return out
 
 
