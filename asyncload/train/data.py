@@ -17,6 +17,7 @@ from ..loader import AsyncLoader
 from ..sampler import EpochSampler, Shard
 from ..sources.deeplake import DeepLakeSource
 from ..sources.subset import RangeSource
+from ..state import EpochProgress, with_progress
 from .config import TrainConfig
 
 
@@ -120,7 +121,8 @@ class TrainedPrefix:
         self.loader.set_epoch(epoch)
 
     def state_dict(self, batches_consumed: int) -> dict[str, Any]:
-        return {**self.loader.state_dict(), "next": batches_consumed, "extra": []}
+        state = self.loader.state_dict()
+        return with_progress(state, EpochProgress(state["epoch"], state["total"], batches_consumed))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.loader.load_state_dict(state)
