@@ -61,6 +61,10 @@ class ConcurrencyTuner:
         self.history.append((self.samples, rate, why))
         return self.samples
 
+    def _up(self, samples: int) -> int:
+        """One step up: double in slow start, then +25%."""
+        return samples * 2 if self.slow_start else math.ceil(samples * 1.25)
+
     def observe(self, obs: Observation) -> int:
         """Feed one interval's figures; returns the samples in flight for the next interval."""
         rate, samples = obs.samples_per_s, self.samples
@@ -83,8 +87,7 @@ class ConcurrencyTuner:
             # Judge the last step up: did it pay?
             if rate > self._prev_rate * (1 + self.gain) or (unloaded and rate >= self._prev_rate * 0.95):
                 self._prev_samples, self._prev_rate = samples, rate
-                step = samples * 2 if self.slow_start else math.ceil(samples * 1.25)
-                return self._set(step, "step paid: up", rate)
+                return self._set(self._up(samples), "step paid: up", rate)
             back = self._prev_samples
             self.slow_start = False
             self._prev_samples, self._held = None, 0
@@ -94,6 +97,5 @@ class ConcurrencyTuner:
             if samples >= self.high:
                 return self._set(samples, "at the upper bound", rate)
             self._prev_samples, self._prev_rate, self._held = samples, rate, 0
-            step = samples * 2 if self.slow_start else math.ceil(samples * 1.25)
-            return self._set(step, "probe up" if not self.slow_start else "slow start: up", rate)
+            return self._set(self._up(samples), "probe up" if not self.slow_start else "slow start: up", rate)
         return self._set(samples, "hold", rate)
