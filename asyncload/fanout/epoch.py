@@ -33,7 +33,7 @@ from ..sources.base import Source
 from ..state import EpochProgress
 from ..stats import Stats
 from .pool import _how_it_ended, _Pool
-from .wire import _TERMINAL, Batch, Cancelled, Credit, End, Failed, _add_figures
+from .wire import Batch, Cancelled, Credit, End, Failed, Terminal, _add_figures
 
 
 @dataclass
@@ -207,7 +207,7 @@ class FanoutEpoch(Epoch):
                     self._died(t, exc)
                 if getattr(msg, "gen", None) != gen:
                     continue  # an abandoned epoch's: dropped (its shared memory freed with it)
-                if isinstance(msg, _TERMINAL):
+                if isinstance(msg, Terminal):
                     self._pool.busy.discard(t.index)  # the worker is idle again
                 if isinstance(msg, End):
                     _add_figures(self._stats, msg.figures)

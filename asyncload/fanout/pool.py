@@ -40,7 +40,7 @@ from ..sampler import EpochSampler, Shard
 from ..sources.base import Source
 from ..stats import Stats
 from .shares import _per_worker, sub_shard
-from .wire import _CREDITS, _STOP, _TERMINAL, Cancel, End, StartEpoch, _add_figures, _Channel
+from .wire import _CREDITS, _STOP, Cancel, End, StartEpoch, Terminal, _add_figures, _Channel
 from .worker import _worker_main, _WorkerSpec
 
 log = logging.getLogger("asyncload")
@@ -256,7 +256,7 @@ class _Pool:
                         )
                         self.close()
                         return
-                    if isinstance(msg, _TERMINAL) and msg.gen == gen:
+                    if isinstance(msg, Terminal) and msg.gen == gen:
                         self.busy.discard(conns[r])
                         if isinstance(msg, End) and stats is not None:
                             _add_figures(stats, msg.figures)

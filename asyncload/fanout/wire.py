@@ -112,8 +112,7 @@ class Cancelled:
     gen: int
 
 
-Terminal = End | Failed | Cancelled  # one per StartEpoch, the last message of that epoch
-_TERMINAL = (End, Failed, Cancelled)
+Terminal = End | Failed | Cancelled  # one per StartEpoch, the last message of that epoch (also for isinstance)
 
 
 # -- the figures an End carries --------------------------------------------------------------------
