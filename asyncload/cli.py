@@ -1,14 +1,36 @@
-"""The ``asyncload`` command: make a dataset, load one and report throughput, run the demo."""
+"""The ``asyncload`` command: make a dataset, load one and report throughput, run the demo.
+
+Bad input never ends in a traceback: ``main`` turns any error into one line on stderr,
+``asyncload <cmd>: <what is wrong>``, and an exit status: 2 for a usage error (an argument or a setting,
+``ConfigError``), 1 for a data or I/O error (a missing dataset, column or file, a failed read), 130 for
+Ctrl-C. ``--debug`` (before or after the subcommand) or ``ASYNCLOAD_DEBUG=1`` prints the traceback too.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
+USAGE_ERROR, DATA_ERROR, INTERRUPTED = 2, 1, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (argparse prints the whole usage first); subparsers
+    inherit the class, so ``asyncload load --batch-size x`` answers the same way."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _add_debug(p: argparse.ArgumentParser, default: Any) -> None:
+    """``--debug`` on the top parser (default False) and on each subcommand (default SUPPRESS, so a
+    subcommand that is not given it leaves the top parser's answer alone)."""
+    p.add_argument("--debug", action="store_true", default=default, help="print the traceback of an error")
 
 
 def _concurrency(text: str) -> int | str:
@@ -53,25 +75,31 @@ def _cmd_make(args: argparse.Namespace) -> int:
 
 
 def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) -> None:
+    """Time the sequential baseline, then asyncload. The source is opened and the loaders built first,
+    so a missing dataset or column and a bad setting fail as asyncload's named errors before anything is
+    timed, not as Deep Lake's from inside the baseline."""
+    import dataclasses
+
     from .loader import AsyncLoader
     from .measure import measure, sequential, table
     from .sources.deeplake import DeepLakeSource
 
     columns = tuple(c for c in args.columns.split(",") if c)
     src = _source(args, columns) if getattr(args, "url", None) else DeepLakeSource(url, columns)
-    rows = []
-    base = measure(
-        f"sequential ds[i][col] ({sequential_limit} rows)",
-        sequential(src.url, columns, sequential_limit),
-        count=lambda _: 1,
-    )
-    rows.append(base)
+    src.open()
     modes = ("column", "row") if args.read_mode == "both" else (args.read_mode,)
-    for mode in modes:
-        loader = AsyncLoader(
+    loaders = [
+        AsyncLoader(
             src, args.batch_size, shuffle=args.shuffle, seed=args.seed, concurrency=args.concurrency,
             prefetch=args.prefetch, read_mode=mode,
         )  # fmt: skip
+        for mode in modes
+    ]
+    base = measure("sequential", sequential(src.url, columns, sequential_limit), count=lambda _: 1)
+    # named after the rows it read: a dataset shorter than the limit is read whole, not to the limit
+    base = dataclasses.replace(base, name=f"sequential ds[i][col] ({base.samples} rows)")
+    rows = [base]
+    for loader in loaders:
         rows.append(measure(f"asyncload {loader.read_mode} reads, concurrency {args.concurrency}", loader))
     print(f"\n{len(src)} rows, columns {columns}, from {src.url}\n")
     print(table(rows, base))
@@ -86,14 +114,17 @@ def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
     """The ``DeepLakeSource`` that ``--creds``, ``--token``, ``--version`` and ``--query`` describe."""
     import json
 
+    from .errors import ConfigError
     from .sources.deeplake import DeepLakeSource
 
     creds = None
     if args.creds:
+        with open(args.creds, encoding="utf-8") as f:  # a missing file is an I/O error: main says so
+            text = f.read()
         try:
-            creds = json.loads(open(args.creds).read())
-        except (OSError, ValueError) as exc:
-            raise SystemExit(f"asyncload: --creds {args.creds}: {exc}") from None
+            creds = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(f"--creds {args.creds}: not valid JSON ({exc})") from None
     return DeepLakeSource(
         args.url, columns, creds=creds, token=args.token, version=args.version, query=args.query, profile=args.profile
     )
@@ -102,15 +133,9 @@ def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .errors import AsyncLoadError
-
     src = _source(args, ("*",))
-    try:
-        ds = src.dataset()
-        rows = src._run_query(ds).tolist() if src.query is not None else list(range(len(ds)))
-    except AsyncLoadError as exc:
-        print(f"asyncload inspect: cannot open {src.url}: {exc}", file=sys.stderr)
-        return 2
+    ds = src.dataset()
+    rows = src._run_query(ds).tolist() if src.query is not None else list(range(len(ds)))
     where = src.url + (f" at version {args.version}" if args.version else "")
     print(f"{where}: {len(ds)} rows (commit {ds.version})")
     if src.query is not None:
@@ -173,8 +198,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from ._version import __version__
 
-    p = argparse.ArgumentParser(prog="asyncload", description=__doc__)
+    p = _Parser(prog="asyncload", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"asyncload {__version__}")
+    _add_debug(p, False)
     sub = p.add_subparsers(dest="command", required=True)
 
     m = sub.add_parser("make-dataset", help="write a synthetic segmentation dataset (images + masks)")
@@ -217,12 +243,45 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rows", type=int, default=1000)
     _add_load_options(d)
     d.set_defaults(func=_cmd_demo)
+    for cmd in (m, ld, i, t, b, d):
+        _add_debug(cmd, argparse.SUPPRESS)
     return p
 
 
+def _explain(exc: Exception) -> tuple[int, str]:
+    """The exit status and the one line for ``exc``. asyncload's own errors already name the URL, the
+    column or the setting; an OSError names its file; anything else is unexpected, so its type is shown
+    and the way to its traceback."""
+    from .errors import AsyncLoadError, ConfigError
+
+    if isinstance(exc, ConfigError):
+        return USAGE_ERROR, str(exc)
+    if isinstance(exc, AsyncLoadError):
+        return DATA_ERROR, str(exc)
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return DATA_ERROR, f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, OSError):
+        return DATA_ERROR, str(exc) or type(exc).__name__
+    return DATA_ERROR, f"{type(exc).__name__}: {exc} (--debug shows the traceback)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. The single place where an error becomes one line and an exit status (see the
+    module docstring): subcommands raise, none of them prints its own error."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    debug = args.debug or os.environ.get("ASYNCLOAD_DEBUG", "") not in ("", "0")
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        return INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - every error ends here as one line
+        if debug:
+            traceback.print_exc()
+        status, line = _explain(exc)
+        print(f"asyncload {args.command}: {' '.join(line.splitlines())}", file=sys.stderr)  # one line, always
+        return status
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import deeplake
 import pytest
 
-from asyncload import AsyncLoader
+from asyncload import AsyncLoader, make_dataset
 from asyncload.cli import main
 
 from .remote_fixtures import remote_data, seaweed
@@ -58,9 +59,110 @@ def test_version_query_and_program_version(tmp_path, capsys) -> None:
     assert "| asyncload row reads, concurrency auto | 12 |" in capsys.readouterr().out
 
 
-def test_inspect_of_a_missing_dataset_is_one_line_and_exit_2(tmp_path, capsys) -> None:
-    assert main(["inspect", str(tmp_path / "none")]) == 2
-    assert f"asyncload inspect: cannot open file://{tmp_path / 'none'}" in capsys.readouterr().err
+# -- bad input: one line on stderr, exit 2 (usage) or 1 (data, I/O), the traceback only when asked ----------
+
+
+@pytest.fixture(autouse=True)
+def _no_debug_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A developer's ASYNCLOAD_DEBUG=1 must not turn the one-line checks below into tracebacks."""
+    monkeypatch.delenv("ASYNCLOAD_DEBUG", raising=False)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 20-row dataset (columns images, masks): shorter than the baseline's default 500 rows."""
+    path = tmp_path_factory.mktemp("cli") / "small"
+    make_dataset(str(path), 20, height=16, width=16, progress=False)
+    return path
+
+
+def one_line(err: str) -> str:
+    """The only line of ``err``, which must not hold a traceback."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_inspect_of_a_missing_dataset_is_one_line_and_exit_1(tmp_path, capsys) -> None:
+    assert main(["inspect", str(tmp_path / "none")]) == 1
+    line = one_line(capsys.readouterr().err)
+    assert line == f"asyncload inspect: no Deep Lake dataset at file://{tmp_path / 'none'}"
+
+
+def test_load_of_a_missing_dataset_is_one_line_and_exit_1(tmp_path, capsys) -> None:
+    assert main(["load", str(tmp_path / "none")]) == 1
+    captured = capsys.readouterr()
+    assert one_line(captured.err) == f"asyncload load: no Deep Lake dataset at file://{tmp_path / 'none'}"
+    assert "sequential" not in captured.out  # failed before the baseline, as asyncload's own error
+    assert main(["--debug", "load", str(tmp_path / "none")]) == 1  # --debug before the subcommand
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "DatasetNotFoundError" in err
+    assert err.splitlines()[-1] == f"asyncload load: no Deep Lake dataset at file://{tmp_path / 'none'}"
+
+
+def test_load_with_a_misspelt_column_names_it_and_the_columns_there(small, capsys, monkeypatch) -> None:
+    assert main(["load", str(small), "--columns", "images,maks"]) == 1
+    assert one_line(capsys.readouterr().err) == (
+        f"asyncload load: column 'maks' is not in Deep Lake dataset file://{small} (its columns: images, masks)"
+    )
+    monkeypatch.setenv("ASYNCLOAD_DEBUG", "1")
+    assert main(["load", str(small), "--columns", "images,maks"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ColumnNotFoundError" in err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("debug", [None, "--debug", "ASYNCLOAD_DEBUG=1"])
+def test_load_batch_size_0_is_a_usage_error_exit_2(small, tmp_path, debug) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCLOAD_DEBUG"}
+    argv = [sys.executable, "-m", "asyncload", "load", str(small), "--batch-size", "0"]
+    if debug == "--debug":
+        argv.append(debug)  # after the subcommand works too
+    elif debug:
+        env["ASYNCLOAD_DEBUG"] = "1"
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env)
+    assert done.returncode == 2 and "sequential" not in done.stdout  # checked before anything is timed
+    line = "asyncload load: batch_size=0 is not allowed: an int >= 1"
+    if debug is None:
+        assert one_line(done.stderr) == line
+    else:
+        assert "Traceback" in done.stderr and "ConfigError" in done.stderr
+        assert done.stderr.splitlines()[-1] == line
+
+
+@pytest.mark.timeout(60)
+def test_train_with_a_missing_config_file_is_one_line_and_exit_1(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ASYNCLOAD_DEBUG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncload", "train", "--config", "missing.yaml"],
+        capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert one_line(done.stderr) == "asyncload train: missing.yaml: No such file or directory"
+
+
+def test_a_bad_argument_is_one_line_and_exit_2(small, capsys) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["load", str(small), "--batch-size", "x"])
+    assert done.value.code == 2
+    line = one_line(capsys.readouterr().err)
+    assert line == "asyncload load: argument --batch-size: invalid int value: 'x' (see asyncload load --help)"
+
+
+def test_ctrl_c_exits_130_quietly(small, capsys, monkeypatch) -> None:
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("asyncload.cli._cmd_inspect", interrupted)
+    assert main(["inspect", str(small)]) == 130
+    assert capsys.readouterr().err == ""
+
+
+def test_load_names_the_baseline_after_the_rows_it_read(small, capsys) -> None:
+    assert main(["load", str(small), "--batch-size", "8"]) == 0  # --sequential-rows 500, 20 rows there
+    out = capsys.readouterr().out
+    assert "| sequential ds[i][col] (20 rows) | 20 |" in out and "500 rows" not in out
 
 
 def test_every_subcommand_has_help() -> None:
@@ -154,5 +256,6 @@ def test_inspect_a_dataset_on_s3_with_creds_and_a_query(remote_data, tmp_path, c
     out = capsys.readouterr().out
     assert f"{url}: {remote_data.rows} rows" in out and "query 'SELECT * LIMIT 7': 7 rows" in out and "images" in out
     assert remote_data.server.secret_key not in out
-    assert main(["inspect", url]) == 2  # no credentials: a one-line error naming the URL, not a traceback
-    assert f"asyncload inspect: cannot open {url}" in capsys.readouterr().err
+    assert main(["inspect", url]) == 1  # no credentials: a one-line error naming the URL, not a traceback
+    line = one_line(capsys.readouterr().err)
+    assert line.startswith("asyncload inspect: ") and url in line
