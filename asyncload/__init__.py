@@ -10,6 +10,8 @@ Public API::
 """
 
 from ._version import __version__
+from .augment import RandomHorizontalFlip, RandomResizedCrop, Resize
+from .codecs import DecodeError
 from .config import load_config
 from .dataset import AsyncIterableDataset
 from .device import DeviceFeed
@@ -45,6 +47,7 @@ __all__ = [
     "ColumnNotFoundError",
     "ConfigError",
     "DatasetNotFoundError",
+    "DecodeError",
     "DeepLakeSource",
     "DeviceFeed",
     "Epoch",
@@ -52,9 +55,12 @@ __all__ = [
     "EpochSampler",
     "LoaderOptions",
     "ObjectStoreSource",
+    "RandomHorizontalFlip",
+    "RandomResizedCrop",
     "RangeSource",
     "ReadError",
     "RemoteError",
+    "Resize",
     "Shard",
     "Source",
     "SourceError",

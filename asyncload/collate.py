@@ -44,6 +44,11 @@ def set_allocator(allocator: Allocator | None) -> Allocator:
     return previous
 
 
+def allocate(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new batch tensor where this process keeps them (see ``set_allocator``)."""
+    return _allocate(shape, dtype)
+
+
 class CollateError(AsyncLoadError, ValueError):
     """Samples of one column cannot be stacked into a batch tensor."""
 

@@ -15,11 +15,12 @@ import dataclasses
 import difflib
 import numbers
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._loop import LoopKind
+from .augment import Augment, Op
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
 from .errors import ConfigError
@@ -28,6 +29,14 @@ from .sampler import EpochSampler, Remainder, Shard
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
 MpContext = Literal["spawn", "forkserver"]
+
+
+def _decode_ok(v: Any) -> bool:
+    return v in ("auto", "cpu", "store", "cuda") or (isinstance(v, str) and v.startswith("cuda:") and v[5:].isdigit())
+
+
+def _budget_ok(v: Any) -> bool:
+    return v == "auto" or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1)
 
 
 def _ragged_ok(v: Any) -> bool:
@@ -62,6 +71,11 @@ class LoaderOptions:
     shutdown_timeout: float = setting(10.0, "a number of seconds > 0", lambda v: v > 0)
     log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
     hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
+    decode: str = setting("auto", "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'", _decode_ok)
+    augment: Augment | Sequence[Op] | Op | None = setting(
+        None, "None or a list of Resize, RandomResizedCrop and RandomHorizontalFlip"
+    )
+    memory_budget: int | Literal["auto"] = setting("auto", "'auto' or a number of bytes >= 1", _budget_ok)
     processes: int = setting(0, "an int >= 0 (0: read in this process)", lambda v: v >= 0)
     mp_context: MpContext = setting(
         "spawn", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
@@ -71,11 +85,28 @@ class LoaderOptions:
         validate(self)
         if isinstance(self.ragged, Mapping):  # frozen and hashable-free: keep a private copy
             object.__setattr__(self, "ragged", dict(self.ragged))
+        if self.augment is not None and not isinstance(self.augment, Augment):
+            object.__setattr__(self, "augment", Augment(self.augment))  # validated: names the op that is wrong
+
+    @property
+    def budget_bytes(self) -> int:
+        """``memory_budget`` in bytes: ``"auto"`` is 1 GiB, or an eighth of this machine's memory where
+        that is less."""
+        if self.memory_budget != "auto":
+            return int(self.memory_budget)
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 8 << 30
+        return min(1 << 30, total // 8)
 
     @property
     def cpu_pool(self) -> int:
-        """Threads of the loop's CPU pool (transform and collate): ``cpu_workers``, or up to 4 cores."""
-        return self.cpu_workers or min(4, os.cpu_count() or 1)
+        """Threads of the loop's CPU pool (decode, transform, collate): ``cpu_workers``, or one per core
+        this process may run on (decoding releases the GIL and scales with cores), at least 2."""
+        from .sources.imagecodec import default_workers
+
+        return self.cpu_workers or max(2, default_workers())
 
     def sampler(self, n: int, shard: Shard) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows."""

@@ -20,6 +20,10 @@ parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to 
   queue and lets the requests in flight finish.
 - With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
   left out; each is recorded (index and cause) in the stats.
+- Memory is bounded in bytes too (``plan.budget``): a new batch takes a slot only while the batches alive
+  (being read, decoded or ready) are estimated to fit, at the bytes per sample seen so far (stored bytes
+  read plus decoded output). One batch is always allowed, so a sample larger than the budget cannot
+  deadlock; until the first read has answered, the first batch is the only one alive.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from .assembly import assemble
 from .errors import ReadError, read_error
 from .hedging import Hedger
 from .plan import Plan
+from .sources.base import stored_bytes
 from .stats import Stats
 from .tuning import Observation
 
@@ -113,15 +118,26 @@ class Pipeline:
         self._gate = _RequestGate(first if self._held else plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
         self.stats.concurrency = plan.requests * plan.request_size
+        # the byte budget: batches alive, and the bytes a sample has cost (read, and decoded) so far
+        self._alive = 0
+        self._read_cost = 0.0  # bytes read per sample (stored bytes, or the store's decoded arrays)
+        self._out_cost = 0.0  # bytes per sample of assembled batches
+        self._room: asyncio.Future[None] | None = None
+        self._ready_bytes: collections.deque[int] = collections.deque()  # of delivered batches, in order
+        self.stats.memory_budget = plan.budget
 
     async def run(self) -> None:
         plan = self.plan
+        if plan.stage is not None:  # the fetchers' reads return these columns' stored bytes
+            stored_bytes.set(plan.stage.encoded)
         fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
         watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
         for pos, (seq, indices) in enumerate(plan.batches):
+            await self._budget_room()
             await self._slots.acquire()
             if self.stopping:
                 break
+            self._alive += 1
             starts = range(0, len(indices), plan.request_size)
             batch = _Batch(pos, seq, indices, pending=len(starts))
             for s in starts:
@@ -189,8 +205,35 @@ class Pipeline:
                 self.allow(max(1, samples // plan.request_size))
             t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
 
+    # -- the byte budget -------------------------------------------------------------------------
+    def _fits(self) -> bool:
+        if self._alive == 0 or self.stopping:
+            return True
+        if not self._read_cost:  # nothing measured yet: the first batch alone
+            return False
+        per_batch = self.plan.batch_size * (self._read_cost + self._out_cost)
+        return (self._alive + 1) * per_batch <= self.plan.budget
+
+    async def _budget_room(self) -> None:
+        while not self._fits():
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+
+    def _budget_changed(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+    def _hold(self, nbytes: int) -> None:
+        st = self.stats
+        st.bytes_held += nbytes
+        st.bytes_held_peak = max(st.bytes_held_peak, st.bytes_held)
+
     # -- scheduled by the consumer ---------------------------------------------------------------
     def release_slot(self) -> None:
+        self._alive -= 1
+        if self._ready_bytes:
+            self.stats.bytes_held -= self._ready_bytes.popleft()
+        self._budget_changed()
         if self._slot_debt:
             self._slot_debt -= 1
             return
@@ -201,6 +244,7 @@ class Pipeline:
         if self.stopping:
             return
         self.stopping = True
+        self._budget_changed()
         while not self._work.empty():
             self._work.get_nowait()
         for _ in range(self.plan.fetchers):  # the drain may have taken the producer's end markers
@@ -227,7 +271,14 @@ class Pipeline:
                 self._held = None
         stats.latencies.append(seconds)
         stats.samples_read += len(idx)
-        stats.bytes_read += _nbytes(part)
+        nbytes = _nbytes(part)
+        stats.bytes_read += nbytes
+        self._hold(nbytes)
+        first = not self._read_cost
+        self._read_cost = max(self._read_cost, nbytes / max(1, len(idx)))
+        if first:
+            self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
+            self._budget_changed()
         return part
 
     async def _fetch(self) -> None:
@@ -264,17 +315,29 @@ class Pipeline:
 
     # -- assemble and deliver --------------------------------------------------------------------
     async def _finish(self, batch: _Batch) -> None:
+        ordered = [batch.parts[s] for s in sorted(batch.parts)]
+        read = sum(_nbytes(p) for _, p in ordered)
         try:
-            ordered = [batch.parts[s] for s in sorted(batch.parts)]
-            count, out, skipped = await self.lt.run_cpu(assemble, self.plan, ordered)
+            done = await self.lt.run_cpu(assemble, self.plan, ordered)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer
             exc.add_note(
                 f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}"
             )
             self._fail(batch, exc)
             return
-        self.stats.record_skipped(batch.skipped + skipped)
-        self._deliver(batch.pos, Ready(batch.seq, count, out))
+        finally:
+            batch.parts.clear()
+            self.stats.bytes_held -= read
+        st = self.stats
+        st.cpu_decode_s += done.decode_s
+        st.cpu_collate_s += done.collate_s
+        out_bytes = _batch_bytes(done.batch)
+        self._hold(out_bytes)
+        if done.count:
+            self._out_cost = max(self._out_cost, out_bytes / done.count)
+        st.record_skipped(batch.skipped + done.skipped)
+        self._ready_bytes.append(out_bytes)
+        self._deliver(batch.pos, Ready(batch.seq, done.count, done.batch))
 
     def _fail(self, batch: _Batch, exc: BaseException) -> None:
         if batch.failed:
@@ -294,11 +357,47 @@ class Pipeline:
 
 
 def _nbytes(part: Any) -> int:
-    """Decoded bytes in a read result (``{column: ndarray or list of ndarrays}``)."""
+    """Bytes in a read result (``{column: ndarray, or a list of ndarrays or stored bytes}``)."""
     total = 0
     for value in part.values():
         if hasattr(value, "nbytes"):
             total += int(value.nbytes)
         else:
-            total += sum(int(getattr(v, "nbytes", 0)) for v in value)
+            total += sum(len(v) if isinstance(v, (bytes, bytearray)) else int(getattr(v, "nbytes", 0)) for v in value)
     return total
+
+
+def _batch_bytes(batch: Any) -> int:
+    """Bytes of the tensors in a batch (a dict of tensors or lists of them; anything else counts 0)."""
+    if isinstance(batch, dict):
+        return sum(_batch_bytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_bytes(v) for v in batch)
+    nbytes = getattr(batch, "nbytes", None)
+    return int(nbytes) if isinstance(nbytes, int) else 0
+
+
+def _decoded_ratio(plan: Plan, part: Any) -> float:
+    """Decoded bytes per byte read, guessed from the first read before any batch is assembled: the
+    stored images' headers say how big they decode (or the augmentation's output size does)."""
+    stage = plan.stage
+    if stage is None or not stage.encoded:
+        return 1.0
+    from . import codecs
+
+    read = decoded = 0
+    for c, values in part.items():
+        for v in values:
+            if isinstance(v, (bytes, bytearray)) and c in stage.columns:
+                read += len(v)
+                try:
+                    h = codecs.header(v)
+                except codecs.DecodeError:
+                    continue
+                size = stage.augment.out_size if stage.augment and stage.augment.out_size else (h.height, h.width)
+                decoded += size[0] * size[1] * (3 if stage.columns[c].role == "image" else 1)
+            else:
+                n = len(v) if isinstance(v, (bytes, bytearray)) else int(getattr(v, "nbytes", 0))
+                read += n
+                decoded += n
+    return max(1.0, decoded / read) if read else 1.0

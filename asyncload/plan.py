@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .collate import CollateFn, RaggedSpec, Transform
+from .decode import Stage
 from .options import OnError
 from .sources.base import Source
 from .tuning import ConcurrencyTuner
@@ -37,6 +38,8 @@ class Plan:
     hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
     hedge_min_s: float = 0.05
     ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
+    stage: Stage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
+    budget: int = 1 << 30  # bytes of batches alive (read, decoded, ready) the pipeline aims to stay within
 
     def slots(self, requests: int) -> int:
         """Batches alive at once for ``requests`` in flight: prefetch + those being read + 1."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .decode import decode_stage
 from .epoch import EpochIterator
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
@@ -34,6 +35,7 @@ class ShardReader:
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
         self.sampler = o.sampler(len(source), shard)
         self._tuner: ConcurrencyTuner | None = None
+        self._stage = decode_stage(source, o)
 
     def plan(self, epoch: int, progress: EpochProgress) -> Plan:
         """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``."""
@@ -50,11 +52,12 @@ class ShardReader:
         requests = max(1, tuner.samples // size) if tuner else fetchers
         self.source.configure(fetchers, fetchers * size)
         batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
+        stage = self._stage.for_epoch(epoch) if self._stage is not None else None
         return Plan(
             source=self.source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
             collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
-            log_every=o.log_every, hedge=o.hedge, ragged=o.ragged,
+            log_every=o.log_every, hedge=o.hedge, ragged=o.ragged, stage=stage, budget=o.budget_bytes,
         )  # fmt: skip
 
     def epoch(self, epoch: int, progress: EpochProgress) -> EpochIterator:

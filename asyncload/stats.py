@@ -34,6 +34,11 @@ class Stats:
     hedges: int = 0  # second requests sent for stragglers
     hedges_won: int = 0  # ... that answered first
     skipped: int = 0
+    memory_budget: int = 0  # the byte budget of batches alive (read, decoded, ready)
+    bytes_held: int = 0  # bytes read and decoded that the pipeline holds now (ready batches included)
+    bytes_held_peak: int = 0
+    cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
+    cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
     skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
 
@@ -66,6 +71,11 @@ class Stats:
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,
+            "memory_budget": self.memory_budget,
+            "bytes_held": self.bytes_held,
+            "bytes_held_peak": self.bytes_held_peak,
+            "cpu_decode_s": self.cpu_decode_s,
+            "cpu_collate_s": self.cpu_collate_s,
             **pct,
         }
 

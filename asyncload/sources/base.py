@@ -9,17 +9,28 @@ is what lets a source be handed to DataLoader workers under fork, spawn and fork
 from __future__ import annotations
 
 import abc
+import contextvars
 import os
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any, Generic, Literal, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
 
 from .._loop import Stage, on_exit
 
+if TYPE_CHECKING:
+    from ..decode import ImageColumn
+
 H = TypeVar("H")
+
+#: The columns the running read should return as their stored bytes (one ``bytes`` per sample) for the
+#: loader's decode stage, instead of decoded arrays. A context variable, set by the pipeline around its
+#: fetchers, rather than an argument of ``read``: ``read(indices)`` stays the one method a source
+#: implements, and a user's subclass that wraps ``super().read(indices)`` keeps working unchanged. A
+#: source that ignores it returns arrays, which the decode stage takes as they are.
+stored_bytes: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stored_bytes", default=frozenset())
 
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
 #: ndarray stacked on its first axis.
@@ -126,6 +137,12 @@ class Source(abc.ABC, Generic[H]):
         """The read mode ``read_mode="auto"`` picks: "column" (many indices per request) unless a
         source measured otherwise."""
         return "column"
+
+    def image_columns(self) -> Mapping[str, ImageColumn]:
+        """The requested columns that hold images or masks, with their role and, where asyncload can
+        decode the stored bytes itself (JPEG, PNG), their codec. Other columns pass through the decode
+        stage untouched. Called once the source is open."""
+        return {}
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         """Hint from the loader: how many read requests, covering how many samples, it will keep in

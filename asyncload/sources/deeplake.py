@@ -24,7 +24,7 @@ import numpy as np
 
 from .._loop import call_in_thread
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
-from .base import Columns, Source
+from .base import Columns, Source, stored_bytes
 
 StorageConcurrency = int | Literal["auto"] | None
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
@@ -228,6 +228,22 @@ class DeepLakeSource(Source[Any]):
         little cheaper in client CPU there (benchmarks/results/wan/deeplake.md)."""
         return "row"
 
+    def image_columns(self) -> dict[str, Any]:
+        """Image columns (``Image``) and segmentation masks (``SegmentMask``) among the requested ones; the
+        stored codec where it is JPEG or PNG (asyncload decodes those faster than the store does)."""
+        from ..decode import ImageColumn
+
+        schema = self.handle().schema
+        found: dict[str, ImageColumn] = {}
+        for c in self.columns:
+            t = schema[c].dtype
+            role = "image" if t.is_image else "mask" if t.is_segment_mask else None
+            if role is None or t.is_sequence or t.is_link:
+                continue
+            codec = {"jpeg": "jpeg", "jpg": "jpeg", "png": "png"}.get(str(t.sample_compression or "").lower())
+            found[c] = ImageColumn(role, codec)  # type: ignore[arg-type]
+        return found
+
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         """Nothing to do once the handle is open: Deep Lake sizes a dataset's connections when it opens
         it (see ``_size_storage_pool``), so raising the pool afterwards adds threads, not connections."""
@@ -250,11 +266,12 @@ class DeepLakeSource(Source[Any]):
         ds = self.handle()
         indices = self.row_ids(indices)
         cols = self.columns
+        raw = stored_bytes.get()  # columns the loader decodes itself: their stored bytes, undecoded
         if len(indices) == 1:
             row = ds[indices[0]]
-            makers = [lambda c=c: row.get_async(c) for c in cols]
+            makers = [lambda c=c: (row.get_bytes_async if c in raw else row.get_async)(c) for c in cols]
         else:
-            makers = [lambda c=c: ds[c].get_async(indices) for c in cols]
+            makers = [lambda c=c: (ds[c].get_bytes_async if c in raw else ds[c].get_async)(indices) for c in cols]
         # all issued first (they run at once), then each awaited in turn: no task per future
         futures = [m() for m in makers]
         out: Columns = {}

@@ -39,6 +39,9 @@ class RangeSource(Source[Any]):
     def preferred_read_mode(self) -> Literal["row", "column"]:
         return self.inner.preferred_read_mode
 
+    def image_columns(self) -> Any:
+        return self.inner.image_columns()
+
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         self.inner.configure(requests_in_flight, samples_in_flight)
 

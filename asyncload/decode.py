@@ -1,0 +1,311 @@
+"""The decode stage: a batch's stored image bytes and store-decoded arrays become its batch tensors.
+
+Runs on the loop's CPU pool (``assembly``), one batch per call, many batches at once. For each sample it
+decodes the stored bytes of image and mask columns (``codecs``: libjpeg-turbo, libspng, the GIL released)
+and applies the sample's ``augment.Draw`` (OpenCV: crop, resize, flip, also GIL-free), writing straight
+into the sample's row of the batch tensor, which is allocated once by ``collate``'s allocator (heap, or
+a fan-out worker's shared memory). Without a crop, a decode writes into that row itself: no intermediate
+array, no copy. With a crop, a JPEG whose crop shrinks a lot is decoded at 1/2, 1/4 or 1/8 scale into a
+per-thread scratch buffer first.
+
+A sample whose bytes do not decode is named (URL, column, row, the decoder's message) and raised as a
+``ReadError``, or, with ``on_error="skip"``, left out of the batch and reported.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from . import codecs
+from .augment import Augment, Draw
+from .codecs import DecodeError, Header
+from .collate import CollateError, allocate, collate_column
+from .errors import read_error
+
+Decode = Literal["auto", "cpu", "store", "cuda"] | str  # also "cuda:N"
+Role = Literal["image", "mask"]
+
+
+@dataclass(frozen=True)
+class ImageColumn:
+    """What the loader knows of an image-like column: ``role`` (an image, or a mask of class ids),
+    ``stored`` (the codec of its stored bytes when asyncload can decode them, else None: the store
+    decodes, as for lz4 masks)."""
+
+    role: Role
+    stored: Literal["jpeg", "png"] | None = None
+
+    @property
+    def mode(self) -> codecs.Mode:
+        return "rgb" if self.role == "image" else "gray"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """How one loader turns a batch's parts into its tensors; fixed for an epoch, pickled to workers."""
+
+    columns: Mapping[str, ImageColumn]  # the image-like columns, with their roles
+    encoded: frozenset[str]  # columns read as stored bytes and decoded here
+    augment: Augment | None
+    seed: int
+    epoch: int = 0
+    on_error: str = "raise"
+    url: str = ""
+    device: str | None = None  # "cuda[:N]": JPEG images decode on that GPU (``gpu``), the rest here
+
+    def for_epoch(self, epoch: int) -> Stage:
+        from dataclasses import replace
+
+        return replace(self, epoch=epoch)
+
+
+_scratch = threading.local()
+
+
+def _scratch_array(shape: tuple[int, ...]) -> np.ndarray:
+    """A per-thread buffer of ``shape`` (uint8), reused across samples: a cropped sample decodes here."""
+    n = int(np.prod(shape))
+    buf = getattr(_scratch, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch.buf = np.empty(max(n, 1 << 20), np.uint8)
+    return buf[:n].reshape(shape)
+
+
+def run(
+    stage: Stage,
+    cols: Sequence[str],
+    values: Mapping[str, Sequence[Any]],
+    rows: Sequence[int],
+    ragged: Callable[[str], Any] = lambda c: None,
+) -> tuple[dict[str, Any], list[int], list[tuple[int, str]]]:
+    """Decode and augment one batch. ``values[col][k]``: sample ``k``'s stored bytes (``encoded`` columns)
+    or array. Returns the image-like columns' tensors (rows of the good samples only), the positions
+    ``k`` of the good samples, and the skipped samples (row, why)."""
+    n = len(rows)
+    image_cols = [c for c in cols if c in stage.columns]
+    heads: dict[str, list[Header | None]] = {}
+    skipped: list[tuple[int, str]] = []
+    bad: set[int] = set()
+
+    def fail(k: int, col: str, exc: BaseException) -> None:
+        if stage.on_error != "skip":
+            raise read_error(stage.url, col, [rows[k]], exc) from None
+        if k not in bad:
+            bad.add(k)
+            skipped.append((rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
+
+    for c in image_cols:
+        if c in stage.encoded:
+            hs: list[Header | None] = []
+            for k, data in enumerate(values[c]):
+                try:
+                    hs.append(codecs.header(data))
+                except DecodeError as exc:
+                    fail(k, c, exc)
+                    hs.append(None)
+            heads[c] = hs
+
+    def size(c: str, k: int) -> tuple[int, int]:
+        if c in heads:
+            h = heads[c][k]
+            return (h.height, h.width) if h is not None else (0, 0)
+        return tuple(np.shape(values[c][k])[:2])  # type: ignore[return-value]
+
+    draws: list[Draw] | None = None
+    aug = stage.augment
+    if aug is not None and image_cols:
+        first = image_cols[0]
+        sizes = [size(first, k) for k in range(n)]
+        for c in image_cols[1:]:
+            for k in range(n):
+                if k not in bad and size(c, k) != sizes[k]:
+                    raise CollateError(
+                        f"row {rows[k]} of {stage.url}: column {c!r} is {size(c, k)[0]}x{size(c, k)[1]} but "
+                        f"{first!r} is {sizes[k][0]}x{sizes[k][1]}; paired augmentation needs them equal"
+                    )
+        draws = aug.draws(stage.seed, stage.epoch, rows, [s if s != (0, 0) else (1, 1) for s in sizes])
+
+    good = [k for k in range(n) if k not in bad]
+    fixed = aug.out_size if aug is not None and draws is not None else None
+    dest: dict[str, torch.Tensor | None] = {}
+    for c in image_cols:
+        tail = (3,) if stage.columns[c].role == "image" else ()
+        shapes = {(*fixed, *tail)} if fixed else {_shape(c, k, heads, values, stage.columns[c]) for k in good}
+        dest[c] = allocate((len(good), *shapes.pop()), torch.uint8) if len(shapes) == 1 else None
+    views = {c: t.numpy() for c, t in dest.items() if t is not None}
+    lists: dict[str, list[np.ndarray]] = {c: [] for c, t in dest.items() if t is None}
+    keep: list[int] = []
+    for k in good:  # sample by sample, every column: a sample that fails leaves no row behind
+        r = len(keep)
+        pending: dict[str, np.ndarray] = {}
+        try:
+            for c in image_cols:
+                col = stage.columns[c]
+                target = views[c][r] if c in views else None
+                if fixed is not None and target is not None and draws is not None and aug is not None:
+                    fill = aug.fills[0] if col.role == "image" else aug.fills[1]
+                    if c in stage.encoded:
+                        _decode_drawn(values[c][k], heads[c][k], col, draws[k], target, fill, aug)  # type: ignore[arg-type]
+                    else:
+                        apply(_as_hw(values[c][k], col), target, draws[k], col.role, fill, aug.interpolation)
+                    continue
+                if c in stage.encoded:
+                    arr = codecs.decode(values[c][k], col.mode, target, head=heads[c][k])
+                else:
+                    arr = _as_hw(values[c][k], col)
+                    if target is not None:
+                        target[...] = arr
+                        arr = target
+                if draws is not None and draws[k].flip:
+                    arr = arr[:, ::-1].copy() if target is None else _flip_in_place(target)
+                if target is None:
+                    pending[c] = arr
+        except DecodeError as exc:
+            fail(k, c, exc)
+            continue
+        for c, arr in pending.items():
+            lists[c].append(arr)
+        keep.append(k)
+    tensors: dict[str, Any] = {}
+    for c in image_cols:
+        t = dest[c]
+        if t is not None:
+            tensors[c] = t if len(keep) == len(t) else t[: len(keep)]
+        elif keep:
+            tensors.update(collate_column(c, [lists[c]], len(keep), [rows[k] for k in keep], ragged(c)))
+    return tensors, keep, skipped
+
+
+def _flip_in_place(a: np.ndarray) -> np.ndarray:
+    import cv2
+
+    cv2.flip(a, 1, dst=a)
+    return a
+
+
+def _shape(c: str, k: int, heads: Mapping[str, list[Header | None]], values: Mapping[str, Any], col: ImageColumn) -> tuple[int, ...]:
+    if c in heads:
+        h = heads[c][k]
+        assert h is not None
+        return (h.height, h.width, 3) if col.role == "image" else (h.height, h.width)
+    return tuple(_as_hw(values[c][k], col).shape)
+
+
+def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:
+    """A mask as ``H×W`` whatever its store returned (Deep Lake gives PNG masks a trailing axis of 1)."""
+    arr = np.asarray(arr)
+    if col.role == "mask" and arr.ndim == 3 and arr.shape[2] == 1:
+        return arr[..., 0]
+    return arr
+
+
+def _decode_drawn(
+    data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.ndarray, fill: int, aug: Augment
+) -> None:
+    """Decode one sample (at reduced scale where the crop shrinks enough) and apply ``d`` into ``dst``."""
+    reduce = 1
+    if head.format == "jpeg":
+        _, _, bh, bw = d.box
+        _, _, ih, iw = d.inner
+        for f in (8, 4, 2):
+            if bh >= f * ih and bw >= f * iw:
+                reduce = f
+                break
+    h, w = -(-head.height // reduce), -(-head.width // reduce)
+    scratch = _scratch_array((h, w, 3) if col.role == "image" else (h, w))
+    img = codecs.decode(data, col.mode, scratch, reduce=reduce, head=head)
+    if img.shape[:2] != (head.height, head.width):
+        d = _scaled(d, img.shape[0] / head.height, img.shape[1] / head.width)
+    apply(img, dst, d, col.role, fill, aug.interpolation)
+
+
+def _scaled(d: Draw, sy: float, sx: float) -> Draw:
+    y, x, h, w = d.box
+    y2, x2 = round(y * sy), round(x * sx)
+    return Draw((y2, x2, max(1, round((y + h) * sy) - y2), max(1, round((x + w) * sx) - x2)), d.out, d.inner, d.flip)
+
+
+def apply(src: np.ndarray, dst: np.ndarray, d: Draw, role: Role, fill: int, interpolation: str = "auto") -> None:
+    """Crop ``src`` to ``d.box``, resize into ``d.inner`` of ``dst`` (the rest filled with ``fill``), and
+    mirror it if ``d.flip``: bilinear or area for images (area, which averages, whenever a side
+    shrinks), nearest for masks, so that class ids stay class ids."""
+    import cv2
+
+    y, x, h, w = d.box
+    crop = src[y : y + h, x : x + w]
+    top, left, ih, iw = d.inner
+    if (ih, iw) != dst.shape[:2]:
+        dst[...] = fill
+    region = dst[top : top + ih, left : left + iw]
+    if role == "mask":
+        mode = cv2.INTER_NEAREST_EXACT
+    elif interpolation == "bilinear" or (interpolation == "auto" and ih >= h and iw >= w):
+        mode = cv2.INTER_LINEAR
+    else:
+        mode = cv2.INTER_AREA
+    if (ih, iw) == (h, w):
+        region[...] = crop
+    else:
+        got = cv2.resize(crop, (iw, ih), dst=region, interpolation=mode)
+        if not np.shares_memory(got, region):  # OpenCV made its own array: never expected, but never lost
+            region[...] = got.reshape(region.shape)
+    if d.flip:
+        cv2.flip(region, 1, dst=region)
+
+
+
+
+def decoders_available() -> str | None:
+    """None when the native decoders import, else what is missing (``decode="auto"`` then lets the
+    store decode)."""
+    missing = []
+    for mod in ("simplejpeg", "imagecodecs", "cv2"):
+        try:
+            __import__(mod)
+        except ImportError:
+            missing.append(mod)
+    return ", ".join(missing) or None
+
+
+def decode_stage(source: Any, options: Any) -> Stage | None:
+    """The stage a loader with ``options`` runs for ``source`` (open), or None when no column needs one."""
+    from .errors import ConfigError
+
+    cols = dict(source.image_columns())
+    aug: Augment | None = options.augment
+    if aug is not None and not cols:
+        raise ConfigError(
+            f"augment={list(aug.ops)!r} is not allowed for {source.url}: none of the columns "
+            f"{', '.join(source.columns)} is an image or a mask"
+        )
+    if not cols:
+        return None
+    mode = options.decode
+    if mode == "auto":
+        missing = decoders_available()
+        if missing:
+            _log_once(f"asyncload: {missing} not importable; the store decodes images (decode='store')")
+        mode = "store" if missing else "cpu"
+    encoded = frozenset(c for c, col in cols.items() if col.stored) if mode != "store" else frozenset()
+    device = mode if mode.startswith("cuda") else None
+    return Stage(cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device)
+
+
+_said: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    import logging
+
+    if message not in _said:
+        _said.add(message)
+        logging.getLogger("asyncload").warning(message)
+
+
+__all__ = ["Decode", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run"]
