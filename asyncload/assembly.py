@@ -44,12 +44,15 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
     skipped: list[tuple[int, str]] = []
     decode_s = 0.0
     if plan.stage is not None:
-        batch, indices, skipped, decode_s = _staged(plan, plan.stage, cols, parts, indices)
+        values = {c: [v for p in parts for v in p[c]] for c in cols}
+        tensors, keep, skipped, decode_s = _decoded(plan, plan.stage, cols, values, indices)
+        indices = [indices[k] for k in keep]
         if not indices:
             return Assembled(0, EMPTY, skipped, decode_s, time.thread_time() - t0 - decode_s)
         if plan.transform is None and plan.collate_fn is None:
+            batch = _batch(plan, cols, tensors, values, keep, indices)
             return Assembled(len(indices), batch, skipped, decode_s, time.thread_time() - t0 - decode_s)
-        samples: list[Any] = _split(cols, batch, indices)
+        samples: list[Any] = _samples(cols, tensors, values, keep, indices)
     elif plan.transform is None and plan.collate_fn is None:
         batch = collate_columns(cols, parts, indices, plan.with_index, plan.ragged)
         return Assembled(len(indices), batch, [], 0.0, time.thread_time() - t0)
@@ -79,43 +82,52 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
     return Assembled(len(samples), result, skipped, decode_s, time.thread_time() - t0 - decode_s)
 
 
-def _staged(
-    plan: Plan, stage: decode.Stage, cols: tuple[str, ...], parts: list[Any], indices: list[int]
+def _decoded(
+    plan: Plan, stage: decode.Stage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]], float]:
-    """The decode stage's columns and the plainly collated rest, for the samples that decoded."""
-    values = {c: [v for p in parts for v in p[c]] for c in cols}
+    """The decode stage's tensors (image and mask columns), the positions of the samples that decoded,
+    the skipped ones, and the thread CPU seconds it took."""
     t0 = time.thread_time()
     if stage.device is not None:
         from . import gpu
 
-        tensors, keep, skipped = gpu.run(stage, cols, values, indices, lambda c: ragged_policy(plan.ragged, c))
+        tensors, keep, skipped = gpu.run(stage, cols, values, indices)
     else:
-        tensors, keep, skipped = decode.run(stage, cols, values, indices, lambda c: ragged_policy(plan.ragged, c))
-    decode_s = time.thread_time() - t0
-    kept = [indices[k] for k in keep]
+        tensors, keep, skipped = decode.run(stage, cols, values, indices)
+    return tensors, keep, skipped, time.thread_time() - t0
+
+
+def _batch(
+    plan: Plan, cols: tuple[str, ...], tensors: dict[str, Any], values: dict[str, list[Any]], keep: list[int],
+    kept: list[int],
+) -> dict[str, Any]:
+    """The default batch: the decoded columns, the others collated as ``collate`` does, and the index."""
     batch: dict[str, Any] = {}
     for c in cols:
-        if c in tensors:
+        if isinstance(tensors.get(c), torch.Tensor):
             batch[c] = tensors[c]
-        elif c not in stage.columns and kept:
-            batch.update(collate_column(c, [[values[c][k] for k in keep]], len(kept), kept, ragged_policy(plan.ragged, c)))
+        else:  # a column the stage does not own, or decoded samples of unequal sizes
+            got = tensors[c] if c in tensors else [values[c][k] for k in keep]
+            batch.update(collate_column(c, [got], len(kept), kept, ragged_policy(plan.ragged, c)))
     if plan.with_index:
         batch["index"] = torch.tensor(kept, dtype=torch.int64)
-    return batch, kept, skipped, decode_s
+    return batch
 
 
-def _split(cols: tuple[str, ...], batch: dict[str, Any], indices: list[int]) -> list[dict[str, Any]]:
-    """Per-sample dicts of a decoded batch, for a user's transform: each value a writable NumPy view of
-    the sample's row (or its own tensor's array where the column is a list), plus ``"index"``."""
+def _samples(
+    cols: tuple[str, ...], tensors: dict[str, Any], values: dict[str, list[Any]], keep: list[int], kept: list[int]
+) -> list[dict[str, Any]]:
+    """Per-sample dicts for a user's transform: decoded columns as writable NumPy views of their rows in
+    the batch tensor, the other columns as read, and ``"index"``."""
     samples: list[dict[str, Any]] = []
-    for j, i in enumerate(indices):
+    for j, (k, i) in enumerate(zip(keep, kept, strict=True)):
         s: dict[str, Any] = {}
         for c in cols:
-            v = batch.get(c)
-            if v is None:
-                continue
-            item = v[j]
-            s[c] = item.numpy() if isinstance(item, torch.Tensor) else item
+            if c in tensors:
+                item = tensors[c][j]
+                s[c] = item.numpy() if isinstance(item, torch.Tensor) and item.device.type == "cpu" else item
+            else:
+                s[c] = values[c][k]
         s["index"] = i
         samples.append(s)
     return samples

@@ -15,7 +15,7 @@ A sample whose bytes do not decode is named (URL, column, row, the decoder's mes
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ import torch
 from . import codecs
 from .augment import Augment, Draw
 from .codecs import DecodeError, Header
-from .collate import CollateError, allocate, collate_column
+from .collate import CollateError, allocate
 from .errors import read_error
 
 Decode = Literal["auto", "cpu", "store", "cuda"] | str  # also "cuda:N"
@@ -82,11 +82,11 @@ def run(
     cols: Sequence[str],
     values: Mapping[str, Sequence[Any]],
     rows: Sequence[int],
-    ragged: Callable[[str], Any] = lambda c: None,
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]]]:
     """Decode and augment one batch. ``values[col][k]``: sample ``k``'s stored bytes (``encoded`` columns)
-    or array. Returns the image-like columns' tensors (rows of the good samples only), the positions
-    ``k`` of the good samples, and the skipped samples (row, why)."""
+    or array. Returns, per image-like column, a batch tensor of the good samples or, where their sizes
+    differ, a list of their arrays (for ``collate`` to stack, pad, list or refuse); the positions ``k`` of
+    the good samples; and the skipped samples (row, why)."""
     n = len(rows)
     image_cols = [c for c in cols if c in stage.columns]
     heads: dict[str, list[Header | None]] = {}
@@ -177,8 +177,8 @@ def run(
         t = dest[c]
         if t is not None:
             tensors[c] = t if len(keep) == len(t) else t[: len(keep)]
-        elif keep:
-            tensors.update(collate_column(c, [lists[c]], len(keep), [rows[k] for k in keep], ragged(c)))
+        else:  # samples of unequal sizes: collated (stacked, padded, listed or refused) with the other columns
+            tensors[c] = lists[c]
     return tensors, keep, skipped
 
 
