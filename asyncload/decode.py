@@ -95,27 +95,28 @@ def run(
 
     def fail(k: int, col: str, exc: BaseException) -> None:
         if stage.on_error != "skip":
-            raise read_error(stage.url, col, [rows[k]], exc) from None
+            raise read_error(stage.url, col, [rows[k]], exc) from exc
         if k not in bad:
             bad.add(k)
             skipped.append((rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
 
-    for c in image_cols:
-        if c in stage.encoded:
-            hs: list[Header | None] = []
-            for k, data in enumerate(values[c]):
-                try:
-                    hs.append(codecs.header(data))
-                except DecodeError as exc:
-                    fail(k, c, exc)
-                    hs.append(None)
-            heads[c] = hs
+    for c in image_cols:  # what each sample is, before any pixel is decoded: bad ones are known early
+        hs: list[Header | None] = []
+        for k, v in enumerate(values[c]):
+            try:
+                hs.append(codecs.header(v) if _stored(v) else None)
+                if not _stored(v):
+                    _as_hw(v, stage.columns[c])
+            except DecodeError as exc:
+                fail(k, c, exc)
+                hs.append(None)
+        heads[c] = hs
 
     def size(c: str, k: int) -> tuple[int, int]:
-        if c in heads:
-            h = heads[c][k]
-            return (h.height, h.width) if h is not None else (0, 0)
-        return tuple(np.shape(values[c][k])[:2])  # type: ignore[return-value]
+        h = heads[c][k]
+        if h is not None:
+            return (h.height, h.width)
+        return tuple(np.shape(values[c][k])[:2]) if k not in bad else (1, 1)  # type: ignore[return-value]
 
     draws: list[Draw] | None = None
     aug = stage.augment
@@ -129,7 +130,7 @@ def run(
                         f"row {rows[k]} of {stage.url}: column {c!r} is {size(c, k)[0]}x{size(c, k)[1]} but "
                         f"{first!r} is {sizes[k][0]}x{sizes[k][1]}; paired augmentation needs them equal"
                     )
-        draws = aug.draws(stage.seed, stage.epoch, rows, [s if s != (0, 0) else (1, 1) for s in sizes])
+        draws = aug.draws(stage.seed, stage.epoch, rows, sizes)
 
     good = [k for k in range(n) if k not in bad]
     fixed = aug.out_size if aug is not None and draws is not None else None
@@ -150,12 +151,13 @@ def run(
                 target = views[c][r] if c in views else None
                 if fixed is not None and target is not None and draws is not None and aug is not None:
                     fill = aug.fills[0] if col.role == "image" else aug.fills[1]
-                    if c in stage.encoded:
-                        _decode_drawn(values[c][k], heads[c][k], col, draws[k], target, fill, aug)  # type: ignore[arg-type]
+                    head = heads[c][k]
+                    if head is not None:
+                        _decode_drawn(values[c][k], head, col, draws[k], target, fill, aug)
                     else:
                         apply(_as_hw(values[c][k], col), target, draws[k], col.role, fill, aug.interpolation)
                     continue
-                if c in stage.encoded:
+                if heads[c][k] is not None:
                     arr = codecs.decode(values[c][k], col.mode, target, head=heads[c][k])
                 else:
                     arr = _as_hw(values[c][k], col)
@@ -189,17 +191,27 @@ def _flip_in_place(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _shape(c: str, k: int, heads: Mapping[str, list[Header | None]], values: Mapping[str, Any], col: ImageColumn) -> tuple[int, ...]:
-    if c in heads:
-        h = heads[c][k]
-        assert h is not None
+def _shape(
+    c: str, k: int, heads: Mapping[str, list[Header | None]], values: Mapping[str, Any], col: ImageColumn
+) -> tuple[int, ...]:
+    h = heads[c][k]
+    if h is not None:
         return (h.height, h.width, 3) if col.role == "image" else (h.height, h.width)
     return tuple(_as_hw(values[c][k], col).shape)
 
 
+def _stored(v: Any) -> bool:
+    """Stored bytes (to decode here), not an array a store decoded."""
+    return isinstance(v, (bytes, bytearray, memoryview))
+
+
 def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:
-    """A mask as ``H×W`` whatever its store returned (Deep Lake gives PNG masks a trailing axis of 1)."""
+    """A mask as ``H×W`` whatever its store returned (Deep Lake gives PNG masks a trailing axis of 1).
+    An image the store decoded to no pixels is an error of that sample, not a shape to collate: Deep Lake
+    returns shape ``()`` for bytes it cannot decode."""
     arr = np.asarray(arr)
+    if arr.ndim < 2 or 0 in arr.shape:
+        raise DecodeError(f"the store decoded it to an array of shape {arr.shape}: its stored bytes are not an image")
     if col.role == "mask" and arr.ndim == 3 and arr.shape[2] == 1:
         return arr[..., 0]
     return arr
