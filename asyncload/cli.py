@@ -231,9 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_cmd_train)
 
     b = sub.add_parser("bench", help="the benchmark suite: loaders compared under emulated network latency")
-    b.add_argument("--config", default="configs/bench.yaml")
+    b.add_argument("--config", default="configs/bench_wan.yaml")
     b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    b.add_argument("--suite", default="benchmarks/suite.py", help=argparse.SUPPRESS)
+    b.add_argument("--suite", default="benchmarks/suites/wan.py", help=argparse.SUPPRESS)
     b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser(
