@@ -16,15 +16,17 @@ from typing import Any, Literal
 import pytest
 import torch
 
-from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, make_dataset
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, Resize, make_dataset
 from asyncload.config import load_config, parse_overrides, setting, validate
 from asyncload.synthetic import CLASSES
 from asyncload.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
+from asyncload.train.data import SyncSegmentation, split_augment
 
 from .conftest import wait_no_loop_threads
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS, SIZE = 64, 32
+PHOTO_ROWS, PHOTO_SIZES, CROP = 96, (40, 96), 32
 KEYS = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
 
 
@@ -34,9 +36,18 @@ def tiny_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     return make_dataset(str(tmp_path_factory.mktemp("train") / "tiny"), ROWS, height=SIZE, width=SIZE, progress=False)
 
 
+@pytest.fixture(scope="module")
+def photos_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """96 photo-like rows of many sizes (long side 40-96 px): JPEG images, PNG masks."""
+    return make_dataset(
+        str(tmp_path_factory.mktemp("train") / "photos"), PHOTO_ROWS, sizes=PHOTO_SIZES, image_format="jpg",
+        mask_format="png", progress=False,
+    )  # fmt: skip
+
+
 def tiny(url: str, tmp: Path, **kw: Any) -> TrainConfig:
     base: dict[str, Any] = dict(
-        data=url, make_data=False, rows=0, batch_size=8, epochs=1, holdout=0.25, width=8, lr=3e-3,
+        data=url, make_data=False, rows=0, image_size=SIZE, batch_size=8, epochs=1, holdout=0.25, width=8, lr=3e-3,
         concurrency=16, checkpoint=str(tmp / "ck.pt"), progress=False, threads=1, model_only_steps=0,
         device="cpu",  # these tests mean the CPU, also on a machine with a GPU
     )  # fmt: skip
@@ -88,7 +99,11 @@ def test_impossible_values_name_the_key_the_value_and_the_range() -> None:
         "lr": (-0.5, "lr=-0.5 is not allowed: a number > 0"),
         "num_workers": (-2, "num_workers=-2 is not allowed: an int >= 0 (DataLoader worker processes)"),
         "holdout": (1.0, "holdout=1.0 is not allowed: a number > 0 and < 1 (fraction of rows held out for validation)"),
-        "image_size": (4, "image_size=4 is not allowed: an int >= 8 (height and width of made images)"),
+        "image_size": (
+            4,
+            "image_size=4 is not allowed: an int >= 8 (height and width of made images, and of validation images, "
+            "resized to it)",
+        ),
         "processes": (
             -1,
             "processes=-1 is not allowed: an int >= 0 (AsyncLoader worker processes of the training split; 0: read "
@@ -134,6 +149,54 @@ def test_command_line_reports_a_bad_setting_in_one_line(capsys: pytest.CaptureFi
         capsys.readouterr().err
         == f"asyncload train: {REPO / 'configs' / 'train_unet.yaml'}: epochs=-1 is not allowed: an int >= 1\n"
     )
+
+
+@pytest.mark.timeout(20)
+def test_augmentation_settings_name_the_setting_and_the_range(capsys: pytest.CaptureFixture[str]) -> None:
+    cases = {
+        "crop_scale": (
+            [0.5, 2],
+            "crop_scale=(0.5, 2) is not allowed: [min, max] with 0 < min <= max <= 1 (crop area, a fraction of the "
+            "image's)",
+        ),
+        "crop_ratio": (
+            [1.5, 0.5],
+            "crop_ratio=(1.5, 0.5) is not allowed: [min, max] with 0 < min <= max (crop width / height)",
+        ),
+        "crop": (
+            4,
+            "crop=4 is not allowed: null or an int >= 8 (side of random resized crops; null: resize to image_size)",
+        ),
+        "flip": (1.5, "flip=1.5 is not allowed: a number in [0, 1] (probability of a horizontal flip)"),
+        "make_sizes": (
+            [640, 240],
+            "make_sizes=(640, 240) is not allowed: null or [min, max] with 8 <= min <= max (long side of made photos)",
+        ),
+        "make_aspect": (
+            [0, 1],
+            "make_aspect=(0, 1) is not allowed: [min, max] with 0 < min <= max (width / height of made photos)",
+        ),
+    }
+    for key, (value, message) in cases.items():
+        with pytest.raises(ConfigError) as e:
+            load_config({key: value}, TrainConfig)
+        assert str(e.value) == f"TrainConfig: {message}"
+    with pytest.raises(ConfigError, match=r"^crop_scale=0.5 is not allowed: \[min, max\]"):
+        TrainConfig(crop_scale=0.5)  # type: ignore[arg-type]  # built in Python: checked the same way
+    assert main(["--set", "crop_scale=[0, 1]"]) == 2
+    assert capsys.readouterr().err.startswith("asyncload train: TrainConfig: crop_scale=(0, 1) is not allowed: [min")
+
+
+@pytest.mark.timeout(20)
+def test_the_photo_config_trains_on_crops_and_validates_on_resized_images() -> None:
+    cfg = load_config(REPO / "configs" / "train_unet_photos.yaml", TrainConfig)
+    assert (cfg.make_sizes, cfg.make_format, cfg.make_mask_format) == ((240, 640), "jpg", "png")
+    assert [repr(op) for op in split_augment(cfg, train=True)] == [
+        "RandomResizedCrop(size=(96, 96), scale=(0.25, 1.0), ratio=(0.75, 1.333), interpolation='auto')",
+        "RandomHorizontalFlip(p=0.5)",
+    ]
+    assert split_augment(cfg, train=False) == [Resize(96)]
+    assert split_augment(TrainConfig(), train=True) == [Resize(64)]  # the defaults: no crop, no flip
 
 
 @dataclass(frozen=True)
@@ -286,8 +349,9 @@ def test_two_ranks_under_torchrun_cover_each_epoch_once(tiny_url: str, tmp_path:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
         "-m", "asyncload.train", "--config", str(REPO / "configs" / "train_unet.yaml"),
-        "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "rows=0", "--set", "batch_size=8",
-        "--set", "epochs=2", "--set", "holdout=0.25", "--set", "width=8", "--set", "progress=false",
+        "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "rows=0", "--set", "image_size=32",
+        "--set", "batch_size=8", "--set", "epochs=2", "--set", "holdout=0.25", "--set", "width=8",
+        "--set", "progress=false",
         "--set", f"checkpoint={tmp_path / 'ck.pt'}", "--set", f"index_log={log}",
         "--set", "device=cpu",  # two ranks on the CPU (gloo), also on a machine with one GPU
     ]  # fmt: skip
@@ -333,6 +397,65 @@ def test_model_only_rate_is_reported_and_leaves_the_model_as_it_was(tiny_url: st
     a = torch.load(tmp_path / "ck.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "plain" / "ck.pt", weights_only=True)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# -- photo-like data of many sizes ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("loader", ["asyncload", "sync"])
+def test_variable_size_photos_train_on_random_crops_and_report_miou(
+    photos_url: str, tmp_path: Path, loader: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """JPEG photos of many sizes with PNG masks: training reads random 32x32 crops (flipped half the
+    time), validation the whole image resized to 32x32; both loaders batch them and report IoU."""
+    cfg = tiny(photos_url, tmp_path, loader=loader, image_size=CROP, crop=CROP, flip=0.5, epochs=2)
+    rows = train(cfg)
+    assert [r["samples"] for r in rows] == [72, 72]  # 72 training rows per epoch
+    for r in rows:
+        present = [v for v in r["iou"].values() if not math.isnan(v)]
+        assert list(r["iou"]) == list(CLASSES) and len(present) == len(CLASSES)  # every class in the 24 rows
+        assert r["miou"] == pytest.approx(sum(present) / len(present))
+        assert 0.0 <= r["miou"] <= 1.0 and r["iou"]["background"] > 0.5
+    assert rows[1]["loss"] < rows[0]["loss"]
+    out = capsys.readouterr().out
+    assert "train: crop 32x32 (scale 0.25-1, ratio 0.75-1.333), flip 0.5, validate: resize to 32x32" in out
+    assert f"mIoU {rows[1]['miou']:.3f} (background " in out
+
+
+@pytest.mark.timeout(30)
+def test_the_sync_baseline_applies_asyncloads_draws_to_each_sample(photos_url: str) -> None:
+    """The same crop, flip and resize per (seed, epoch, row) in both loaders, so a comparison of the two
+    compares loaders: masks agree (nearest neighbour), images up to resampling and JPEG decoder."""
+    ops = split_augment(TrainConfig(image_size=CROP, crop=CROP, flip=0.5), train=True)
+    loader = AsyncLoader(RangeSource(DeepLakeSource(photos_url), 16, 48), 8, shuffle=True, seed=3, augment=ops)
+    sync = SyncSegmentation(photos_url, 16, 48, augment=ops, seed=3)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        sync.set_epoch(epoch)
+        for batch in loader:
+            for i, image, mask in zip(batch["index"].tolist(), batch["images"], batch["masks"], strict=True):
+                mine = sync[i - 16]
+                assert mine["images"].shape == image.shape == (CROP, CROP, 3)
+                assert mine["masks"].shape == mask.shape == (CROP, CROP)
+                assert (mine["masks"] == mask).float().mean() > 0.98
+                assert (mine["images"].float() - image.float()).abs().mean() < 4
+
+
+@pytest.mark.timeout(30)
+def test_on_data_of_image_size_the_resize_leaves_the_stored_pixels(tiny_url: str) -> None:
+    import deeplake
+    import numpy as np
+
+    ds = deeplake.open_read_only(tiny_url)
+    sync = SyncSegmentation(tiny_url, 48, 64, augment=[Resize(SIZE)])
+    (batch,) = list(AsyncLoader(RangeSource(DeepLakeSource(tiny_url), 48, 64), 16, augment=[Resize(SIZE)]))
+    for k, i in enumerate(batch["index"].tolist()):
+        stored = np.array(ds[i]["images"]), np.array(ds[i]["masks"])
+        assert np.array_equal(sync[i - 48]["images"].numpy(), stored[0])
+        assert np.array_equal(sync[i - 48]["masks"].numpy(), stored[1])
+        assert np.array_equal(batch["images"][k].numpy(), stored[0])
+        assert np.array_equal(batch["masks"][k].numpy(), stored[1])
 
 
 # -- CUDA --------------------------------------------------------------------------------------------

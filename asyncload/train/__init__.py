@@ -13,6 +13,12 @@ Choices, and why:
   loader has no subset option, so ``RangeSource`` (a thin ``Source`` over a row range of another source)
   gives each split its own, exact epoch; the sampler then shards only that range across ranks and
   workers. No second dataset is written and nothing is filtered after reading.
+- **Images of many sizes** reach the model at one size: training reads a random resized crop of each
+  image (``crop``, ``crop_scale``, ``crop_ratio``), mirrored with probability ``flip``; validation the
+  whole image resized to ``image_size``, the same pixels every epoch. asyncload draws the geometry from
+  (seed, epoch, row) and applies it to image and mask alike in its decode stage; ``loader: sync`` applies
+  the same draws per sample in torch, so both train on the same crops. On data stored at ``image_size``
+  the resize leaves the stored pixels as they are.
 - **Scale-out** follows torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``): a process group (gloo on CPU, nccl on CUDA) and
   ``DistributedDataParallel``. ``AsyncIterableDataset`` reads the rank from the process group, and every

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,6 +13,11 @@ def _device_ok(v: str) -> bool:
     return v in ("auto", "cpu", "cuda") or (v.startswith("cuda:") and v[5:].isdigit())
 
 
+def _span(low: float, high: float | None = None) -> Callable[[tuple[float, float]], bool]:
+    """A rule for a ``[min, max]`` pair: ``low < min <= max`` (and ``max <= high`` when given)."""
+    return lambda v: low < v[0] <= v[1] and (high is None or v[1] <= high)
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs; ``configs/train_unet.yaml`` holds the defaults below."""
@@ -19,7 +25,33 @@ class TrainConfig:
     data: str = setting("data/synthetic-seg-64", "a non-empty path or URL of a Deep Lake dataset", lambda v: bool(v))
     make_data: bool = True  # write the synthetic dataset at ``data`` when nothing is there
     rows: int = setting(1200, "an int >= 0 (rows used, and made when missing; 0: all rows)", lambda v: v >= 0)
-    image_size: int = setting(64, "an int >= 8 (height and width of made images)", lambda v: v >= 8)
+    image_size: int = setting(
+        64, "an int >= 8 (height and width of made images, and of validation images, resized to it)", lambda v: v >= 8
+    )
+    # The data made when missing: ``make_sizes: null``, clean image_size x image_size rows; ``[lo, hi]``,
+    # photo-like rows of many sizes (asyncload.synthetic.make_dataset's ``sizes``, ``aspect``, formats).
+    make_sizes: tuple[int, int] | None = setting(
+        None, "null or [min, max] with 8 <= min <= max (long side of made photos)", lambda v: v is None or _span(7)(v)
+    )
+    make_aspect: tuple[float, float] = setting(
+        (0.6, 1.7), "[min, max] with 0 < min <= max (width / height of made photos)", _span(0.0)
+    )
+    make_format: Literal["png", "jpg"] = "png"  # made images
+    make_mask_format: Literal["lz4", "png"] = "lz4"  # made masks
+    # Training augmentation, one draw per sample applied alike to image and mask; validation images are
+    # only resized to image_size.
+    crop: int | None = setting(
+        None,
+        "null or an int >= 8 (side of random resized crops; null: resize to image_size)",
+        lambda v: v is None or v >= 8,
+    )
+    crop_scale: tuple[float, float] = setting(
+        (0.25, 1.0), "[min, max] with 0 < min <= max <= 1 (crop area, a fraction of the image's)", _span(0.0, 1.0)
+    )
+    crop_ratio: tuple[float, float] = setting(
+        (0.75, 1.333), "[min, max] with 0 < min <= max (crop width / height)", _span(0.0)
+    )
+    flip: float = setting(0.0, "a number in [0, 1] (probability of a horizontal flip)", lambda v: 0 <= v <= 1)
     batch_size: int = setting(32, "an int >= 1", lambda v: v >= 1)
     epochs: int = setting(4, "an int >= 1", lambda v: v >= 1)
     lr: float = setting(3e-3, "a number > 0", lambda v: v > 0)

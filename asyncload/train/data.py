@@ -1,17 +1,23 @@
 """The training job's data: one split of the dataset per loader, asyncload or the synchronous baseline.
 
 Each split is a row range (``sources.subset.RangeSource``), so the sampler shards only that range across ranks
-and workers and each split has its own exact epoch."""
+and workers and each split has its own exact epoch.
+
+Each split also has its augmentation (``split_augment``), which is what lets the job train on images of
+many sizes: every sample comes out at one size, so batches stack. asyncload applies it in its decode
+stage; the synchronous baseline applies the same draws per sample in Python (``SyncSegmentation``)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from ..augment import Augment, Draw, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
 from ..dataset import AsyncIterableDataset
 from ..loader import AsyncLoader
 from ..sampler import EpochSampler, Shard
@@ -21,31 +27,101 @@ from ..state import EpochProgress, with_progress
 from .config import TrainConfig
 
 
+def split_augment(cfg: TrainConfig, train: bool) -> list[Op]:
+    """The split's augmentation: for training a random resized crop (``crop``) or a plain resize to
+    ``image_size``, then a horizontal flip (``flip``); for validation the plain resize alone, so every
+    epoch evaluates the same pixels. On data made at ``image_size`` the resize leaves images as stored."""
+    ops: list[Op] = [Resize(cfg.image_size)]
+    if train and cfg.crop is not None:
+        ops = [RandomResizedCrop(cfg.crop, scale=cfg.crop_scale, ratio=cfg.crop_ratio)]
+    if train and cfg.flip:
+        ops.append(RandomHorizontalFlip(cfg.flip))
+    return ops
+
+
+def describe(ops: Sequence[Op]) -> str:
+    """The augmentation in the words of the job's log line, e.g. ``crop 96x96 (scale 0.25-1, ratio
+    0.75-1.333), flip 0.5``."""
+    words = []
+    for op in ops:
+        if isinstance(op, RandomHorizontalFlip):
+            words.append(f"flip {op.p:g}")
+            continue
+        h, w = (op.size, op.size) if isinstance(op.size, int) else op.size
+        if isinstance(op, RandomResizedCrop):
+            (s0, s1), (r0, r1) = op.scale, op.ratio
+            words.append(f"crop {h}x{w} (scale {s0:g}-{s1:g}, ratio {r0:g}-{r1:g})")
+        else:
+            words.append(f"resize to {h}x{w}")
+    return ", ".join(words)
+
+
+def apply_draw(
+    draw: Draw, image: np.ndarray, mask: np.ndarray, fills: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sample's ``Draw`` in torch: crop the box, resize it into ``inner`` (image antialiased bilinear,
+    mask nearest, so class ids stay class ids), mirror, pad the rest with ``fills``. A draw that changes
+    nothing (a resize to the stored size) costs nothing."""
+    y, x, h, w = draw.box
+    iy, ix, ih, iw = draw.inner
+    img, msk = torch.from_numpy(image[y : y + h, x : x + w]), torch.from_numpy(mask[y : y + h, x : x + w])
+    if (ih, iw) != (h, w):
+        img = F.interpolate(img.permute(2, 0, 1)[None].float(), (ih, iw), mode="bilinear", antialias=True)
+        img = img[0].permute(1, 2, 0).round().clamp(0, 255).to(torch.uint8)
+        msk = F.interpolate(msk[None, None].float(), (ih, iw), mode="nearest-exact")[0, 0].to(torch.uint8)
+    if draw.flip:
+        img, msk = img.flip(1), msk.flip(1)
+    if draw.inner == (0, 0, *draw.out):
+        return img.contiguous(), msk.contiguous()
+    out_img = torch.full((*draw.out, img.shape[2]), fills[0], dtype=torch.uint8)
+    out_msk = torch.full(draw.out, fills[1], dtype=torch.uint8)
+    out_img[iy : iy + ih, ix : ix + iw], out_msk[iy : iy + ih, ix : ix + iw] = img, msk
+    return out_img, out_msk
+
+
 class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """The baseline: rows ``[start, stop)`` read one by one with ``ds[i]["images"]``, ``ds[i]["masks"]``.
 
     The Deep Lake handle is opened lazily in the process that reads (DataLoader workers included), with
-    ``creds`` for a dataset on an object store. ``benchmarks/scaling.py`` measures the same baseline."""
+    ``creds`` for a dataset on an object store. ``benchmarks/scaling.py`` measures the same baseline.
 
-    def __init__(self, url: str, start: int, stop: int, creds: dict[str, str] | None = None) -> None:
+    ``augment`` is applied per sample in Python, as a torchvision transform would be, with asyncload's
+    own draws (``Augment.draws``, a function of seed, epoch and row): both loaders train on the same
+    crops, and the comparison is of loaders, not of augmentations."""
+
+    def __init__(
+        self, url: str, start: int, stop: int, creds: dict[str, str] | None = None, *,
+        augment: Sequence[Op] = (), seed: int = 0,
+    ) -> None:  # fmt: skip
         self.url, self.start, self.stop, self.creds = url, start, stop, creds
+        self.augment = Augment(augment) if augment else None
+        self.seed, self.epoch = seed, 0
         self._ds: Any = None
         self._pid = -1
 
     def __len__(self) -> int:
         return self.stop - self.start
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose draws ``__getitem__`` applies; DataLoader workers get it with the dataset,
+        which they copy when an epoch's iterator starts."""
+        self.epoch = epoch
+
     def __getitem__(self, i: int) -> dict[str, Any]:
         if self._pid != os.getpid():
             import deeplake
 
             self._ds, self._pid = deeplake.open_read_only(self.url, creds=self.creds), os.getpid()
-        row = self._ds[self.start + i]
-        return {
-            "images": torch.from_numpy(np.array(row["images"])),
-            "masks": torch.from_numpy(np.array(row["masks"])),
-            "index": self.start + i,
-        }
+        index = self.start + i
+        row = self._ds[index]
+        image, mask = np.array(row["images"]), np.array(row["masks"])
+        if mask.ndim == 3:  # a PNG mask reads back as [H, W, 1]
+            mask = mask[..., 0]
+        if self.augment is None:
+            return {"images": torch.from_numpy(image), "masks": torch.from_numpy(mask), "index": index}
+        (draw,) = self.augment.draws(self.seed, self.epoch, [index], [image.shape[:2]])
+        images, masks = apply_draw(draw, image, mask, self.augment.fills)
+        return {"images": images, "masks": masks, "index": index}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ds": None, "_pid": -1}
@@ -61,11 +137,12 @@ class Split:
         self.n, self.rank, self.world = stop - start, rank, world
         self.dataset: Any
         self.sampler: Any = None
+        self.augment = augment = split_augment(cfg, train)
         if cfg.loader == "asyncload":
             source = RangeSource(DeepLakeSource(url), start, stop)
             how: dict[str, Any] = dict(
                 batch_size=cfg.batch_size, shuffle=train, seed=cfg.seed, concurrency=cfg.concurrency,
-                prefetch=cfg.prefetch, remainder="pad",
+                prefetch=cfg.prefetch, remainder="pad", augment=augment,
             )  # fmt: skip
             if cfg.processes and train:
                 # K persistent worker processes, started by the first epoch and kept across epochs; the
@@ -78,7 +155,7 @@ class Split:
             per = EpochSampler(self.n, 1, remainder="pad", shard=Shard(rank, world)).rank_samples
             self.real = max(0, min(per, self.n - rank * per))
         else:
-            self.dataset = SyncSegmentation(url, start, stop)
+            self.dataset = SyncSegmentation(url, start, stop, augment=augment, seed=cfg.seed)
             self.sampler = torch.utils.data.DistributedSampler(
                 self.dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed
             )
@@ -91,7 +168,9 @@ class Split:
         return len(self.loader)
 
     def epoch(self, epoch: int) -> Iterator[Any]:
-        (self.sampler or self.dataset).set_epoch(epoch)
+        self.dataset.set_epoch(epoch)
+        if self.sampler is not None:
+            self.sampler.set_epoch(epoch)
         return iter(self.loader)
 
     def close(self) -> None:

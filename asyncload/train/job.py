@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..sources.deeplake import DeepLakeSource, normalize_url
 from ..synthetic import CLASSES
 from .config import TrainConfig
-from .data import Split, first_n
+from .data import Split, describe, first_n
 from .model import UNet
 from .steps import SYNC_EVERY, StepOptions, StepTimes, iou_counts, model_only_rate, timed_steps, train_step
 from .world import World, make_world
@@ -40,10 +40,14 @@ def _ensure_data(cfg: TrainConfig, w: World) -> str:
 
     url = normalize_url(cfg.data)
     if w.main and cfg.make_data and not deeplake.exists(url):
-        print(f"making {cfg.rows or 1200} synthetic rows of {cfg.image_size}x{cfg.image_size} at {url}", flush=True)
+        rows, side, sizes = cfg.rows or 1200, cfg.image_size, cfg.make_sizes
+        what = f"{side}x{side}" if sizes is None else f"photo-like, long side {sizes[0]}-{sizes[1]} px"
+        formats = f"{cfg.make_format} + {cfg.make_mask_format} masks"
+        print(f"making {rows} synthetic rows ({what}, {formats}) at {url}", flush=True)
         make_dataset(
-            url, cfg.rows or 1200, height=cfg.image_size, width=cfg.image_size, seed=cfg.seed, progress=cfg.progress
-        )
+            url, rows, height=side, width=side, image_format=cfg.make_format, sizes=cfg.make_sizes,
+            aspect=cfg.make_aspect, mask_format=cfg.make_mask_format, seed=cfg.seed, progress=cfg.progress,
+        )  # fmt: skip
     w.barrier()
     return url
 
@@ -147,7 +151,8 @@ def _run(
         print(
             f"training a U-Net (width {cfg.width}) on {n_train} rows, validating on {n - n_train}, of {url}; "
             f"loader {cfg.loader}{f' (processes={cfg.processes})' if cfg.processes else ''}, {w.world} rank(s) on {w.device}, {steps} steps/epoch of {cfg.batch_size} per rank; "
-            f"bf16 {how.bf16}, channels_last {how.channels_last}",
+            f"bf16 {how.bf16}, channels_last {how.channels_last}; "
+            f"train: {describe(train_split.augment)}, validate: {describe(val_split.augment)}",
             flush=True,
         )
     history: list[dict[str, Any]] = []
@@ -221,7 +226,8 @@ def _run(
         history.append(row)
         if w.main:
             print(
-                f"epoch {epoch + 1}/{cfg.epochs}  step {step}  loss {row['loss']:.4f}  mIoU {row['miou']:.3f}  "
+                f"epoch {epoch + 1}/{cfg.epochs}  step {step}  loss {row['loss']:.4f}  mIoU {row['miou']:.3f} "
+                f"({', '.join(f'{c} {v:.2f}' for c, v in row['iou'].items())})  "
                 f"{row['samples_per_s']:,.0f} samples/s  data wait {100 * row['data_wait']:.1f}%, "
                 f"device sync {100 * row['device_sync']:.1f}% of step time  "
                 f"({row['train_s']:.1f} s train, {ev_s:.1f} s eval)",
