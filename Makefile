@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow bench netem-deps bench-loopback scaling bench-large train s3 lint clean
+.PHONY: install run run-local test test-slow bench bench-large bench-augment netem-deps scaling train s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 run: install  ## a dataset on a local S3 server behind emulated WAN latency: synchronous vs asyncload, under a minute
 	-@$(MAKE) --no-print-directory netem-deps
-	$(PY) benchmarks/demo.py
+	$(PY) benchmarks/suites/demo.py
 
 run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo
@@ -30,27 +30,29 @@ test: install  ## the test suite (the slow long-run tests are in test-slow)
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes
 	$(PY) -m pytest -m slow
 
-bench: install  ## asyncload against its peers on an emulated WAN (packet-level as root, else a TCP proxy), ~15 min on 2 cores
+bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~20 min on 2 cores
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
-	$(PY) benchmarks/wan.py --config configs/bench_wan.yaml
+	$(PY) benchmarks/suites/wan.py --config configs/bench_wan.yaml
+
+bench-large: install  ## the WAN suite's sweep: 0/20/50/100 ms, both orders, the DataLoader peers (~1 h on 2 cores)
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/suites/wan.py --config configs/bench_wan_large.yaml
+
+bench-augment: install  ## random-resized-crop input: built-in augment vs Pillow transforms vs a hand-written reader, 0 and 50 ms, and 2048x2048 RSS (~15 min on 2 cores)
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/suites/augment.py --config configs/bench_augment.yaml
 
 netem-deps:  ## as root, the Debian packages packet-level latency needs (else the benchmarks use the TCP proxy)
 	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! { command -v gcc && command -v ip && command -v iptables && test -f /usr/include/libnetfilter_queue/libnetfilter_queue.h; } >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables libnetfilter-queue-dev gcc libc6-dev; fi
 
-bench-loopback: install  ## the earlier suite: synthetic data behind the TCP delay line on loopback, concurrency sweeps
-	$(PIP) install -c constraints.txt -e '.[bench]'
-	$(PY) benchmarks/suite.py --config configs/bench.yaml
-
-bench-large: install  ## the loopback suite on a bigger machine: more rows, latencies, repetitions, processes
-	$(PIP) install -c constraints.txt -e '.[bench]'
-	$(PY) benchmarks/suite.py --config configs/bench_large.yaml
-
 scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataLoader persistent workers, local and at 50 ms RTT (--small on 2 cores, ~15 min)
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	-@$(MAKE) --no-print-directory netem-deps
-	$(PY) benchmarks/scaling.py --rtt-ms 50 $(if $(filter 1 2,$(shell nproc)),--small,)
+	$(PY) benchmarks/suites/scaling.py --rtt-ms 50 $(if $(filter 1 2,$(shell nproc)),--small,)
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
 	$(PY) -m asyncload.train --config configs/train_unet.yaml

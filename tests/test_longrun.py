@@ -1,7 +1,7 @@
 """Long run (``make test-slow``): 100,000 samples per concurrency setting over 50 epochs of a small local
 dataset, with no leak of memory, threads, descriptors, processes or shared memory.
 
-It runs ``benchmarks/long_run.py`` in a process of its own, so that RSS and the thread, descriptor and
+It runs ``benchmarks/suites/long_run.py`` in a process of its own, so that RSS and the thread, descriptor and
 child counts are the loader's and nothing else's (pytest's own state, other tests' servers), and asserts
 the script's verdicts: RSS growth from the end of the second epoch to the end below 50 MB; Python
 threads, descriptors, child processes and ``/dev/shm`` files held no higher at the last epoch end than
@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_100k_samples_per_setting_without_leaks(tmp_path: Path) -> None:
     out = tmp_path / "long_run.json"
     p = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "long_run.py"), "--rows", "2000", "--size", "32",
+        [sys.executable, str(ROOT / "benchmarks" / "suites" / "long_run.py"), "--rows", "2000", "--size", "32",
          "--batch-size", "64", "--samples", "100000", "--concurrency", "auto,256", "--interval", "2",
          "--rss-bound-mb", "50", "--json", str(out)],
         capture_output=True, text=True, timeout=850, cwd=ROOT,

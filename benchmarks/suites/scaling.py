@@ -4,8 +4,8 @@ persistent_workers=True)``) and a synchronous map-style Dataset in the same Data
 Deep Lake dataset of 256×256 PNG images + lz4 masks: on local disk, and with ``--rtt-ms`` also on an S3
 store behind that round-trip time.
 
-    python benchmarks/scaling.py --small --rtt-ms 50    # 2 cores: local, then at 50 ms (~5 min)
-    python benchmarks/scaling.py --rtt-ms 50            # N = os.cpu_count(): K = 1…N, 3,000 rows
+    python benchmarks/suites/scaling.py --small --rtt-ms 50    # 2 cores: local, then at 50 ms (~5 min)
+    python benchmarks/suites/scaling.py --rtt-ms 50            # N = os.cpu_count(): K = 1…N, 3,000 rows
 
 Each configuration runs two epochs on one loader (``set_epoch`` 0, then 1; shuffled, batch 32) and
 reports, per epoch: samples/s over the whole epoch (from ``iter()`` to the last batch, so epoch 1 pays the
@@ -40,9 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT)]  # netem, harness; and this checkout's asyncload before any installed one
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # benchmarks, harness; and this checkout's asyncload before any installed one
 
 import deeplake  # noqa: E402
 import torch  # noqa: E402
@@ -272,7 +271,7 @@ def in_client(net: Any, fn: Any, *args: Any, timeout_s: float = 3600.0) -> Any:
     """``fn(*args)`` in a fresh spawned process started from inside the client's network namespace
     (``netem.inside``): it, the worker processes it starts and Deep Lake's threads all read over the
     emulated path, and its Deep Lake caches start cold."""
-    import netem
+    from benchmarks.testbeds import netem
 
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
@@ -297,8 +296,7 @@ def over_network(
     args: argparse.Namespace, local: Path, steps: list[tuple[str, int]], info: dict[str, Any]
 ) -> Iterator[Row]:
     """The same configurations on the dataset's files served by SeaweedFS behind ``args.rtt_ms``."""
-    import netem
-
+    from benchmarks.testbeds import netem
     from harness.seaweed import SeaweedServer
 
     with netem.network(ROOT / "data" / "netem") as net:
@@ -338,7 +336,7 @@ def main() -> int:
     ap.add_argument("--rtt-ms", type=float, default=None, help="also on an S3 store at this round-trip time")
     ap.add_argument("--data", default=None, help="dataset directory (made once; default /tmp/asyncload-scaling-<rows>)")
     ap.add_argument("--name", default=None, help="results folder name (default: cores and GPU)")
-    ap.add_argument("--out", default=str(HERE / "results" / "scaling"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling"))
     args = ap.parse_args()
     args.rows = args.rows or (1000 if args.small else 3000)
     ks = args.processes or list(range(1, (os.cpu_count() or 1) + 1))

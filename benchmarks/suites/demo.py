@@ -3,10 +3,10 @@
 A synthetic segmentation dataset on a local S3 server (SeaweedFS) behind emulated WAN latency, read
 twice in the first, cold, shuffled epoch a user meets: by the usual synchronous loop (``ds[i][col]``,
 one round trip after another) and by ``AsyncLoader`` with its defaults. The emulation is packet-level
-(``netem.py``: network namespaces, every packet delayed) where the machine allows it, else a TCP proxy on
+(``testbeds/netem.py``: network namespaces, every packet delayed) where the machine allows it, else a TCP proxy on
 loopback; the output says which. The server and the namespaces are gone when it ends.
 
-    python benchmarks/demo.py [--rtt-ms 40] [--rows 256]
+    python benchmarks/suites/demo.py [--rtt-ms 40] [--rows 256]
     python -m asyncload demo          # the same comparison on a local dataset, no server
 """
 
@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT)]
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run as a file: the checkout's packages first
 
-import netem  # noqa: E402
+from benchmarks.testbeds import netem  # noqa: E402
 
 
 def _read(url: str, creds: dict[str, str], rows: int, sync_rows: int) -> dict[str, Any]:

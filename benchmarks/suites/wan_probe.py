@@ -1,11 +1,12 @@
 """Where a reader's time, bytes and connections go on the packet-level WAN: the diagnosis behind ``limits.md``.
 
-    flock /tmp/asyncload-measure.lock python benchmarks/wan_probe.py --rtt 50 --order shuffled \\
-        --reader asyncload --reader column --reps 3 [--pyspy] [--set key=value ...]
+    flock /tmp/asyncload-measure.lock python benchmarks/suites/wan_probe.py --rtt 50 --order shuffled \\
+        --reader asyncload --reader column --reps 3 [--section 0] [--pyspy] [--set key=value ...]
 
-The same world as ``make bench`` (``wan.py``: namespaces, SeaweedFS, the photo-like dataset, each run a
-fresh process forked inside the client namespace), one latency and order, the readers named (``asyncload``
-takes options: ``asyncload:read_mode=column,request_size=64``). Beside what ``peers.measure_reader``
+The same world as ``make bench`` (``wan.py``: namespaces, SeaweedFS, the photo-like datasets, each run a
+fresh process forked inside the client namespace), one section's dataset, one latency and order, the
+readers named (a ``peers`` reader, with options: ``asyncload:read_mode=column,request_size=64``; or a
+reader label of the config). Beside what ``peers.harness.measure_reader``
 reports (samples/s, CPU and bytes per sample over the measured window, per-thread CPU, asyncload's stats),
 a monitor thread here records over that window:
 
@@ -36,15 +37,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path[:0] = [str(HERE), str(ROOT)]
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-import netem  # noqa: E402
-import wan  # noqa: E402
-from peers import proc_cpu_s, tree_cpu_s  # noqa: E402
-
-from asyncload.config import load_config, parse_overrides  # noqa: E402
+from asyncload.config import parse_overrides  # noqa: E402
+from benchmarks.peers.harness import Runner, proc_cpu_s, tree_cpu_s  # noqa: E402
+from benchmarks.suites import wan  # noqa: E402
+from benchmarks.testbeds import netem  # noqa: E402
+from benchmarks.testbeds.world import world  # noqa: E402
 
 
 def _pids_named(name: str) -> list[int]:
@@ -278,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--order", default="shuffled", choices=["sequential", "shuffled"])
     ap.add_argument("--reader", action="append", default=[], help="peer name, or asyncload:opt=v,opt=v")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--section", type=int, default=0, help="the config section whose dataset is read")
     ap.add_argument("--pyspy", action="store_true")
     ap.add_argument(
         "--perf", action="store_true", help="perf record -a over each run (machine-wide, by thread and DSO)"
@@ -285,65 +287,65 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", default="probe")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "wan" / "probe"))
     args = ap.parse_args(argv)
-    cfg = load_config(args.config, wan.WanConfig, overrides=parse_overrides(args.set))
+    scratch = tempfile.mkdtemp(prefix="wan-probe-")  # the suite writes its own results.json there
+    cfg = wan.load_suite_config(args.config, [*args.set, f"out={scratch}"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="wan-probe-")  # WanBench writes its own results.json there
-    bench = wan.WanBench(cfg.__class__(**{**cfg.__dict__, "out": scratch}))
+    bench = wan.Suite(cfg)
+    section = bench.sections[args.section]
     readers = args.reader or ["asyncload", "column"]
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     runs: list[dict[str, Any]] = []
-    with netem.network(ROOT / "data" / "netem", rate_mbit=cfg.rate_mbit, force_proxy=cfg.proxy) as net:
-        net.enter_server()
-        from harness.seaweed import SeaweedServer
+    with world(ROOT / cfg.data_dir, rate_mbit=cfg.rate_mbit, force_proxy=cfg.proxy) as w:
+        net, server = w.net, w.server
+        bench.prepare(w)
+        run = Runner(cfg.run_timeout_s, enter=net.enter_client)
+        w.set_rtt(args.rtt)
+        ns = getattr(net, "ns", {}).get("client", "")
+        for rep in range(args.reps):
+            for reader in readers:
+                kind, _, opts = reader.partition(":")
+                any_label = next(iter(bench.readers))
+                spec = bench.spec(w, section, args.rtt, args.order, reader if reader in bench.readers else any_label)
+                if reader not in bench.readers:
+                    spec["reader"] = kind
+                    spec["options"] = dict(parse_overrides([o for o in opts.split(",") if o])) if opts else {}
+                mon = Monitor(ns, getattr(net, "ns", {}).get("server", ""), server.pid)
+                spy: subprocess.Popen[bytes] | None = None
+                perf: subprocess.Popen[bytes] | None = None
+                prof = out / f"{args.name}-{kind}-{rep}.pyspy.txt"
+                perf_data = out / f"{args.name}-{kind}-{rep}.perf.data"
 
-        with SeaweedServer(host=net.server_host) as server:
-            bench.prepare(net, server)
-            run = wan.Runner(net, cfg.run_timeout_s)
-            net.set_rtt(args.rtt / 1e3)
-            ns = getattr(net, "ns", {}).get("client", "")
-            for rep in range(args.reps):
-                for reader in readers:
-                    kind, _, opts = reader.partition(":")
-                    options = dict(parse_overrides([o for o in opts.split(",") if o])) if opts else {}
-                    spec = bench.spec(args.rtt, args.order, kind, None)
-                    spec["options"] = options
-                    mon = Monitor(ns, getattr(net, "ns", {}).get("server", ""), server.pid)
-                    spy: subprocess.Popen[bytes] | None = None
-                    perf: subprocess.Popen[bytes] | None = None
-                    prof = out / f"{args.name}-{kind}-{rep}.pyspy.txt"
-                    perf_data = out / f"{args.name}-{kind}-{rep}.perf.data"
+                def started(pid: int, mon: Monitor = mon, prof: Path = prof, perf_data: Path = perf_data) -> None:
+                    nonlocal spy, perf
+                    mon.start(pid)
+                    if args.perf:
+                        perf = subprocess.Popen(
+                            ["perf", "record", "-a", "-F", "199", "-o", str(perf_data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        )  # fmt: skip
+                    if args.pyspy:
+                        spy = subprocess.Popen(
+                            [pyspy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
+                             "--nonblocking", "--threads", "-o", str(prof)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        )  # fmt: skip
 
-                    def started(pid: int, mon: Monitor = mon, prof: Path = prof, perf_data: Path = perf_data) -> None:
-                        nonlocal spy, perf
-                        mon.start(pid)
-                        if args.perf:
-                            perf = subprocess.Popen(
-                                ["perf", "record", "-a", "-F", "199", "-o", str(perf_data)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            )  # fmt: skip
-                        if args.pyspy:
-                            spy = subprocess.Popen(
-                                [pyspy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw",
-                                 "--nonblocking", "--threads", "-o", str(prof)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            )  # fmt: skip
-
-                    m = run(spec, on_start=started)
-                    mon.stop()
-                    if perf is not None:
-                        perf.send_signal(2)
-                        perf.wait(60)
-                        m["perf"] = perf_summary(perf_data, mon.client_pid)
-                    if spy is not None:
-                        spy.wait(30)
-                    if "span_unix" in m and mon.cpu:  # the whole run, as the client's own CPU figure
-                        m["monitor"] = mon.window(mon.cpu[0][0], m["span_unix"][1], m["samples"])
-                        m["monitor"]["cores_after_first_batch"] = mon.busy_after(m["span_unix"][0])
-                    if args.pyspy and prof.exists():
-                        m["pyspy"] = pyspy_summary(prof)
-                    runs.append({"reader": reader, "rep": rep, "m": m})
-                    _print(reader, m)
+                m = run(spec, on_start=started)
+                mon.stop()
+                if perf is not None:
+                    perf.send_signal(2)
+                    perf.wait(60)
+                    m["perf"] = perf_summary(perf_data, mon.client_pid)
+                if spy is not None:
+                    spy.wait(30)
+                if "span_unix" in m and mon.cpu:  # the whole run, as the client's own CPU figure
+                    m["monitor"] = mon.window(mon.cpu[0][0], m["span_unix"][1], m["samples"])
+                    m["monitor"]["cores_after_first_batch"] = mon.busy_after(m["span_unix"][0])
+                if args.pyspy and prof.exists():
+                    m["pyspy"] = pyspy_summary(prof)
+                runs.append({"reader": reader, "rep": rep, "m": m})
+                _print(reader, m)
     doc = {
         "rtt_ms": args.rtt, "order": args.order, "network": net.describe() if hasattr(net, "describe") else None,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": runs,

@@ -25,7 +25,7 @@ Without root, network namespaces, iptables with the NFQUEUE target, or gcc and l
 same interface falls back to ``DelayLineProcess`` on loopback, and ``emulation`` says so; every report
 prints it.
 
-    python benchmarks/netem.py check --rtt 0 20 50 100     # the path check, JSON on stdout
+    python benchmarks/testbeds/netem.py check --rtt 0 20 50 100     # the path check, JSON on stdout
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 PACKET = "packet-level NFQUEUE"
 PROXY = "TCP proxy fallback"
 CLIENT_IP, SERVER_IP = "10.201.47.1", "10.201.47.2"
@@ -425,11 +426,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-mbit", type=float, default=None)
     ap.add_argument("--proxy", action="store_true", help="use the TCP proxy fallback")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(HERE.parent))
+    sys.path.insert(0, str(ROOT))
     from harness.seaweed import SeaweedServer
 
     out = []
-    with network(HERE.parent / "data" / "netem", rate_mbit=args.rate_mbit, force_proxy=args.proxy) as net:
+    with network(ROOT / "data" / "netem", rate_mbit=args.rate_mbit, force_proxy=args.proxy) as net:
         net.enter_server()
         with SeaweedServer(host=net.server_host) as server:
             bucket = server.create_bucket("netcheck")

@@ -1,6 +1,6 @@
 """Long run: 100,000+ samples over many epochs of a small local dataset, watching for leaks.
 
-    python benchmarks/long_run.py [--rows 2000] [--size 32] [--batch-size 64] [--samples 100000]
+    python benchmarks/suites/long_run.py [--rows 2000] [--size 32] [--batch-size 64] [--samples 100000]
                                   [--concurrency auto,256] [--interval 2] [--json out.json]
 
 Why: a loader that is fine for one epoch can still leak per epoch (a loop thread, an HTTP session, a

@@ -9,11 +9,11 @@ Measures, against a local SeaweedFS (signatures checked), for ~100 KB objects wi
 Each (transport, repetition) runs in a fresh client process, so one transport's threads and pools never
 tax the other's figures; the first ``--warmup`` GETs (opening the connections) are not counted. Both
 clients read the whole body into memory, as the source does before decoding. With ``--rtt 50`` and
-``benchmarks/netem.py`` able to build its namespaces, the server sits behind 50 ms of packet-level
+``benchmarks/testbeds/netem.py`` able to build its namespaces, the server sits behind 50 ms of packet-level
 round trip; that runs only when ``ip netns list`` is empty (another benchmark may own the namespaces).
 
-    python benchmarks/transport.py --rtt 0 [50] --reps 3     # writes benchmarks/results/transport/
-    python benchmarks/transport.py report                    # re-renders transport.md from transport.json
+    python benchmarks/suites/transport.py --rtt 0 [50] --reps 3     # writes benchmarks/results/transport/
+    python benchmarks/suites/transport.py report                    # re-renders transport.md from transport.json
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-OUT = HERE / "results" / "transport"
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "benchmarks" / "results" / "transport"
 BUCKET = "transport"
 TRANSPORTS = ("aiohttp-sigv4", "obstore")
 
@@ -161,10 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         if not _netns_free():
             notes.append(f"{rtt:g} ms not measured: `ip netns list` showed namespaces of another run")
             continue
-        sys.path.insert(0, str(HERE))
-        import netem
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.testbeds import netem
 
-        with netem.network(HERE.parent / "data" / "netem") as net:
+        with netem.network(ROOT / "data" / "netem") as net:
             net.enter_server()  # set up and upload from the server's side: no delay
             with SeaweedServer(host=net.server_host) as server:
                 net.set_rtt(rtt / 1000)

@@ -1,6 +1,6 @@
 """GPU benchmark for issue 12: the cost of getting batches to the GPU, and training against the model alone.
 
-    python benchmarks/gpu_feed.py --out benchmarks/results/gpu [--rows 2000] [--data /tmp/seg256]
+    python benchmarks/suites/gpu_feed.py --out benchmarks/results/gpu [--rows 2000] [--data /tmp/seg256]
 
 Everything is measured in one process, in one run, so the rows compare (a 16-core machine's loader
 throughput moves by tens of percent between runs, see issue 12):

@@ -1,0 +1,296 @@
+"""The one timing harness: a reader in a fresh process, one whole first epoch, what it cost.
+
+``Runner`` starts each measurement in a new process forked from a forkserver that imported torch, Deep
+Lake, asyncload and every reader module but never read (so each run opens its dataset cold, without
+paying ~3 s of imports); started inside a network namespace, it puts every thread of every run on the
+emulated path. ``measure_reader`` runs in that process:
+
+- ``run_samples_per_s``: samples over the whole run, from opening the dataset to the last sample: the
+  figure every table uses. A window inside the epoch would let a reader that stops issuing at the window's
+  end drain its tail for free, and one that started after a warm-up credits what was banked meanwhile
+  (measured on the WAN testbed: ±30% swings between readers from where the window fell);
+- ``samples_per_s``: from the first batch to the last (time to the first batch reported on its own);
+- ``cpu_ms_per_sample``: CPU (user + system) of the process tree over its whole life, per sample, from
+  ``/proc`` (DataLoader workers included), and per thread group (``thread_cpu_ms_per_sample``);
+- ``peak_rss_mb``: peak resident memory of the process tree, sampled every 0.1 s;
+- ``rx_bytes_per_sample`` and TCP counters of the client namespace.
+
+A reader that has not finished the epoch ``epoch_s`` after its first batch is stopped (the synchronous
+DataLoaders, which would take minutes); the tables say how many rows it read.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+#: What an asyncload run reports from ``loader.stats()`` (as ``asyncload_<key>``).
+ASYNCLOAD_STATS = (
+    "concurrency", "read_p50_ms", "read_p99_ms", "consumer_wait_s", "requests", "hedges", "hedges_won",
+    "samples_read", "samples_yielded", "cpu_decode_s", "cpu_collate_s", "memory_budget", "bytes_held_peak",
+)  # fmt: skip
+
+#: The live reader's extra figures (an AsyncLoader's ``stats``), read before the iterator is closed.
+LIVE: dict[str, Any] = {}
+
+
+def _stat_cpu_s(path: str, reaped: bool = False) -> float:
+    """CPU seconds (user + system) in a ``/proc/.../stat`` file, with reaped children's if ``reaped``."""
+    with open(path) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11 : 15 if reaped else 13]) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_s(pid: int, reaped: bool = False) -> float:
+    """CPU seconds of one process from /proc (0 if it is gone), with its reaped children's if ``reaped``."""
+    try:
+        return _stat_cpu_s(f"/proc/{pid}/stat", reaped)
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def tree_cpu_s(pid: int | None, reaped: bool = False) -> float:
+    """CPU seconds of a process and its live descendants (see ``proc_cpu_s``); 0 for no process."""
+    from asyncload.measure import _children
+
+    total, todo = 0.0, [pid] if pid else []
+    while todo:
+        p = todo.pop()
+        total += proc_cpu_s(p, reaped)
+        todo += _children(p)
+    return total
+
+
+def _thread_group(name: str) -> str:
+    """A thread's group: its name without the pool index (``decode_0`` and ``decode_1`` are one)."""
+    return re.sub(r"[-_]?\d+$", "", name) or name
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process's live threads by group: Python threads by their ``threading`` name
+    (the consumer is ``MainThread``), native ones by their kernel name (Deep Lake's pool is ``B_<n>``)."""
+    py_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+            cpu = _stat_cpu_s(f"/proc/self/task/{tid}/stat")
+        except OSError:
+            continue
+        name = py_names.get(int(tid))
+        group = _thread_group(name) if name else ("deeplake B_*" if comm.startswith("B_") else _thread_group(comm))
+        out[group] = out.get(group, 0.0) + cpu
+    return out
+
+
+def net_counters() -> dict[str, int]:
+    """This network namespace's TCP counters (connections opened, segments retransmitted) and bytes received
+    on its non-loopback interfaces. One measured process runs in the client namespace at a time, so a
+    delta over a run is that run's."""
+    with open("/proc/net/snmp") as f:
+        head, values = [line.split() for line in f if line.startswith("Tcp:")][:2]
+    tcp = dict(zip(head[1:], map(int, values[1:]), strict=True))
+    with open("/proc/net/dev") as f:
+        rx = sum(int(line.split(":")[1].split()[0]) for line in f if ":" in line and line.split(":")[0].strip() != "lo")
+    return {"tcp_opens": tcp["ActiveOpens"], "tcp_retrans_segs": tcp["RetransSegs"], "rx_bytes": rx}
+
+
+def _count(batch: Any) -> int:
+    if isinstance(batch, dict):
+        return len(next(v for k, v in batch.items() if k != "index"))
+    if isinstance(batch, (list, tuple)):
+        return len(batch[0])
+    return len(batch)
+
+
+def index_order(rows: int, order: str, seed: int = 0) -> list[int]:
+    """Every row once: ``sequential``, or one fixed permutation (the same for every reader)."""
+    if order == "sequential":
+        return list(range(rows))
+    return [int(i) for i in np.random.default_rng(seed).permutation(rows)]
+
+
+def stages(total_s: float, threads: dict[str, float], stats: dict[str, Any], harness_s: float) -> dict[str, float]:
+    """asyncload's CPU by stage, in seconds: decode (decode, crop, resize, flip) and collate (collation and a
+    ``transform=`` callable) from its ``stats()``, the consumer from
+    the main thread, the harness's RSS sampler apart, and fetch as everything else in the process tree
+    (the event loop, Deep Lake's storage threads, TLS/HTTP, workers)."""
+    decode = float(stats.get("cpu_decode_s") or 0.0)
+    collate = float(stats.get("cpu_collate_s") or 0.0)
+    consumer = threads.get("MainThread", 0.0)
+    return {
+        "fetch": max(total_s - decode - collate - consumer - harness_s, 0.0),
+        "decode": decode,
+        "collate": collate,
+        "consumer": consumer,
+    }
+
+
+def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
+    """Open and read one first epoch (every one of ``rows`` rows in ``order``), or what comes within
+    ``epoch_s`` seconds of the first batch, in this process; report what it cost (module docstring)."""
+    import deeplake
+
+    from asyncload.measure import PeakRSS
+
+    from . import batches
+
+    n = spec["rows"]
+    order = index_order(n, spec["order"], spec.get("seed", 0))
+    # every 0.1 s, not PeakRSS's default 20 ms: walking /proc for a process with Deep Lake's ~70 threads
+    # 50 times a second took ~5% of a core, charged to every reader on a CPU-bound machine
+    rss = PeakRSS(every_s=0.1)
+    net0, thr0, c0 = net_counters(), thread_cpu_s(), tree_cpu_s(os.getpid())
+    t_start = time.perf_counter()
+    it = batches(spec, order)
+    seen = s_first = 0
+    t_first = wall_first = None
+    try:
+        for b in it:
+            seen += _count(b)
+            now = time.perf_counter()
+            if t_first is None:
+                t_first, s_first, wall_first = now, seen, time.time()
+            if seen >= n or now - t_first >= spec["epoch_s"]:
+                break
+    finally:
+        t1, c1, wall1 = time.perf_counter(), tree_cpu_s(os.getpid()), time.time()
+        net1, thr1 = net_counters(), thread_cpu_s()
+        stats = LIVE["stats"]() if "stats" in LIVE else {}
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+    peak = rss.stop()
+    if t_first is None:
+        return {"error": "no batch read", "samples": seen}
+    net = {k: v - net0[k] for k, v in net1.items()}
+    threads = {k: v - thr0.get(k, 0.0) for k, v in thr1.items()}
+    per = 1e3 / seen
+    out = {
+        "samples_per_s": (seen - s_first) / (t1 - t_first) if seen > s_first else None,  # one batch: no span
+        "run_samples_per_s": seen / (t1 - t_start),
+        "cpu_ms_per_sample": (c1 - c0) * per,
+        "peak_rss_mb": peak,
+        "samples": seen,
+        "first_batch_samples": s_first,
+        "epoch_complete": seen >= n,
+        "first_batch_s": t_first - t_start,
+        "seconds": t1 - t_start,
+        "rx_bytes_per_sample": net["rx_bytes"] / seen,
+        "thread_cpu_ms_per_sample": {k: round(v * per, 3) for k, v in sorted(threads.items())},
+        "span_unix": [wall_first, wall1],
+        "storage_threads": deeplake.storage.concurrency(),
+        **net,
+        **{f"asyncload_{k}": stats[k] for k in ASYNCLOAD_STATS if k in stats},
+    }
+    if spec["reader"] == "asyncload":
+        parts = stages(c1 - c0, threads, stats, threads.get("peak-rss", 0.0))
+        out["stage_cpu_ms_per_sample"] = {k: round(v * per, 3) for k, v in parts.items()}
+        out["stage_cpu_from_stats"] = "cpu_decode_s" in stats
+    return out
+
+
+def _child(spec: dict[str, Any], conn: Any) -> None:
+    """In the fresh process: measure, send, exit hard (Deep Lake's threads can crash a normal interpreter
+    exit after ``get_async``; the result is already out). ``spec["call"]`` runs another function instead
+    (the path check), given as ``(module, name, args)``."""
+    try:
+        if "call" in spec:
+            import importlib
+
+            module, name, args = spec["call"]
+            out = getattr(importlib.import_module(module), name)(*args)
+        else:
+            out = measure_reader(spec)
+    except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
+        out = {"error": f"{type(exc).__name__}: {exc}"}
+    conn.send(out)
+    conn.close()
+    os._exit(0)
+
+
+class Runner:
+    """Fresh processes from one forkserver that preloaded the heavy imports (~3 s each otherwise).
+
+    ``enter``, if given, moves the calling thread into the client's network namespace while the
+    forkserver starts (``netem.inside``), so that every thread of every child, including those Deep Lake
+    recreates at fork time, is on the emulated path. Without it the runs read as the caller does (local
+    disk). One forkserver per process: a second ``Runner`` shares it, so make one per suite.
+    """
+
+    def __init__(self, timeout_s: float, enter: Callable[[], None] | None = None) -> None:
+        import pkgutil
+        from multiprocessing import forkserver
+
+        import asyncload
+
+        from . import modules
+
+        self.timeout_s = timeout_s
+        self.ctx = mp.get_context("forkserver")
+        # Every asyncload module, not only the package: a module imported lazily in a child would come
+        # from disk, and in a checkout being edited meanwhile it may no longer match the preloaded ones.
+        ours = [
+            m.name
+            for m in pkgutil.walk_packages(asyncload.__path__, "asyncload.")
+            if not m.name.endswith("__main__") and ".testing" not in m.name
+        ]
+        extra = [m for m in ("spdl.pipeline", "simplejpeg", "cv2") if _importable(m)]
+        self.ctx.set_forkserver_preload(["torch", "deeplake", "asyncload", *ours, *extra, __name__, *modules()])
+        if enter is None:
+            forkserver.ensure_running()
+        else:
+            from benchmarks.testbeds import netem
+
+            with netem.inside(enter):
+                forkserver.ensure_running()
+
+    def __call__(self, spec: dict[str, Any], on_start: Callable[[int], None] | None = None) -> dict[str, Any]:
+        """``spec`` measured in a fresh child; ``on_start(pid)`` is called once it runs (the probe's hook)."""
+        recv, send = self.ctx.Pipe(duplex=False)
+        p = self.ctx.Process(target=_child, args=(spec, send), daemon=False)
+        p.start()
+        send.close()
+        if on_start is not None:
+            on_start(p.pid)
+        try:
+            out = recv.recv() if recv.poll(self.timeout_s) else {"error": f"no result within {self.timeout_s:.0f}s"}
+        except EOFError:
+            out = {"error": "the process died without a result"}
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
+        if p.exitcode not in (0, None) and "error" not in out:
+            out["exitcode"] = p.exitcode
+        return out
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def median_run(runs: list[dict[str, Any]], key: str = "run_samples_per_s") -> dict[str, Any] | None:
+    """The median repetition by ``key`` (failed runs left out), with every run's figure beside it."""
+    ok = sorted((m for m in runs if key in m), key=lambda m: m[key])
+    if not ok:
+        return None
+    return {**ok[len(ok) // 2], "runs": len(ok), "all_sps": [round(m[key], 1) for m in ok]}
+
+
+def drain(it: Iterator[Any]) -> int:
+    """Samples in an iterator of batches (the smoke checks)."""
+    return sum(_count(b) for b in it)

@@ -1,0 +1,1 @@
+"""The runnable benchmarks: each combines a testbed with readers and writes ``benchmarks/results/<suite>/``."""

@@ -1,0 +1,165 @@
+"""Photo-like benchmark data: crops of the photographs scikit-image ships, with segmentation masks.
+
+Why not ``asyncload.synthetic``: its gradients-and-shapes images compress to ~18 KB as PNG, while
+256×256 photographs are 100–150 KB (JPEG q90 20–30 KB), so bytes on the wire and decode work were 5–7×
+lower than what a training job reads. Crops of real photographs at random scales, flipped and slightly
+re-exposed, have natural-image statistics and sizes; the masks (4 classes from smoothed luminance)
+compress with lz4 like label maps do. Row ``i`` depends only on ``(seed, i)``.
+
+Three shapes, one per question:
+
+- fixed 256×256 (``size=256``): the WAN suite's headline rows, JPEG q90 (~20 KB) or PNG (~120 KB);
+- variable (``size=None``): 240–640 px on the long side, aspect (width / height) 0.6–1.7, PNG masks: what
+  a random-resized-crop training job reads (the augmentation suite);
+- large (``size=2048``): 2048×2048 photos (~600 KB as JPEG), where a decoded batch is 400 MB and the
+  loader's byte budget, not its sample count, bounds memory.
+
+    python benchmarks/testbeds/photos.py data/bench/photos --rows 1000 --format png [--size 256|0|2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import io
+import sys
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import numpy as np
+
+PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "immunohistochemistry", "retina", "colorwheel")
+
+
+@functools.cache
+def _sources() -> tuple[np.ndarray, ...]:
+    import skimage.data
+
+    return tuple(getattr(skimage.data, name)() for name in PHOTOS)
+
+
+#: Variable-size rows: the long side in pixels and the aspect ratio (width / height), both uniform.
+LONG_SIDE, ASPECT = (240, 640), (0.6, 1.7)
+
+
+def variable_shape(rng: np.random.Generator) -> tuple[int, int]:
+    """(height, width) of one variable-size row."""
+    long, aspect = int(rng.integers(LONG_SIDE[0], LONG_SIDE[1] + 1)), float(rng.uniform(*ASPECT))
+    return (round(long / aspect), long) if aspect >= 1 else (long, round(long * aspect))
+
+
+def photo_sample(
+    rng: np.random.Generator, size: int | tuple[int, int] = 256, noise_std: tuple[float, float] = (1.5, 3.5)
+) -> tuple[np.ndarray, np.ndarray]:
+    """One ``(image uint8 [h, w, 3], mask uint8 [h, w])`` of ``size`` (an int: square): a random crop of
+    a random photo with the target's aspect, between the target and the photo's size, resized to it,
+    maybe mirrored, re-exposed, with sensor noise of a standard deviation drawn from ``noise_std``."""
+    from PIL import Image, ImageFilter
+
+    src = _sources()[int(rng.integers(len(PHOTOS)))]
+    h, w = src.shape[:2]
+    if isinstance(size, int):  # a square crop between ``size`` and the photo's short side
+        th = tw = size
+        ch = cw = int(rng.integers(min(size, h, w), min(h, w) + 1))
+    else:  # the largest crop of the target's aspect the photo holds, scaled down by up to its slack
+        th, tw = size
+        fit = min(h / th, w / tw)
+        scale = float(rng.uniform(1.0, fit)) if fit > 1 else fit
+        ch, cw = max(1, min(h, round(th * scale))), max(1, min(w, round(tw * scale)))
+    y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+    img = Image.fromarray(src[y : y + ch, x : x + cw]).resize((tw, th), Image.BILINEAR)
+    arr = np.asarray(img, dtype=np.float32)
+    if rng.random() < 0.5:
+        arr = arr[:, ::-1]
+    noise = rng.normal(0, rng.uniform(*noise_std), arr.shape)  # sensor noise: what keeps photos from compressing
+    arr = np.clip(arr * rng.uniform(0.85, 1.15) + rng.uniform(-12, 12) + noise, 0, 255).astype(np.uint8)
+    lum = Image.fromarray(arr).convert("L").filter(ImageFilter.BoxBlur(4))
+    levels = np.asarray(lum)
+    mask = np.digitize(levels, np.percentile(levels, [25, 50, 75])).astype(np.uint8)
+    return np.ascontiguousarray(arr), mask
+
+
+def encode(img: np.ndarray, image_format: Literal["png", "jpg"]) -> bytes:
+    """The stored bytes of one image, encoded here rather than by Deep Lake so that the format's settings
+    are known: PIL's PNG (zlib level 6), JPEG quality 90 without chroma subsampling. Deep Lake stores
+    appended bytes verbatim."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    if image_format == "png":
+        Image.fromarray(img).save(buf, format="PNG")
+    else:
+        Image.fromarray(img).save(buf, format="JPEG", quality=90, subsampling=0)
+    return buf.getvalue()
+
+
+def make_photo_dataset(
+    url: str,
+    rows: int,
+    *,
+    image_format: Literal["png", "jpg"] = "png",
+    size: int | None = 256,
+    mask_format: Literal["lz4", "png"] = "lz4",
+    noise_std: tuple[float, float] = (1.5, 3.5),
+    seed: int = 0,
+    creds: Mapping[str, str] | None = None,
+    chunk: int = 64,
+) -> str:
+    """Write ``rows`` photo-like samples to a new Deep Lake dataset at ``url`` (replacing one there).
+
+    Columns as ``asyncload.synthetic``: ``images`` (``Image``, png or jpg) and ``masks`` (``SegmentMask``,
+    lz4, or PNG bytes stored verbatim). ``size``: a side in pixels, or ``None`` for variable shapes
+    (``variable_shape``)."""
+    import deeplake
+
+    cr = dict(creds) if creds else None
+    if deeplake.exists(url, creds=cr):
+        deeplake.delete(url, creds=cr)
+    ds = deeplake.create(url, creds=cr)
+    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression=image_format))
+    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression=mask_format))
+    ds.metadata["generator"] = (
+        f"benchmarks/testbeds/photos.py seed={seed} size={size} masks={mask_format} photos={','.join(PHOTOS)}"
+    )
+    for start in range(0, rows, chunk):
+        pairs = []
+        for i in range(min(chunk, rows - start)):
+            rng = np.random.default_rng([seed, start + i])
+            pairs.append(photo_sample(rng, size if size is not None else variable_shape(rng), noise_std))
+        images = [encode(p[0], image_format) for p in pairs]
+        masks: Any = [encode(p[1], "png") for p in pairs] if mask_format == "png" else np.stack([p[1] for p in pairs])
+        ds.append({"images": images, "masks": masks})
+    ds.commit(f"{rows} photo-like segmentation samples")
+    del ds
+    return url
+
+
+def bytes_per_sample(url: str, creds: Mapping[str, str] | None = None, probe: int = 32) -> dict[str, float]:
+    """Stored bytes per sample, image and mask, from the raw bytes of the first ``probe`` rows."""
+    import deeplake
+
+    ds = deeplake.open_read_only(url, creds=dict(creds)) if creds else deeplake.open_read_only(url)
+    n = min(probe, len(ds))
+    out = {col: float(np.mean([len(ds[i].get_bytes(col)) for i in range(n)])) for col in ("images", "masks")}
+    del ds
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("url")
+    ap.add_argument("--rows", type=int, default=1000)
+    ap.add_argument("--format", choices=["png", "jpg"], default="png")
+    ap.add_argument("--size", type=int, default=256, help="side in pixels; 0: variable shapes with PNG masks")
+    args = ap.parse_args(argv)
+    variable = args.size == 0
+    make_photo_dataset(
+        args.url, args.rows, image_format=args.format, size=None if variable else args.size,
+        mask_format="png" if variable else "lz4",
+    )  # fmt: skip
+    print(bytes_per_sample(args.url))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
