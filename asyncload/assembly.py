@@ -18,7 +18,7 @@ import torch
 
 from . import decode
 from ._protocol import EMPTY
-from .collate import collate_column, collate_columns, default_collate, ragged_policy, rows
+from .collate import CollateError, collate_column, collate_columns, default_collate, ragged_policy, rows
 from .plan import Plan
 
 
@@ -43,6 +43,13 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
         return Assembled(0, EMPTY)
     skipped: list[tuple[int, str]] = []
     decode_s = 0.0
+    if plan.stage is not None and plan.stage.ship:  # a fan-out worker: the training process decodes
+        from . import gpu
+
+        values = {c: [v for p in parts for v in p[c]] for c in cols}
+        keep = list(range(len(indices)))
+        batch = _batch(plan, cols, gpu.pack(plan.stage, cols, values, indices), values, keep, indices)
+        return Assembled(len(indices), batch, [], 0.0, time.thread_time() - t0)
     if plan.stage is not None:
         values = {c: [v for p in parts for v in p[c]] for c in cols}
         tensors, keep, skipped, decode_s = _decoded(plan, plan.stage, cols, values, indices)
@@ -98,14 +105,25 @@ def _decoded(
 
 
 def _batch(
-    plan: Plan, cols: tuple[str, ...], tensors: dict[str, Any], values: dict[str, list[Any]], keep: list[int],
+    plan: Plan,
+    cols: tuple[str, ...],
+    tensors: dict[str, Any],
+    values: dict[str, list[Any]],
+    keep: list[int],
     kept: list[int],
 ) -> dict[str, Any]:
     """The default batch: the decoded columns, the others collated as ``collate`` does, and the index."""
-    batch: dict[str, Any] = {}
+    batch: dict[str, Any] = {k: v for k, v in tensors.items() if k not in cols}  # (``gpu.pack``'s keys)
     for c in cols:
-        if isinstance(tensors.get(c), torch.Tensor):
-            batch[c] = tensors[c]
+        got = tensors.get(c)
+        if isinstance(got, (torch.Tensor, dict)):  # a batch tensor, or a column packed for the parent
+            batch[c] = got
+        elif isinstance(got, list) and got and isinstance(got[0], torch.Tensor):  # on a GPU, unequal sizes
+            if ragged_policy(plan.ragged, c) is None:
+                raise CollateError(
+                    f"column {c!r}: samples of different shapes need ragged={{{c!r}: 'list'}} or a Resize"
+                )
+            batch[c] = got
         else:  # a column the stage does not own, or decoded samples of unequal sizes
             got = tensors[c] if c in tensors else [values[c][k] for k in keep]
             batch.update(collate_column(c, [got], len(kept), kept, ragged_policy(plan.ragged, c)))

@@ -60,7 +60,12 @@ class Resize:
         object.__setattr__(self, "size", _size("Resize", self.size))
         check("Resize.fill", self.fill, 0 <= self.fill <= 255, "an int in [0, 255]")
         check("Resize.mask_fill", self.mask_fill, 0 <= self.mask_fill <= 255, "an int in [0, 255]")
-        check("Resize.interpolation", self.interpolation, self.interpolation in _INTERPOLATIONS, "'auto', 'bilinear' or 'area'")
+        check(
+            "Resize.interpolation",
+            self.interpolation,
+            self.interpolation in _INTERPOLATIONS,
+            "'auto', 'bilinear' or 'area'",
+        )
 
 
 @dataclass(frozen=True)

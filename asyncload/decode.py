@@ -58,6 +58,7 @@ class Stage:
     on_error: str = "raise"
     url: str = ""
     device: str | None = None  # "cuda[:N]": JPEG images decode on that GPU (``gpu``), the rest here
+    ship: bool = False  # in a fan-out worker with a device: pack what was read for the parent (``gpu.pack``)
 
     def for_epoch(self, epoch: int) -> Stage:
         from dataclasses import replace
@@ -217,9 +218,7 @@ def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:
     return arr
 
 
-def _decode_drawn(
-    data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.ndarray, fill: int, aug: Augment
-) -> None:
+def _decode_drawn(data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.ndarray, fill: int, aug: Augment) -> None:
     """Decode one sample (at reduced scale where the crop shrinks enough) and apply ``d`` into ``dst``."""
     reduce = 1
     if head.format == "jpeg":
@@ -269,8 +268,6 @@ def apply(src: np.ndarray, dst: np.ndarray, d: Draw, role: Role, fill: int, inte
             region[...] = got.reshape(region.shape)
     if d.flip:
         cv2.flip(region, 1, dst=region)
-
-
 
 
 def decoders_available() -> str | None:

@@ -85,6 +85,11 @@ class LoaderOptions:
         validate(self)
         if isinstance(self.ragged, Mapping):  # frozen and hashable-free: keep a private copy
             object.__setattr__(self, "ragged", dict(self.ragged))
+        if self.decode.startswith("cuda") and self.processes and (self.transform or self.collate_fn):
+            raise ConfigError(
+                f"decode={self.decode!r} with processes={self.processes} is not allowed with a transform or "
+                "collate_fn: the workers ship stored bytes and the training process decodes; use processes=0"
+            )
         if self.augment is not None and not isinstance(self.augment, Augment):
             object.__setattr__(self, "augment", Augment(self.augment))  # validated: names the op that is wrong
 

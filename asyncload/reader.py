@@ -8,6 +8,7 @@ tuner lives here, across epochs, so that a new epoch starts where the last one s
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from .decode import decode_stage
@@ -27,15 +28,18 @@ TUNER_START = 256
 
 
 class ShardReader:
-    """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time."""
+    """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time. ``worker``: in a
+    fan-out worker process, which leaves GPU decoding to the training process."""
 
-    def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard) -> None:
+    def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard, *, worker: bool = False) -> None:
         self.source = source
         self.options = o = options
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
         self.sampler = o.sampler(len(source), shard)
         self._tuner: ConcurrencyTuner | None = None
         self._stage = decode_stage(source, o)
+        if worker and self._stage is not None and self._stage.device is not None:  # the GPU is the parent's
+            self._stage = dataclasses.replace(self._stage, ship=True)
 
     def plan(self, epoch: int, progress: EpochProgress) -> Plan:
         """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``."""

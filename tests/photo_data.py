@@ -61,7 +61,11 @@ def make(
     images, masks = [], []
     for i in range(rows):
         rng = np.random.default_rng([seed, i])
-        h, w = (int(rng.integers(sizes[0], sizes[1] + 1)), int(rng.integers(sizes[0], sizes[1] + 1))) if sizes else (64, 64)
+        h, w = (
+            (int(rng.integers(sizes[0], sizes[1] + 1)), int(rng.integers(sizes[0], sizes[1] + 1)))
+            if sizes
+            else (64, 64)
+        )
         img, mask = sample(rng, h, w, aligned)
         images.append(encode(img, image_format))
         masks.append(encode(mask, "png") if mask_format == "png" else mask)

@@ -27,13 +27,22 @@ CROP = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
 @pytest.fixture(scope="module")
 def aligned_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Lossless images (PNG) whose masks are a threshold of their own pixels; sizes 60–200 px a side."""
-    return make(str(tmp_path_factory.mktemp("aug") / "png"), ROWS, image_format="png", mask_format="png", sizes=(60, 200), aligned=True)
+    return make(
+        str(tmp_path_factory.mktemp("aug") / "png"),
+        ROWS,
+        image_format="png",
+        mask_format="png",
+        sizes=(60, 200),
+        aligned=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def photo_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Photo-like JPEGs (q90) of 60–200 px a side with lz4 masks."""
-    return make(str(tmp_path_factory.mktemp("aug") / "jpg"), ROWS, image_format="jpg", mask_format="lz4", sizes=(60, 200))
+    return make(
+        str(tmp_path_factory.mktemp("aug") / "jpg"), ROWS, image_format="jpg", mask_format="lz4", sizes=(60, 200)
+    )
 
 
 def agreement(batch: dict[str, torch.Tensor]) -> float:
@@ -170,7 +179,10 @@ def test_fanout_workers_and_dataloader_workers_augment_exactly_as_one_process(ph
 def test_a_users_transform_runs_after_the_augmentation(photo_url: str) -> None:
     def transform(s: dict) -> dict:
         assert s["images"].shape == (40, 48, 3) and s["masks"].shape == (40, 48)
-        return {"images": torch.from_numpy(s["images"]).permute(2, 0, 1).float() / 255, "masks": torch.from_numpy(s["masks"])}
+        return {
+            "images": torch.from_numpy(s["images"]).permute(2, 0, 1).float() / 255,
+            "masks": torch.from_numpy(s["masks"]),
+        }
 
     b = next(iter(AsyncLoader(DeepLakeSource(photo_url), 8, augment=CROP, transform=transform)))
     assert b["images"].shape == (8, 3, 40, 48) and b["images"].dtype == torch.float32 and b["index"].shape == (8,)

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from asyncload import AsyncLoader, ConfigError, DeepLakeSource, ReadError, RandomResizedCrop
-from asyncload import codecs
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource, RandomResizedCrop, ReadError, codecs
 from asyncload.sources.subset import RangeSource
 from tests.photo_data import encode, make, sample
 
@@ -65,7 +64,10 @@ def test_a_mask_comes_back_h_by_w_whatever_its_compression(decode: str, jpeg_url
 
 def test_the_cpu_decode_reads_stored_bytes_and_the_store_decode_does_not(jpeg_url: str) -> None:
     """What each setting reads: the stored JPEG bytes (a fraction of the pixels) or decoded arrays."""
-    cpu, store = AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="cpu"), AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="store")
+    cpu, store = (
+        AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="cpu"),
+        AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="store"),
+    )
     list(cpu), list(store)
     masks = ROWS * 64 * 64
     assert store.stats()["samples_read"] == cpu.stats()["samples_read"] == ROWS
@@ -118,7 +120,9 @@ def test_bad_bytes_raise_a_read_error_naming_url_column_row_and_decoder(
     with pytest.raises(ReadError) as info:
         list(AsyncLoader(one, 1))
     err = info.value
-    assert str(err).startswith(f"reading column '{column}' of {bad_url} at indices [{row}] failed: DecodeError: {message}")
+    assert str(err).startswith(
+        f"reading column '{column}' of {bad_url} at indices [{row}] failed: DecodeError: {message}"
+    )
     assert (err.column, err.indices) == (column, [row]) and isinstance(err.__cause__, codecs.DecodeError)
 
 
@@ -146,7 +150,9 @@ def test_bad_bytes_are_skipped_counted_and_reported_when_asked(bad_url: str, cap
 def test_an_empty_array_from_the_store_is_named_not_collated(bad_url: str) -> None:
     """decode="store": Deep Lake returns shape () for bytes it cannot decode; that is a read error of that
     row, not a CollateError about ragged shapes."""
-    with pytest.raises(ReadError, match=rf"column 'images' of {bad_url} at indices \[9\] failed: DecodeError: .*shape \(\)"):
+    with pytest.raises(
+        ReadError, match=rf"column 'images' of {bad_url} at indices \[9\] failed: DecodeError: .*shape \(\)"
+    ):
         list(AsyncLoader(RangeSource(DeepLakeSource(bad_url), 9, 10), 1, decode="store"))
 
 
@@ -193,7 +199,10 @@ def test_the_budget_defaults_to_1_gib_or_an_eighth_of_memory() -> None:
     [
         ({"decode": "gpu"}, r"decode='gpu' is not allowed: 'auto', 'cpu', 'store', 'cuda' or 'cuda:N'"),
         ({"memory_budget": 0}, r"memory_budget=0 is not allowed: 'auto' or a number of bytes >= 1"),
-        ({"augment": ["flip"]}, r"augment='flip' is not allowed: a list of Resize, RandomResizedCrop and RandomHorizontalFlip"),
+        (
+            {"augment": ["flip"]},
+            r"augment='flip' is not allowed: a list of Resize, RandomResizedCrop and RandomHorizontalFlip",
+        ),
         (
             {"augment": [RandomResizedCrop(32), RandomResizedCrop(32)]},
             r"augment=.* is not allowed: at most one Resize or RandomResizedCrop",
@@ -211,5 +220,7 @@ def test_augment_needs_an_image_column(tmp_path: Path) -> None:
     ds.add_column("label", deeplake.types.Int32())
     ds.append({"label": [1, 2]})
     ds.commit()
-    with pytest.raises(ConfigError, match=r"augment=.* is not allowed for .*labels: none of the columns label is an image or a mask"):
+    with pytest.raises(
+        ConfigError, match=r"augment=.* is not allowed for .*labels: none of the columns label is an image or a mask"
+    ):
         AsyncLoader(DeepLakeSource(url, columns=("label",)), 2, augment=[RandomResizedCrop(8)])

@@ -28,6 +28,7 @@ from .._loop import Stage, on_exit
 from .._protocol import END
 from ..epoch import Epoch
 from ..errors import ConfigError, WorkerError, _short
+from ..gpu import PACKED, finish
 from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
@@ -245,6 +246,11 @@ class FanoutEpoch(Epoch):
         assert self._lease.gen is not None
         self._pool.send(t.index, Credit(self._lease.gen))
         self._progress.mark(at)
+        stage = self._pool.gpu_stage
+        if stage is not None and isinstance(msg.batch, dict) and PACKED in msg.batch:
+            batch, skipped = finish(stage.for_epoch(self._epoch), msg.batch, self._pool.with_index)
+            self._stats.record_skipped(skipped)
+            return msg.count - len(skipped), batch
         return msg.count, msg.batch
 
     def _next_in_order(self) -> tuple[int, Any]:

@@ -33,6 +33,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .._loop import Stage, on_exit
+from ..decode import decode_stage
 from ..errors import ConfigError
 from ..options import LoaderOptions
 from ..reader import ShardReader
@@ -166,6 +167,10 @@ class _Pool:
         if sampler is None:  # the plan of this shard, as each worker computes its share of it
             sampler = ShardReader(source.open(), options, shard).sampler
         self.sampler = sampler
+        stage = decode_stage(source.open(), options)
+        #: ``decode="cuda"``: the stage the training process runs on each batch (workers ship bytes)
+        self.gpu_stage = stage if stage is not None and stage.device is not None else None
+        self.with_index = options.with_index
         self.processes = processes
         self.url = source.url
         self._context = context

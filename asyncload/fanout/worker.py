@@ -179,7 +179,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     reader: ShardReader | None = None
     broken: Failure | None = None
     try:
-        reader = ShardReader(spec.source.open(), spec.options, spec.shard)
+        reader = ShardReader(spec.source.open(), spec.options, spec.shard, worker=True)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
         broken = Failure(exc)
     try:

@@ -1,0 +1,225 @@
+"""The decode stage on a GPU (``decode="cuda"``): JPEG images decoded by nvJPEG in one batched call, the
+batch's crop, resize and flip run on the device, and the batch delivered in device memory.
+
+The CPU only fetches bytes. What nvJPEG is not given falls back to the CPU decoders (``codecs``), said
+once in the log: PNG and other codecs, masks (class ids are not images; they are decoded on the CPU and
+copied, a small fraction of the bytes), and JPEG bytes that do not end with the EOI marker (a file cut
+short, which libjpeg-turbo's strict mode rejects with a message, where a GPU decoder may return grey).
+
+Geometry matches the CPU stage's draws exactly (the same ``augment.Draw``); pixels differ from the CPU
+path by interpolation rounding only: antialiased bilinear here where the CPU averages areas.
+
+With worker processes (``processes=K``), workers must not touch the GPU: they ``pack`` the stage's
+columns as they were read (stored bytes, store-decoded masks) into shared-memory tensors and the training
+process runs ``unpack`` and ``run`` on each batch it receives. The draws depend on (seed, epoch, row) only,
+so the batch is the one a single process would make.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import codecs
+from .augment import Draw
+from .codecs import DecodeError
+from .collate import allocate
+from .decode import ImageColumn, Stage, _as_hw, _log_once, _stored
+from .errors import read_error
+
+#: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
+PACKED = "_asyncload_packed"
+_EOI = b"\xff\xd9"
+_lock = threading.Lock()
+
+
+def run(
+    stage: Stage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]
+) -> tuple[dict[str, Any], list[int], list[tuple[int, str]]]:
+    """Like ``decode.run``, with the image-like columns' tensors on ``stage.device``."""
+    device = torch.device(stage.device or "cuda")
+    n = len(rows)
+    image_cols = [c for c in cols if c in stage.columns]
+    skipped: list[tuple[int, str]] = []
+    bad: set[int] = set()
+
+    def fail(k: int, col: str, exc: BaseException) -> None:
+        if stage.on_error != "skip":
+            raise read_error(stage.url, col, [rows[k]], exc) from exc
+        if k not in bad:
+            bad.add(k)
+            skipped.append((rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
+
+    pixels: dict[str, list[torch.Tensor | None]] = {}  # per column, each sample as C×H×W on the device
+    for c in image_cols:
+        pixels[c] = _decode_column(c, stage.columns[c], values[c], device, fail)
+    good = [k for k in range(n) if k not in bad]
+    sizes = [tuple(pixels[image_cols[0]][k].shape[1:]) for k in good] if image_cols else []  # type: ignore[union-attr]
+    for c in image_cols[1:]:
+        for k, s in zip(good, sizes, strict=True):
+            got = tuple(pixels[c][k].shape[1:])  # type: ignore[union-attr]
+            if stage.augment is not None and got != s:
+                from .collate import CollateError
+
+                raise CollateError(
+                    f"row {rows[k]} of {stage.url}: column {c!r} is {got[0]}x{got[1]} but {image_cols[0]!r} is "
+                    f"{s[0]}x{s[1]}; paired augmentation needs them equal"
+                )
+    aug = stage.augment
+    draws = aug.draws(stage.seed, stage.epoch, [rows[k] for k in good], sizes) if aug is not None else None
+    tensors: dict[str, Any] = {}
+    for c in image_cols:
+        role = stage.columns[c].role
+        items = [pixels[c][k] for k in good]
+        if draws is not None and aug is not None and aug.out_size is not None:
+            fill = aug.fills[0] if role == "image" else aug.fills[1]
+            channels = (3,) if role == "image" else ()
+            out = torch.empty((len(good), *aug.out_size, *channels), dtype=torch.uint8, device=device)
+            for j, (img, d) in enumerate(zip(items, draws, strict=True)):
+                place(img, d, role, out[j], fill, aug.interpolation)  # type: ignore[arg-type]
+            tensors[c] = out
+            continue
+        hwc = []
+        for j, img in enumerate(items):
+            assert img is not None
+            if draws is not None and draws[j].flip:
+                img = img.flip(-1)
+            hwc.append(img.permute(1, 2, 0) if role == "image" else img[0])
+        if hwc and all(t.shape == hwc[0].shape for t in hwc):
+            tensors[c] = torch.stack(hwc)
+        else:
+            tensors[c] = [t.contiguous() for t in hwc]
+    return tensors, good, skipped
+
+
+def _decode_column(
+    c: str, col: ImageColumn, values: Sequence[Any], device: torch.device, fail: Any
+) -> list[torch.Tensor | None]:
+    """Each sample of one column as a C×H×W uint8 tensor on ``device`` (None where it failed)."""
+    out: list[torch.Tensor | None] = [None] * len(values)
+    gpu_k = [
+        k for k, v in enumerate(values)
+        if device.type == "cuda" and col.role == "image" and _stored(v) and codecs.sniff(v) == "jpeg"
+        and bytes(v[-2:]) == _EOI
+    ]  # fmt: skip
+    if gpu_k:
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        data = [torch.frombuffer(bytearray(values[k]), dtype=torch.uint8) for k in gpu_k]
+        try:
+            decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:  # one bad sample fails the call: find it
+            decoded = []
+            for k, d in zip(gpu_k, data, strict=True):
+                try:
+                    decoded.append(decode_jpeg(d, mode=ImageReadMode.RGB, device=device))
+                except RuntimeError as exc:
+                    fail(k, c, DecodeError(f"nvJPEG: {exc}"))
+                    decoded.append(None)
+        for k, img in zip(gpu_k, decoded, strict=True):
+            out[k] = img
+    for k, v in enumerate(values):
+        if out[k] is not None or k in gpu_k:
+            continue
+        try:
+            if _stored(v):
+                if col.role == "image":
+                    _log_once(
+                        f"asyncload: column {c!r}: {codecs.sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)"
+                    )
+                arr = codecs.decode(v, col.mode)
+            else:
+                arr = _as_hw(v, col)
+        except DecodeError as exc:
+            fail(k, c, exc)
+            continue
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(device, non_blocking=False)
+        out[k] = t.permute(2, 0, 1) if t.ndim == 3 else t[None]
+    return out
+
+
+def place(img: torch.Tensor, d: Draw, role: str, dst: torch.Tensor, fill: int, interpolation: str = "auto") -> None:
+    """Crop ``img`` (C×H×W) to ``d.box``, resize into ``d.inner`` of ``dst`` (H×W×C or H×W, the rest
+    ``fill``), mirrored if ``d.flip``: the device twin of ``decode.apply`` (antialiased bilinear for images
+    when shrinking, nearest for masks)."""
+    import torch.nn.functional as F
+
+    y, x, h, w = d.box
+    top, left, ih, iw = d.inner
+    crop = img[:, y : y + h, x : x + w][None].float()
+    if role == "mask":
+        out = F.interpolate(crop, size=(ih, iw), mode="nearest-exact")
+    else:
+        shrink = ih < h or iw < w
+        aa = shrink and interpolation != "bilinear"
+        out = F.interpolate(crop, size=(ih, iw), mode="bilinear", align_corners=False, antialias=aa)
+        out = out.round_().clamp_(0, 255)
+    if d.flip:
+        out = out.flip(-1)
+    if (ih, iw) != tuple(dst.shape[:2]):
+        dst.fill_(fill)
+    region = dst[top : top + ih, left : left + iw]
+    region.copy_(out[0].permute(1, 2, 0) if dst.ndim == 3 else out[0, 0])
+
+
+# -- fan-out: workers ship what they read, the training process decodes ------------------------------
+
+
+def pack(stage: Stage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]) -> dict[str, Any]:
+    """The stage's columns as read, in three tensors each (allocated where batches go: a fan-out
+    worker's shared memory): ``data`` (every sample's bytes, one after another), ``spans`` (start, end)
+    and ``shapes`` (an array's shape; -1 for stored bytes). Plus the rows, which the draws need."""
+    out: dict[str, Any] = {PACKED: [c for c in cols if c in stage.columns], f"{PACKED}_rows": torch.tensor(list(rows))}
+    for c in out[PACKED]:
+        blobs = [memoryview(v).cast("B") if _stored(v) else np.ascontiguousarray(v).reshape(-1) for v in values[c]]
+        lens = [len(b) for b in blobs]
+        data = allocate((sum(lens),), torch.uint8)
+        view, at, spans, shapes = data.numpy(), 0, [], []
+        for v, b, n in zip(values[c], blobs, lens, strict=True):
+            view[at : at + n] = np.frombuffer(b, np.uint8) if _stored(v) else b.view(np.uint8)
+            spans.append((at, at + n))
+            shapes.append((-1, -1, -1) if _stored(v) else (*np.shape(v), *([1] * (3 - np.ndim(v))))[:3])
+            at += n
+        out[c] = {"data": data, "spans": torch.tensor(spans, dtype=torch.int64).reshape(-1, 2),
+                  "shapes": torch.tensor(shapes, dtype=torch.int64).reshape(-1, 3), "ndim": [np.ndim(v) for v in values[c]]}  # fmt: skip
+    return out
+
+
+def unpack(batch: dict[str, Any]) -> tuple[list[str], dict[str, list[Any]], list[int]]:
+    """``pack``'s columns back as values ``run`` takes (bytes, or arrays), and the rows."""
+    cols: list[str] = batch.pop(PACKED)
+    rows = batch.pop(f"{PACKED}_rows").tolist()
+    values: dict[str, list[Any]] = {}
+    for c in cols:
+        p = batch.pop(c)
+        data = p["data"].numpy()
+        vals: list[Any] = []
+        for (a, b), shape, nd in zip(p["spans"].tolist(), p["shapes"].tolist(), p["ndim"], strict=True):
+            vals.append(data[a:b].tobytes() if shape[0] < 0 else data[a:b].reshape(shape[:nd]))
+        values[c] = vals
+    return cols, values, rows
+
+
+def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+    """A fan-out worker's packed batch made whole in the training process: the stage's columns decoded
+    and augmented on the device, the other columns (already collated by the worker) kept for the samples
+    that decoded. Returns the batch and the samples skipped here."""
+    cols, values, rows = unpack(batch)
+    with _lock:  # one batch at a time on the device from this process's receiving thread
+        tensors, keep, skipped = run(stage, cols, values, rows)
+    if len(keep) != len(rows):
+        for k, v in list(batch.items()):
+            if isinstance(v, torch.Tensor) and v.shape[:1] == (len(rows),):
+                batch[k] = v[keep]
+            elif isinstance(v, list) and len(v) == len(rows):
+                batch[k] = [v[j] for j in keep]
+    out = {c: tensors[c] for c in cols if c in tensors}
+    out.update(batch)
+    return out, skipped
+
+
+__all__ = ["PACKED", "finish", "pack", "place", "run", "unpack"]
