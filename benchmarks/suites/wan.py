@@ -70,6 +70,11 @@ class DatasetConfig:
     )
     mask_format: str = setting("lz4", "'lz4' or 'png'", lambda v: v in ("lz4", "png"))
     noise_std: tuple[float, float] = (1.5, 3.5)
+    maker: str = setting(
+        "photos",
+        "'photos' (testbeds/photos.py) or 'synthetic' (asyncload.make_dataset)",
+        lambda v: v in ("photos", "synthetic"),
+    )
     upload: bool = True
 
     def __post_init__(self) -> None:
@@ -186,7 +191,7 @@ class Suite:
         wan = {name for s in self.sections if s.latencies_ms for name in [s.dataset]}
         self.specs = {}
         for name, d in self.datasets.items():
-            self.specs[name] = DatasetSpec(d.rows, d.image_format, d.size, d.mask_format, tuple(d.noise_std))
+            self.specs[name] = DatasetSpec(d.rows, d.image_format, d.size, d.mask_format, tuple(d.noise_std), d.maker)
             world.add(name, self.specs[name], upload=d.upload and name in wan)
         self.meta = {
             **world.describe(),

@@ -26,25 +26,28 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One photo-like dataset (``photos.py``): ``size`` a side in pixels, or ``None`` for variable shapes."""
+    """One dataset: ``size`` a side in pixels, or ``None`` for variable shapes (240–640 px on the long
+    side, aspect 0.6–1.7). ``maker``: ``photos`` (crops of real photographs, ``photos.py``) or
+    ``synthetic`` (``asyncload.make_dataset``'s photo-like rows: rendered scenes with grain and noise)."""
 
     rows: int
     image_format: str = "jpg"
     size: int | None = 256
     mask_format: str = "lz4"
     noise_std: tuple[float, float] = (1.5, 3.5)
+    maker: str = "photos"
 
     @property
     def dirname(self) -> str:
         shape = "var" if self.size is None else ("" if self.size == 256 else str(self.size))
-        return "-".join(x for x in ("photos", shape, str(self.rows), self.image_format) if x) + (
-            "-pngmask" if self.mask_format == "png" and self.size == 256 else ""
-        )
+        name = "-".join(x for x in (self.maker, shape, str(self.rows), self.image_format) if x)
+        return name + ("-pngmask" if self.mask_format == "png" and self.size == 256 else "")
 
     def describe(self) -> str:
         shape = "240–640 px long side, aspect 0.6–1.7" if self.size is None else f"{self.size}×{self.size}"
         fmt = "JPEG q90" if self.image_format == "jpg" else "PNG"
-        return f"{self.rows:,} rows of photo-like {shape} {fmt} images + {self.mask_format} masks"
+        what = "photo-like (crops of photographs)" if self.maker == "photos" else "synthetic photo-like"
+        return f"{self.rows:,} rows of {what} {shape} {fmt} images + {self.mask_format} masks ({self.maker})"
 
 
 def local_dataset(spec: DatasetSpec, data_dir: Path) -> Path:
@@ -55,10 +58,20 @@ def local_dataset(spec: DatasetSpec, data_dir: Path) -> Path:
     url = f"file://{path}"
     if not deeplake.exists(url) or len(deeplake.open_read_only(url)) != spec.rows:
         print(f"writing {url} ({spec.describe()})", file=sys.stderr, flush=True)
-        make_photo_dataset(
-            url, spec.rows, image_format=spec.image_format, size=spec.size,  # type: ignore[arg-type]
-            mask_format=spec.mask_format, noise_std=spec.noise_std,  # type: ignore[arg-type]
-        )  # fmt: skip
+        if spec.maker == "synthetic":
+            from asyncload import make_dataset
+
+            shape = (240, 640) if spec.size is None else (spec.size, spec.size)
+            aspect = (0.6, 1.7) if spec.size is None else (1.0, 1.0)
+            make_dataset(
+                url, spec.rows, image_format=spec.image_format, sizes=shape, aspect=aspect,  # type: ignore[arg-type]
+                mask_format=spec.mask_format, overwrite=True, progress=False,  # type: ignore[arg-type]
+            )  # fmt: skip
+        else:
+            make_photo_dataset(
+                url, spec.rows, image_format=spec.image_format, size=spec.size,  # type: ignore[arg-type]
+                mask_format=spec.mask_format, noise_std=spec.noise_std,  # type: ignore[arg-type]
+            )  # fmt: skip
     return path
 
 
