@@ -89,8 +89,8 @@ def photo_size(rng: np.random.Generator, sizes: tuple[int, int], aspect: tuple[f
 
 def _field(rng: np.random.Generator, height: int, width: int, cell: int) -> np.ndarray:
     """A smooth random float32 field ``[H, W]`` of about unit variance with features ``cell`` pixels
-    across: random values on a coarse grid, upsampled bicubically (PIL's resize costs about a
-    millisecond at the largest sizes, where a filtered full-size noise image would cost tens)."""
+    across: random values on a coarse grid, upsampled bicubically by PIL, far cheaper than filtering a
+    full-size noise image."""
     from PIL import Image
 
     coarse = rng.standard_normal((max(2, height // cell + 2), max(2, width // cell + 2)), dtype=np.float32)
