@@ -30,7 +30,7 @@ test: install  ## the test suite (the slow long-run tests are in test-slow)
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes
 	$(PY) -m pytest -m slow
 
-bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~20 min on 2 cores
+bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~15 min on 2 cores
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/wan.py --config configs/bench_wan.yaml
@@ -40,7 +40,7 @@ bench-large: install  ## the WAN suite's sweep: 0/20/50/100 ms, both orders, the
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/wan.py --config configs/bench_wan_large.yaml
 
-bench-augment: install  ## random-resized-crop input: built-in augment vs Pillow transforms vs a hand-written reader, 0 and 50 ms, and 2048x2048 RSS (~15 min on 2 cores)
+bench-augment: install  ## random-resized-crop input: built-in augment vs Pillow transforms vs a hand-written reader, 0 and 50 ms, and 2048x2048 RSS (~10 min on 2 cores)
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/augment.py --config configs/bench_augment.yaml

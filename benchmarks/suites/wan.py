@@ -54,6 +54,9 @@ class ReaderSpec:
     reader: str = setting("column", f"one of {READER_KINDS}", lambda v: v in READER_KINDS)
     workers: int = setting(0, "an int >= 0 (DataLoader workers)", lambda v: v >= 0)
     options: dict[str, Any] = field(default_factory=dict)
+    #: seconds after its first batch at which a run of this reader is stopped (``None``: the section's or
+    #: the suite's): the synchronous DataLoaders, which would take minutes for an epoch, stop early
+    epoch_s: float | None = setting(None, "seconds > 0, or null", lambda v: v is None or v > 0)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -204,11 +207,16 @@ class Suite:
             "readers": {k: asdict(v) for k, v in self.readers.items()},
             "baseline": self.cfg.baseline,
             "method": "each run a fresh process reading one whole first epoch (or what it read within "
-            f"{self.cfg.epoch_s:g} s of its first batch) on a freshly opened dataset; samples/s from opening "
+            f"{self._caps()} of its first batch) on a freshly opened dataset; samples/s from opening "
             "to the last sample; CPU (process tree, /proc) and peak RSS (tree, every 0.1 s) over the whole run; "
             "median of the repetitions; readers interleaved within a repetition",
             "config": asdict(self.cfg),
         }
+
+    def _caps(self) -> str:
+        """The stop rule in words: the suite's cap, and each reader's own."""
+        own = [f"{r.epoch_s:g} s for {name}" for name, r in self.readers.items() if r.epoch_s]
+        return f"{self.cfg.epoch_s:g} s" + (f" ({'; '.join(own)})" if own else "")
 
     def spec(self, world: Any, s: Section, place: int | None, order: str, name: str) -> dict[str, Any]:
         r = self.readers[name]
@@ -221,7 +229,7 @@ class Suite:
             "creds": world.reader_creds(local),
             "order": order,
             "rows": self.datasets[s.dataset].rows,
-            "epoch_s": s.epoch_s or self.cfg.epoch_s,
+            "epoch_s": r.epoch_s or s.epoch_s or self.cfg.epoch_s,
         }
 
     def execute(self, world: Any, run: Any) -> None:
