@@ -114,7 +114,10 @@ def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce
 
 
 def _png(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
-    import imagecodecs
+    try:
+        import imagecodecs
+    except ImportError:  # a machine without it still decodes, slower
+        return _pillow(data, mode, out)
 
     try:
         if out is not None and out.flags.c_contiguous:

@@ -274,7 +274,7 @@ def decoders_available() -> str | None:
     """None when the native decoders import, else what is missing (``decode="auto"`` then lets the
     store decode)."""
     missing = []
-    for mod in ("simplejpeg", "imagecodecs", "cv2"):
+    for mod in ("simplejpeg", "cv2"):  # (without imagecodecs, PNG decodes through Pillow)
         try:
             __import__(mod)
         except ImportError:

@@ -83,33 +83,31 @@ def run(
                 place(img, d, role, out[j], fill, aug.interpolation)  # type: ignore[arg-type]
             tensors[c] = out
             continue
-        hwc = []
-        for j, img in enumerate(items):
-            assert img is not None
-            if draws is not None and draws[j].flip:
-                img = img.flip(-1)
-            hwc.append(img.permute(1, 2, 0) if role == "image" else img[0])
-        if hwc and all(t.shape == hwc[0].shape for t in hwc):
-            tensors[c] = torch.stack(hwc)
+        if draws is not None:
+            items = [img.flip(-1) if d.flip else img for img, d in zip(items, draws, strict=True)]  # type: ignore[union-attr]
+        if items and all(t.shape == items[0].shape for t in items):  # type: ignore[union-attr]
+            stacked = torch.stack(items)  # type: ignore[arg-type]
+            tensors[c] = stacked.permute(0, 2, 3, 1).contiguous() if role == "image" else stacked[:, 0]
         else:
-            tensors[c] = [t.contiguous() for t in hwc]
+            tensors[c] = [(t.permute(1, 2, 0) if role == "image" else t[0]).contiguous() for t in items]  # type: ignore[union-attr]
     return tensors, good, skipped
 
 
 def _decode_column(
     c: str, col: ImageColumn, values: Sequence[Any], device: torch.device, fail: Any
 ) -> list[torch.Tensor | None]:
-    """Each sample of one column as a C×H×W uint8 tensor on ``device`` (None where it failed)."""
+    """Each sample of one column as a C×H×W uint8 tensor on ``device`` (None where it failed).
+
+    Per batch, not per sample: the JPEGs go to nvJPEG in one call (from one buffer), and what the CPU
+    decodes goes to the device in one copy, each sample a view of it. Per-sample copies and Python work
+    were what bounded the first GPU run (benchmarks/results/gpu_decode/)."""
     out: list[torch.Tensor | None] = [None] * len(values)
-    gpu_k = [
-        k for k, v in enumerate(values)
-        if device.type == "cuda" and col.role == "image" and _stored(v) and codecs.sniff(v) == "jpeg"
-        and bytes(v[-2:]) == _EOI
-    ]  # fmt: skip
+    on_gpu = device.type == "cuda" and col.role == "image"
+    gpu_k = [k for k, v in enumerate(values) if on_gpu and _stored(v) and v[:3] == b"\xff\xd8\xff" and v[-2:] == _EOI]
     if gpu_k:
         from torchvision.io import ImageReadMode, decode_jpeg
 
-        data = [torch.frombuffer(bytearray(values[k]), dtype=torch.uint8) for k in gpu_k]
+        data = [t for t in _split(_flat([values[k] for k in gpu_k]), [len(values[k]) for k in gpu_k])]
         try:
             decoded = decode_jpeg(data, mode=ImageReadMode.RGB, device=device)
         except RuntimeError:  # one bad sample fails the call: find it
@@ -122,24 +120,42 @@ def _decode_column(
                     decoded.append(None)
         for k, img in zip(gpu_k, decoded, strict=True):
             out[k] = img
+    done = set(gpu_k)
+    here: dict[int, np.ndarray] = {}
     for k, v in enumerate(values):
-        if out[k] is not None or k in gpu_k:
+        if k in done:
             continue
         try:
             if _stored(v):
                 if col.role == "image":
-                    _log_once(
-                        f"asyncload: column {c!r}: {codecs.sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)"
-                    )
-                arr = codecs.decode(v, col.mode)
+                    _log_once(f"asyncload: column {c!r}: {codecs.sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)")
+                here[k] = codecs.decode(v, col.mode)
             else:
-                arr = _as_hw(v, col)
+                here[k] = _as_hw(v, col)
         except DecodeError as exc:
             fail(k, c, exc)
-            continue
-        t = torch.from_numpy(np.ascontiguousarray(arr)).to(device, non_blocking=False)
-        out[k] = t.permute(2, 0, 1) if t.ndim == 3 else t[None]
+    if here:
+        arrays = list(here.values())
+        flat = _flat(arrays).to(device, non_blocking=False)
+        for k, a, t in zip(here, arrays, _split(flat, [a.size for a in arrays]), strict=True):
+            t = t.view(a.shape)
+            out[k] = t.permute(2, 0, 1) if t.ndim == 3 else t[None]
     return out
+
+
+def _flat(items: Sequence[Any]) -> torch.Tensor:
+    """Bytes or arrays, one after another in one new CPU tensor (one copy each, no Python per byte)."""
+    sizes = [len(v) if isinstance(v, (bytes, bytearray, memoryview)) else v.size for v in items]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8)
+    view, at = buf.numpy(), 0
+    for v, n in zip(items, sizes, strict=True):
+        view[at : at + n] = np.frombuffer(v, np.uint8) if isinstance(v, (bytes, bytearray, memoryview)) else v.reshape(-1)
+        at += n
+    return buf
+
+
+def _split(flat: torch.Tensor, sizes: Sequence[int]) -> list[torch.Tensor]:
+    return list(torch.split(flat, list(sizes)))
 
 
 def place(img: torch.Tensor, d: Draw, role: str, dst: torch.Tensor, fill: int, interpolation: str = "auto") -> None:
