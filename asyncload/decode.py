@@ -39,7 +39,7 @@ class ImageColumn:
     decodes, as for lz4 masks)."""
 
     role: Role
-    stored: Literal["jpeg", "png"] | None = None
+    stored: Literal["jpeg", "png", "file"] | None = None  # "file": each file says (object stores)
 
     @property
     def mode(self) -> codecs.Mode:

@@ -1,13 +1,12 @@
-"""Image files' bytes → arrays, for the object-store source: PNG/JPEG decoded with Pillow.
+"""Image files' bytes → arrays for the object-store source: the per-column mode, and one sample decoded
+with asyncload's decoders (``codecs``: libjpeg-turbo, libspng; Pillow for the rest) when the loader's
+decode stage does not decode it (``decode="store"``).
 
-Why a pool of threads sized to the cores: Pillow releases the GIL while decoding, so decoding runs in
-parallel off the loop thread, which only moves bytes. Images come out ``H×W×3`` uint8, masks ``H×W``
-uint8 (palette/grey values as stored).
+Images come out ``H×W×3`` uint8, masks ``H×W`` uint8 (palette indices or grey values as stored).
 """
 
 from __future__ import annotations
 
-import io
 import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -38,30 +37,13 @@ def default_workers() -> int:
 
 
 def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
-    """PNG/JPEG bytes → ``H×W×3`` (``rgb``) or ``H×W`` (``gray``: palette index or grey value) uint8."""
-    from PIL import Image, UnidentifiedImageError
+    """PNG/JPEG (or anything Pillow opens) → ``H×W×3`` (``rgb``) or ``H×W`` (``gray``) uint8."""
+    from ..codecs import DecodeError, decode
 
     try:
-        with Image.open(io.BytesIO(data)) as opened:
-            img: Image.Image = opened
-            if mode == "rgb":
-                if img.mode != "RGB":
-                    img = img.convert("RGB")
-                arr = np.asarray(img)
-            else:
-                if img.mode in ("L", "P"):
-                    arr = np.asarray(img)
-                elif img.mode == "1":
-                    arr = np.asarray(img).astype(np.uint8)
-                elif img.mode in ("RGB", "RGBA", "LA"):  # a mask saved with channels: the first one
-                    arr = np.asarray(img.getchannel(0))
-                else:
-                    arr = np.asarray(img.convert("L"))
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise ValueError(f"cannot decode {where} as an image ({len(data)} bytes): {exc}") from exc
-    if arr.dtype != np.uint8:
-        raise ValueError(f"{where} decodes to {arr.dtype}, expected 8-bit data")
-    return arr
+        return decode(data, mode)
+    except DecodeError as exc:
+        raise DecodeError(f"cannot decode {where} as an image ({len(data)} bytes): {exc}") from exc
 
 
 __all__ = ["DecodeMode", "decode_image", "decode_modes", "default_workers"]

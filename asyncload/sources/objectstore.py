@@ -50,7 +50,7 @@ from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
 from ._store import HTTPStore, Store, probe_store
 from .azure import resolve_azure, split_az_url
-from .base import Columns, Source
+from .base import Columns, Source, stored_bytes
 from .gcs import resolve_gcs, split_gs_url
 from .imagecodec import DecodeMode, decode_image, decode_modes, default_workers
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
@@ -411,12 +411,21 @@ class ObjectStoreSource(Source[_Index]):
             data = await self._get(state.session, url, f"GET {where}", budget, stats)
         except GiveUp as g:
             raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
+        if col in stored_bytes.get():  # the loader's decode stage decodes it, into the batch
+            return data
         try:
             return await asyncio.get_running_loop().run_in_executor(
                 state.pool, decode_image, data, self._decode[col], where
             )
         except ValueError as exc:
             raise read_error(self.url, col, [i], exc)  # noqa: B904 - read_error sets __cause__
+
+    def image_columns(self) -> dict[str, Any]:
+        """Every column is an image file: ``rgb`` ones images, ``gray`` ones masks; the stage sniffs each
+        file's codec (JPEG, PNG, else Pillow)."""
+        from ..decode import ImageColumn
+
+        return {c: ImageColumn("image" if self._decode[c] == "rgb" else "mask", "file") for c in self.columns}
 
     def __repr__(self) -> str:
         return f"ObjectStoreSource({self.url!r}, columns={self.columns!r})"
