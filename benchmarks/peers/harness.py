@@ -188,6 +188,8 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         "thread_cpu_ms_per_sample": {k: round(v * per, 3) for k, v in sorted(threads.items())},
         "span_unix": [wall_first, wall1],
         "storage_threads": deeplake.storage.concurrency(),
+        # the machine's 1-minute load at the end: other people's work on a shared machine shows here
+        "load_1min": os.getloadavg()[0],
         **net,
         **{f"asyncload_{k}": stats[k] for k in ASYNCLOAD_STATS if k in stats},
     }

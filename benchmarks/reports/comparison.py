@@ -30,8 +30,15 @@ def medians(rows: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
     out = {}
     for key, ms in runs.items():
         ms.sort(key=lambda m: m[SPS])
-        out[key] = {**ms[len(ms) // 2], "runs": len(ms), "all_sps": [round(m[SPS], 1) for m in ms]}
+        loads = [m["load_1min"] for m in ms if "load_1min" in m]
+        out[key] = {**ms[len(ms) // 2], "runs": len(ms), "all_sps": [round(m[SPS], 1) for m in ms], "loads": loads}
     return out
+
+
+def _runs(m: dict[str, Any]) -> str:
+    """The repetitions' samples/s, and the machine's load at their ends where it was recorded."""
+    loads = f"; load {min(m['loads']):.1f}–{max(m['loads']):.1f}" if m.get("loads") else ""
+    return f"{m['runs']} ({', '.join(map(str, m['all_sps']))}{loads})"
 
 
 def errors(rows: list[dict[str, Any]]) -> list[str]:
@@ -103,7 +110,7 @@ def _table(
             f"{_x(m['cpu_ms_per_sample'], ref and ref['cpu_ms_per_sample'])} | {m['peak_rss_mb']:,.0f} | "
             f"{_x(m['peak_rss_mb'], ref and ref['peak_rss_mb'])} | {_f(m.get('first_batch_s'), 2)} | "
             f"{'-' if place is None else _f(m.get('rx_bytes_per_sample', 0) / 1e3)} | "
-            f"{'-' if place is None else _f(m.get('tcp_opens'))} | {m['runs']} ({', '.join(map(str, m['all_sps']))}) |"
+            f"{'-' if place is None else _f(m.get('tcp_opens'))} | {_runs(m)} |"
         )
     return out
 
