@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from . import decode
 from ._protocol import EMPTY
 from .collate import CollateError, collate_column, collate_columns, default_collate, ragged_policy, rows
+from .decode import Stage
+from .decode import run as decode_run
 from .plan import Plan
 
 
@@ -44,11 +45,11 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
     skipped: list[tuple[int, str]] = []
     decode_s = 0.0
     if plan.stage is not None and plan.stage.ship:  # a fan-out worker: the training process decodes
-        from . import gpu
+        from .gpu import pack
 
         values = {c: [v for p in parts for v in p[c]] for c in cols}
         keep = list(range(len(indices)))
-        batch = _batch(plan, cols, gpu.pack(plan.stage, cols, values, indices), values, keep, indices)
+        batch = _batch(plan, cols, pack(plan.stage, cols, values, indices), values, keep, indices)
         return Assembled(len(indices), batch, [], 0.0, time.thread_time() - t0)
     if plan.stage is not None:
         values = {c: [v for p in parts for v in p[c]] for c in cols}
@@ -90,17 +91,17 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
 
 
 def _decoded(
-    plan: Plan, stage: decode.Stage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
+    plan: Plan, stage: Stage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]], float]:
     """The decode stage's tensors (image and mask columns), the positions of the samples that decoded,
     the skipped ones, and the thread CPU seconds it took."""
     t0 = time.thread_time()
     if stage.device is not None:
-        from . import gpu
+        from .gpu import run as gpu_run
 
-        tensors, keep, skipped = gpu.run(stage, cols, values, indices)
+        tensors, keep, skipped = gpu_run(stage, cols, values, indices)
     else:
-        tensors, keep, skipped = decode.run(stage, cols, values, indices)
+        tensors, keep, skipped = decode_run(stage, cols, values, indices)
     return tensors, keep, skipped, time.thread_time() - t0
 
 

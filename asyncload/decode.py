@@ -22,9 +22,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from . import codecs
 from .augment import Augment, Draw
-from .codecs import DecodeError, Header
+from .codecs import DecodeError, Header, Mode, header
+from .codecs import decode as decode_bytes
 from .collate import CollateError, allocate
 from .errors import read_error
 
@@ -42,7 +42,7 @@ class ImageColumn:
     stored: Literal["jpeg", "png", "file"] | None = None  # "file": each file says (object stores)
 
     @property
-    def mode(self) -> codecs.Mode:
+    def mode(self) -> Mode:
         return "rgb" if self.role == "image" else "gray"
 
 
@@ -105,7 +105,7 @@ def run(
         hs: list[Header | None] = []
         for k, v in enumerate(values[c]):
             try:
-                hs.append(codecs.header(v) if _stored(v) else None)
+                hs.append(header(v) if _stored(v) else None)
                 if not _stored(v):
                     _as_hw(v, stage.columns[c])
             except DecodeError as exc:
@@ -126,11 +126,11 @@ def run(
         sizes = [size(first, k) for k in range(n)]
         for c in image_cols[1:]:
             for k in range(n):
-                if k not in bad and size(c, k) != sizes[k]:
-                    raise CollateError(
-                        f"row {rows[k]} of {stage.url}: column {c!r} is {size(c, k)[0]}x{size(c, k)[1]} but "
-                        f"{first!r} is {sizes[k][0]}x{sizes[k][1]}; paired augmentation needs them equal"
-                    )
+                if k not in bad and size(c, k) != sizes[k]:  # a data error of that row: raised, or skipped
+                    fail(k, c, CollateError(
+                        f"column {c!r} is {size(c, k)[0]}x{size(c, k)[1]} but {first!r} is "
+                        f"{sizes[k][0]}x{sizes[k][1]}; paired augmentation needs them equal"
+                    ))  # fmt: skip
         draws = aug.draws(stage.seed, stage.epoch, rows, sizes)
 
     good = [k for k in range(n) if k not in bad]
@@ -159,7 +159,7 @@ def run(
                         apply(_as_hw(values[c][k], col), target, draws[k], col.role, fill, aug.interpolation)
                     continue
                 if heads[c][k] is not None:
-                    arr = codecs.decode(values[c][k], col.mode, target, head=heads[c][k])
+                    arr = decode_bytes(values[c][k], col.mode, target, head=heads[c][k])
                 else:
                     arr = _as_hw(values[c][k], col)
                     if target is not None:
@@ -230,7 +230,7 @@ def _decode_drawn(data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.nd
                 break
     h, w = -(-head.height // reduce), -(-head.width // reduce)
     scratch = _scratch_array((h, w, 3) if col.role == "image" else (h, w))
-    img = codecs.decode(data, col.mode, scratch, reduce=reduce, head=head)
+    img = decode_bytes(data, col.mode, scratch, reduce=reduce, head=head)
     if img.shape[:2] != (head.height, head.width):
         d = _scaled(d, img.shape[0] / head.height, img.shape[1] / head.width)
     apply(img, dst, d, col.role, fill, aug.interpolation)

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import codecs
 from .augment import Draw
-from .codecs import DecodeError
+from .codecs import DecodeError, sniff
+from .codecs import decode as decode_bytes
 from .collate import allocate
 from .decode import ImageColumn, Stage, _as_hw, _log_once, _stored
 from .errors import read_error
@@ -128,8 +128,10 @@ def _decode_column(
         try:
             if _stored(v):
                 if col.role == "image":
-                    _log_once(f"asyncload: column {c!r}: {codecs.sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)")
-                here[k] = codecs.decode(v, col.mode)
+                    _log_once(
+                        f"asyncload: column {c!r}: {sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)"
+                    )
+                here[k] = decode_bytes(v, col.mode)
             else:
                 here[k] = _as_hw(v, col)
         except DecodeError as exc:
@@ -149,7 +151,9 @@ def _flat(items: Sequence[Any]) -> torch.Tensor:
     buf = torch.empty(sum(sizes), dtype=torch.uint8)
     view, at = buf.numpy(), 0
     for v, n in zip(items, sizes, strict=True):
-        view[at : at + n] = np.frombuffer(v, np.uint8) if isinstance(v, (bytes, bytearray, memoryview)) else v.reshape(-1)
+        view[at : at + n] = (
+            np.frombuffer(v, np.uint8) if isinstance(v, (bytes, bytearray, memoryview)) else v.reshape(-1)
+        )
         at += n
     return buf
 

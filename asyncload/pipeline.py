@@ -383,7 +383,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
     stage = plan.stage
     if stage is None or not stage.encoded:
         return 1.0
-    from . import codecs
+    from .codecs import DecodeError, header
 
     read = decoded = 0
     for c, values in part.items():
@@ -391,8 +391,8 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
             if isinstance(v, (bytes, bytearray)) and c in stage.columns:
                 read += len(v)
                 try:
-                    h = codecs.header(v)
-                except codecs.DecodeError:
+                    h = header(v)
+                except DecodeError:
                     continue
                 size = stage.augment.out_size if stage.augment and stage.augment.out_size else (h.height, h.width)
                 decoded += size[0] * size[1] * (3 if stage.columns[c].role == "image" else 1)

@@ -191,3 +191,28 @@ def test_a_users_transform_runs_after_the_augmentation(photo_url: str) -> None:
 def test_without_a_sizing_op_unequal_sizes_follow_ragged(photo_url: str) -> None:
     b = next(iter(AsyncLoader(DeepLakeSource(photo_url), 4, augment=[RandomHorizontalFlip()], ragged="list")))
     assert len(b["images"]) == 4 and all(t.shape[:2] == m.shape for t, m in zip(b["images"], b["masks"], strict=True))
+
+
+def test_a_mask_of_another_size_than_its_image_is_named_or_skipped(tmp_path) -> None:
+    import deeplake
+
+    from asyncload import ReadError
+    from tests.photo_data import encode, sample
+
+    url = "file://" + str(tmp_path / "mismatch")
+    ds = deeplake.create(url)
+    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="jpg"))
+    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="png"))
+    rows = [sample(np.random.default_rng(i), 48, 64) for i in range(4)]
+    masks = [encode(m, "png") for _, m in rows]
+    masks[2] = encode(rows[2][1][:40], "png")
+    ds.append({"images": [encode(img, "jpg") for img, _ in rows], "masks": masks})
+    ds.commit()
+    with pytest.raises(
+        ReadError,
+        match=r"column 'masks' of .* at indices \[2\] failed: CollateError: column 'masks' is 40x64 but 'images' is 48x64",
+    ):
+        list(AsyncLoader(DeepLakeSource(url), 4, augment=[Resize(32)]))
+    loader = AsyncLoader(DeepLakeSource(url), 4, augment=[Resize(32)], on_error="skip")
+    assert [i for b in loader for i in b["index"].tolist()] == [0, 1, 3]
+    assert [i for i, _ in loader.stats()["skipped_samples"]] == [2]

@@ -224,3 +224,46 @@ def test_augment_needs_an_image_column(tmp_path: Path) -> None:
         ConfigError, match=r"augment=.* is not allowed for .*labels: none of the columns label is an image or a mask"
     ):
         AsyncLoader(DeepLakeSource(url, columns=("label",)), 2, augment=[RandomResizedCrop(8)])
+
+
+@pytest.mark.timeout(180)
+def test_fanout_and_dataloader_workers_decode_the_same_pixels(png_url: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from asyncload import AsyncIterableDataset
+
+    ref = reference(png_url)
+
+    def check(batches: object) -> None:
+        seen = []
+        for b in batches:  # type: ignore[attr-defined]
+            for j, i in enumerate(b["index"].tolist()):
+                assert np.array_equal(b["images"][j].numpy(), ref["images"][i]), i
+                assert np.array_equal(b["masks"][j].numpy(), ref["masks"][i].reshape(64, 64)), i
+                seen.append(i)
+        assert sorted(seen) == list(range(ROWS))
+
+    with AsyncLoader(DeepLakeSource(png_url), 16, shuffle=True, decode="cpu", processes=2) as fan:
+        check(fan)
+    ds = AsyncIterableDataset(DeepLakeSource(png_url), batch_size=16, shuffle=True, decode="cpu")
+    check(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+
+
+@pytest.mark.timeout(180)
+def test_a_bad_sample_in_a_worker_reaches_the_training_process_named(bad_url: str) -> None:
+    from torch.utils.data import DataLoader
+
+    from asyncload import AsyncIterableDataset
+
+    with AsyncLoader(DeepLakeSource(bad_url), 3, processes=2) as fan:
+        with pytest.raises(
+            ReadError, match=r"column 'images' of .* at indices \[3\] failed: DecodeError: libjpeg-turbo"
+        ):
+            list(fan)
+    ds = AsyncIterableDataset(DeepLakeSource(bad_url), batch_size=3, on_error="skip")
+    got = sorted(
+        i
+        for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+        for i in b["index"].tolist()
+    )
+    assert got == [i for i in range(12) if i not in (3, 6, 9)]
