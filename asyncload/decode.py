@@ -66,6 +66,24 @@ class Stage:
         return replace(self, epoch=epoch)
 
 
+class Failures:
+    """The bad samples of one batch: ``fail(k, column, exc)`` raises a ``ReadError`` naming the URL,
+    column and row, or, with ``on_error="skip"``, records sample ``k`` once (in ``bad`` and, with why, in
+    ``skipped``)."""
+
+    def __init__(self, stage: Stage, rows: Sequence[int]) -> None:
+        self.stage, self.rows = stage, rows
+        self.bad: set[int] = set()
+        self.skipped: list[tuple[int, str]] = []
+
+    def __call__(self, k: int, col: str, exc: BaseException) -> None:
+        if self.stage.on_error != "skip":
+            raise read_error(self.stage.url, col, [self.rows[k]], exc) from exc
+        if k not in self.bad:
+            self.bad.add(k)
+            self.skipped.append((self.rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
+
+
 _scratch = threading.local()
 
 
@@ -91,15 +109,8 @@ def run(
     n = len(rows)
     image_cols = [c for c in cols if c in stage.columns]
     heads: dict[str, list[Header | None]] = {}
-    skipped: list[tuple[int, str]] = []
-    bad: set[int] = set()
-
-    def fail(k: int, col: str, exc: BaseException) -> None:
-        if stage.on_error != "skip":
-            raise read_error(stage.url, col, [rows[k]], exc) from exc
-        if k not in bad:
-            bad.add(k)
-            skipped.append((rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
+    fail = Failures(stage, rows)
+    bad, skipped = fail.bad, fail.skipped
 
     for c in image_cols:  # what each sample is, before any pixel is decoded: bad ones are known early
         hs: list[Header | None] = []

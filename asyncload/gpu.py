@@ -28,8 +28,7 @@ from .augment import Draw
 from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
 from .collate import allocate
-from .decode import ImageColumn, Stage, _as_hw, _log_once, _stored
-from .errors import read_error
+from .decode import Failures, ImageColumn, Stage, _as_hw, _log_once, _stored
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
 PACKED = "_asyncload_packed"
@@ -44,15 +43,8 @@ def run(
     device = torch.device(stage.device or "cuda")
     n = len(rows)
     image_cols = [c for c in cols if c in stage.columns]
-    skipped: list[tuple[int, str]] = []
-    bad: set[int] = set()
-
-    def fail(k: int, col: str, exc: BaseException) -> None:
-        if stage.on_error != "skip":
-            raise read_error(stage.url, col, [rows[k]], exc) from exc
-        if k not in bad:
-            bad.add(k)
-            skipped.append((rows[k], f"{type(exc).__name__} in column {col!r}: {exc}"))
+    fail = Failures(stage, rows)
+    bad, skipped = fail.bad, fail.skipped
 
     pixels: dict[str, list[torch.Tensor | None]] = {}  # per column, each sample as C×H×W on the device
     for c in image_cols:
