@@ -211,7 +211,11 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             epoch, start = int(pending.get("epoch", 0)), int(pending.get("plan", {}).get("start", 0))
         else:
             epoch, start = self.epoch, self._start
-        loader = AsyncLoader(self.source, shard=self.shard(), options=self.options.replace(start_batch=start))
+        shard = self.shard()
+        # DataLoader workers share the byte budget as fan-out workers do: N workers hold what one would
+        budget = max(1, self.options.budget_bytes // shard.num_workers)
+        options = self.options.replace(start_batch=start, memory_budget=budget)
+        loader = AsyncLoader(self.source, shard=shard, options=options)
         loader.set_epoch(epoch)
         if pending is not None:
             loader.load_state_dict(pending)

@@ -128,6 +128,7 @@ class Pipeline:
 
     async def run(self) -> None:
         plan = self.plan
+        cpu0 = time.thread_time()  # this is the loop thread: its CPU is the fetch side's share
         if plan.stage is not None:  # the fetchers' reads return these columns' stored bytes
             stored_bytes.set(plan.stage.encoded)
         fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
@@ -154,6 +155,7 @@ class Pipeline:
         await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
         if watcher is not None:
             watcher.cancel()  # it only sleeps and reads counters: safe to cancel
+        self.stats.cpu_loop_s = time.thread_time() - cpu0
         if not self.stopping:
             self.out.put(END)
 

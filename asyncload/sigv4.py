@@ -4,8 +4,8 @@ Why our own signer rather than botocore's ``S3SigV4Auth`` or aiobotocore:
 
 - on a small client the CPU per GET caps throughput, and this signer costs less per signature and per GET
   than botocore's signer, and far less than aiobotocore's request/response machinery, without importing
-  botocore into every worker process (figures: ``benchmarks/results/design_notes.md``;
-  ``benchmarks/remote_throughput.py --signers`` repeats the GET ones);
+  botocore into every worker process (figures, per signature and per GET:
+  ``benchmarks/results/design_notes.md``);
 - aiobotocore would also bring its own session, pool and retries (to be configured around ours) and a
   pinned botocore range;
 - S3 needs only the header form of SigV4 for GET/PUT/HEAD/LIST, which is small and is checked against

@@ -37,6 +37,7 @@ class Stats:
     memory_budget: int = 0  # the byte budget of batches alive (read, decoded, ready)
     bytes_held: int = 0  # bytes read and decoded that the pipeline holds now (ready batches included)
     bytes_held_peak: int = 0
+    cpu_loop_s: float = 0.0  # thread CPU seconds of the loop thread (issuing and awaiting reads)
     cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
     cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
     skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
@@ -74,6 +75,7 @@ class Stats:
             "memory_budget": self.memory_budget,
             "bytes_held": self.bytes_held,
             "bytes_held_peak": self.bytes_held_peak,
+            "cpu_loop_s": self.cpu_loop_s,
             "cpu_decode_s": self.cpu_decode_s,
             "cpu_collate_s": self.cpu_collate_s,
             **pct,

@@ -112,7 +112,7 @@ def make_photo(rng: np.random.Generator, height: int, width: int) -> tuple[np.nd
 
 def encode(array: np.ndarray, fmt: Literal["png", "jpg"], quality: int = 90) -> bytes:
     """The stored bytes of one image or mask, encoded here so that the settings are known: PNG at zlib
-    level 6 (PIL's default), JPEG at ``quality`` without chroma subsampling (as ``benchmarks/photos.py``).
+    level 6 (PIL's default), JPEG at ``quality`` without chroma subsampling (as ``benchmarks/testbeds/photos.py``).
     Deep Lake stores appended bytes verbatim."""
     from PIL import Image
 

@@ -10,9 +10,13 @@ from ..sampler import Shard
 
 def _per_worker(options: LoaderOptions, processes: int) -> LoaderOptions:
     """One worker's options: in order (every message names its batch), no fan-out of its own, and its
-    share of the samples in flight, so that K workers together keep what one process would: the same
-    memory bound, and no K-fold burst of reads when every worker starts an epoch at once."""
-    share = {"max_concurrency": max(1, options.max_concurrency // processes)}
+    share of the samples in flight and of the byte budget, so that K workers together keep what one
+    process would: the same memory bound, and no K-fold burst of reads when every worker starts an epoch
+    at once."""
+    share = {
+        "max_concurrency": max(1, options.max_concurrency // processes),
+        "memory_budget": max(1, options.budget_bytes // processes),
+    }
     if options.concurrency != "auto":
         share["concurrency"] = max(1, int(options.concurrency) // processes)
     return options.replace(in_order=True, processes=0, **share)

@@ -116,8 +116,12 @@ Terminal = End | Failed | Cancelled  # one per StartEpoch, the last message of t
 
 
 # -- the figures an End carries --------------------------------------------------------------------
-#: ``Stats`` counters a worker reports at the end of an epoch and the parent adds up.
-_SUMMED = ("requests", "samples_read", "bytes_read", "hedges", "hedges_won", "skipped", "concurrency")
+#: ``Stats`` counters a worker reports at the end of an epoch and the parent adds up (byte peaks too: the
+#: sum bounds what the workers held together).
+_SUMMED = (
+    "requests", "samples_read", "bytes_read", "hedges", "hedges_won", "skipped", "concurrency", "memory_budget",
+    "bytes_held_peak", "cpu_loop_s", "cpu_decode_s", "cpu_collate_s",
+)  # fmt: skip
 
 
 def _figures(st: Stats) -> dict[str, Any]:

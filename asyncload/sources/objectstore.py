@@ -208,7 +208,7 @@ class ObjectStoreSource(Source[_Index]):
     def preferred_read_mode(self) -> Literal["row", "column"]:
         """Per-row reads: every object is its own GET whatever the mode, so column reads fold nothing,
         and a column read holds its fetcher until its slowest object arrives; one read per sample keeps
-        ``concurrency`` samples in flight all the time (measured: ``benchmarks/remote_throughput.py``)."""
+        ``concurrency`` samples in flight all the time (measured: ``benchmarks/results/design_notes.md``)."""
         return "row"
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:

@@ -83,7 +83,7 @@ class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """The baseline: rows ``[start, stop)`` read one by one with ``ds[i]["images"]``, ``ds[i]["masks"]``.
 
     The Deep Lake handle is opened lazily in the process that reads (DataLoader workers included), with
-    ``creds`` for a dataset on an object store. ``benchmarks/scaling.py`` measures the same baseline.
+    ``creds`` for a dataset on an object store. ``benchmarks/suites/scaling.py`` measures the same baseline.
 
     ``augment`` is applied per sample in Python, as a torchvision transform would be, with asyncload's
     own draws (``Augment.draws``, a function of seed, epoch and row): both loaders train on the same
