@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow bench bench-large bench-augment netem-deps scaling train s3 lint clean
+.PHONY: install run run-local test test-slow bench bench-large bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -56,6 +56,9 @@ scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataL
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
 	$(PY) -m asyncload.train --config configs/train_unet.yaml
+
+train-photos: install  ## the U-Net on photos of many sizes (JPEG + PNG masks, made on first use): random crops, mIoU, ~2 min on 2 cores
+	$(PY) -m asyncload.train --config configs/train_unet_photos.yaml --set checkpoint=null
 
 s3: install  ## a SeaweedFS S3 server on a free port in the foreground (Ctrl-C stops it)
 	$(PY) -m harness.seaweed --data data/seaweed

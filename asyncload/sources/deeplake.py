@@ -223,9 +223,10 @@ class DeepLakeSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """ "row", on every store: one request per sample spreads decoding over Deep Lake's threads and
-        hedges a straggler alone; column reads were no faster on local disk or on the emulated WAN, only a
-        little cheaper in client CPU there (benchmarks/results/wan/deeplake.md)."""
+        """ "row", for when Deep Lake decodes (``decode="store"``): one request per sample spreads decoding
+        over Deep Lake's threads and hedges a straggler alone; column reads were no faster then, on local disk
+        or on the emulated WAN (benchmarks/results/wan/deeplake.md). When asyncload decodes the images, the
+        reader reads columns instead (``reader.ShardReader``; benchmarks/results/wan/readmode/)."""
         return "row"
 
     def image_columns(self) -> dict[str, Any]:
