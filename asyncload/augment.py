@@ -24,7 +24,8 @@ import numpy as np
 from .config import check
 
 Size = int | tuple[int, int]
-#: ``auto``: area averaging when shrinking (antialiased), bilinear when enlarging.
+#: ``auto``: area averaging where a side shrinks 2x or more (after a JPEG's scaled decode, which does the
+#: power-of-two part of a shrink), bilinear otherwise; ``area`` averages at any shrink (slower).
 Interpolation = Literal["auto", "bilinear", "area"]
 _INTERPOLATIONS = ("auto", "bilinear", "area")
 
