@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -28,7 +28,6 @@ from .codecs import decode as decode_bytes
 from .collate import CollateError, allocate
 from .errors import read_error
 
-Decode = Literal["auto", "cpu", "store", "cuda"] | str  # also "cuda:N"
 Role = Literal["image", "mask"]
 
 
@@ -61,8 +60,6 @@ class Stage:
     ship: bool = False  # in a fan-out worker with a device: pack what was read for the parent (``gpu.pack``)
 
     def for_epoch(self, epoch: int) -> Stage:
-        from dataclasses import replace
-
         return replace(self, epoch=epoch)
 
 
@@ -330,4 +327,4 @@ def _log_once(message: str) -> None:
         logging.getLogger("asyncload").warning(message)
 
 
-__all__ = ["Decode", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run"]
+__all__ = ["Failures", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run"]
