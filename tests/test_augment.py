@@ -216,3 +216,20 @@ def test_a_mask_of_another_size_than_its_image_is_named_or_skipped(tmp_path) -> 
     loader = AsyncLoader(DeepLakeSource(url), 4, augment=[Resize(32)], on_error="skip")
     assert [i for b in loader for i in b["index"].tolist()] == [0, 1, 3]
     assert [i for i, _ in loader.stats()["skipped_samples"]] == [2]
+
+
+def test_ranks_augment_their_rows_exactly_as_one_process(photo_url: str) -> None:
+    """Each rank of two reads its share; every row it reads has the pixels one process gives that row
+    (the padding rank repeats rows of the epoch's start, with the same pixels)."""
+    opts = {"shuffle": True, "seed": 2, "augment": CROP}
+    one = AsyncLoader(DeepLakeSource(photo_url), 8, **opts)
+    one.set_epoch(3)
+    ref = by_row(list(one))
+    seen: set[int] = set()
+    for rank in (0, 1):
+        loader = AsyncLoader(DeepLakeSource(photo_url), 8, rank=rank, world_size=2, **opts)
+        loader.set_epoch(3)
+        got = by_row(list(loader))
+        assert all(got[i] == ref[i] for i in got)
+        seen |= set(got)
+    assert seen == set(range(ROWS))
