@@ -90,8 +90,13 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
     modes = ("column", "row") if args.read_mode == "both" else (args.read_mode,)
     loaders = [
         AsyncLoader(
-            src, args.batch_size, shuffle=args.shuffle, seed=args.seed, concurrency=args.concurrency,
-            prefetch=args.prefetch, read_mode=mode,
+            src,
+            args.batch_size,
+            shuffle=args.shuffle,
+            seed=args.seed,
+            concurrency=args.concurrency,
+            prefetch=args.prefetch,
+            read_mode=mode,
         )  # fmt: skip
         for mode in modes
     ]

@@ -24,7 +24,9 @@ def jpeg_files(remote_data: RemoteData) -> tuple[str, list[np.ndarray], list[np.
     for i in range(ROWS):
         img, mask = sample(np.random.default_rng([1, i]), 50 + 3 * i, 120 - 2 * i, aligned=True)
         data = encode(img, "jpg")
-        remote_data.server.put_object(BUCKET, f"jpeg/images/{i:04d}.jpg", data[: len(data) * 3 // 4] if i == 7 else data)
+        remote_data.server.put_object(
+            BUCKET, f"jpeg/images/{i:04d}.jpg", data[: len(data) * 3 // 4] if i == 7 else data
+        )
         remote_data.server.put_object(BUCKET, f"jpeg/masks/{i:04d}.png", encode(mask, "png"))
         images.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
         masks.append(mask)
@@ -37,7 +39,9 @@ def source(url: str, remote_data: RemoteData) -> ObjectStoreSource:  # noqa: F81
 
 @pytest.mark.parametrize("decode", ["cpu", "store"])
 def test_jpeg_files_decode_to_the_reference_pixels_and_a_bad_one_is_named(
-    jpeg_files: tuple[str, list, list], remote_data: RemoteData, decode: str  # noqa: F811
+    jpeg_files: tuple[str, list, list],
+    remote_data: RemoteData,  # noqa: F811
+    decode: str,
 ) -> None:
     url, images, masks = jpeg_files
     loader = AsyncLoader(source(url, remote_data), 1, decode=decode, on_error="skip", ragged="list")
@@ -45,13 +49,19 @@ def test_jpeg_files_decode_to_the_reference_pixels_and_a_bad_one_is_named(
     assert sorted(got) == [i for i in range(ROWS) if i != 7]
     for i, (img, mask) in got.items():
         assert np.array_equal(img, images[i]) and np.array_equal(mask, masks[i]), i
-    (row, why), = loader.stats()["skipped_samples"]
+    ((row, why),) = loader.stats()["skipped_samples"]
     assert row == 7 and "Premature end of JPEG file" in why and "'images'" in why
-    with pytest.raises(ReadError, match=r"column 'images' of s3://asyncload-test/jpeg at indices \[7\] failed: .*Premature end of JPEG file"):
+    with pytest.raises(
+        ReadError,
+        match=r"column 'images' of s3://asyncload-test/jpeg at indices \[7\] failed: .*Premature end of JPEG file",
+    ):
         list(AsyncLoader(source(url, remote_data), 8, decode=decode))
 
 
-def test_object_store_files_augment_with_their_masks(jpeg_files: tuple[str, list, list], remote_data: RemoteData) -> None:  # noqa: F811
+def test_object_store_files_augment_with_their_masks(
+    jpeg_files: tuple[str, list, list],
+    remote_data: RemoteData,  # noqa: F811
+) -> None:
     url, _, _ = jpeg_files
     ops = [RandomResizedCrop(32, scale=(0.3, 1.0)), RandomHorizontalFlip()]
     loader = AsyncLoader(source(url, remote_data), 8, augment=ops, on_error="skip", shuffle=True)
