@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-import queue
 import random
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,7 +22,7 @@ import numpy as np
 import simplejpeg
 import torch
 
-from .common import open_dataset
+from .common import in_order, open_dataset
 from .transforms import RandomResizedCropFlip
 
 SIZE = 256
@@ -51,7 +49,6 @@ def one(blob: bytes, mask_blob: bytes, draw: RandomResizedCropFlip, image: np.nd
 
 def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight: int = 4) -> Iterator[Any]:
     ds = open_dataset(spec)
-    out: queue.Queue[Any] = queue.Queue(maxsize=inflight)
     pool, draw = ThreadPoolExecutor(2, thread_name_prefix="augment"), RandomResizedCropFlip(SIZE)
 
     def assemble(blobs: list[bytes], masks: list[bytes]) -> dict[str, torch.Tensor]:
@@ -64,17 +61,5 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
         blobs, masks = await asyncio.gather(ds["images"].get_bytes_async(idx), ds["masks"].get_bytes_async(idx))
         return await asyncio.get_running_loop().run_in_executor(pool, assemble, blobs, masks)
 
-    async def produce() -> None:
-        pending: list[asyncio.Task[Any]] = []
-        for start in range(0, len(order), request):
-            pending.append(asyncio.create_task(fetch(order[start : start + request])))
-            if len(pending) >= inflight:
-                out.put(await pending.pop(0))
-        for task in pending:
-            out.put(await task)
-        out.put(None)
-
-    threading.Thread(target=asyncio.run, args=(produce(),), daemon=True, name="loop").start()
-    while (batch := out.get()) is not None:
-        yield batch
+    yield from in_order(fetch, order, request, inflight)
     pool.shutdown()

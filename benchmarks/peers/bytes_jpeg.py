@@ -9,8 +9,6 @@ Lake's ``get_async`` (lz4, cheap). Fixed-size images, as the headline datasets h
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -20,7 +18,7 @@ import numpy as np
 import simplejpeg
 import torch
 
-from .common import open_dataset
+from .common import in_order, open_dataset
 
 
 def decode_into(blobs: list[bytes]) -> np.ndarray:
@@ -40,7 +38,6 @@ def decode_into(blobs: list[bytes]) -> np.ndarray:
 
 def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight: int = 4) -> Iterator[Any]:
     ds = open_dataset(spec)
-    out: queue.Queue[Any] = queue.Queue(maxsize=inflight)
     decoders = ThreadPoolExecutor(2, thread_name_prefix="decode")
 
     async def fetch(idx: list[int]) -> dict[str, torch.Tensor]:
@@ -48,17 +45,5 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
         images = await asyncio.get_running_loop().run_in_executor(decoders, decode_into, blobs)
         return {"images": torch.from_numpy(images), "masks": torch.from_numpy(np.stack(masks))}
 
-    async def produce() -> None:
-        pending: list[asyncio.Task[Any]] = []
-        for start in range(0, len(order), request):
-            pending.append(asyncio.create_task(fetch(order[start : start + request])))
-            if len(pending) >= inflight:
-                out.put(await pending.pop(0))
-        for task in pending:
-            out.put(await task)
-        out.put(None)
-
-    threading.Thread(target=asyncio.run, args=(produce(),), daemon=True, name="loop").start()
-    while (batch := out.get()) is not None:
-        yield batch
+    yield from in_order(fetch, order, request, inflight)
     decoders.shutdown()
