@@ -277,7 +277,7 @@ class Pipeline:
         stats.bytes_read += nbytes
         self._hold(nbytes)
         first = not self._read_cost
-        self._read_cost = max(self._read_cost, nbytes / max(1, len(idx)))
+        self._read_cost = max(self._read_cost, nbytes / max(1, len(idx)), 1.0)  # > 0: measured
         if first:
             self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
             self._budget_changed()
