@@ -268,11 +268,15 @@ class DeepLakeSource(Source[Any]):
         indices = self.row_ids(indices)
         cols = self.columns
         raw = stored_bytes.get()  # columns the loader decodes itself: their stored bytes, undecoded
+        # The row or column objects stay referenced (by ``makers``) until every future has been awaited,
+        # rather than trusting Deep Lake to keep a temporary ``ds[c]`` alive while its read is in flight:
+        # two full test runs that read columns through temporaries segfaulted in ``await`` of such a read.
         if len(indices) == 1:
             row = ds[indices[0]]
             makers = [lambda c=c: (row.get_bytes_async if c in raw else row.get_async)(c) for c in cols]
         else:
-            makers = [lambda c=c: (ds[c].get_bytes_async if c in raw else ds[c].get_async)(indices) for c in cols]
+            views = {c: ds[c] for c in cols}
+            makers = [lambda c=c: (views[c].get_bytes_async if c in raw else views[c].get_async)(indices) for c in cols]
         # all issued first (they run at once), then each awaited in turn: no task per future
         futures = [m() for m in makers]
         out: Columns = {}
