@@ -39,12 +39,7 @@ class ShardReader:
         self._stage = decode_stage(source, o)
         if worker and self._stage is not None and self._stage.device is not None:  # the GPU is the parent's
             self._stage = dataclasses.replace(self._stage, ship=True)
-        self.read_mode: ReadMode = o.read_mode
-        if o.read_mode == "auto":
-            # Once asyncload decodes, nothing is left to spread over the store's threads per row, and column
-            # reads cost the loop far less per sample (benchmarks/results/wan/readmode/).
-            stored = self._stage is not None and bool(self._stage.encoded)
-            self.read_mode = "column" if stored else source.preferred_read_mode
+        self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
 
     def plan(self, epoch: int, progress: EpochProgress) -> Plan:
         """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``."""

@@ -34,7 +34,7 @@ def test_make_inspect_load(tmp_path, capsys) -> None:
     assert main(["load", str(path), "--batch-size", "8", "--sequential-rows", "8"]) == 0
     out = capsys.readouterr().out
     assert "| sequential ds[i][col] (8 rows) | 8 |" in out
-    assert "| asyncload column reads, concurrency auto | 24 |" in out  # read_mode="auto": columns where asyncload decodes
+    assert "| asyncload row reads, concurrency auto | 24 |" in out  # read_mode="auto" picks per-row on Deep Lake
 
 
 def test_version_query_and_program_version(tmp_path, capsys) -> None:
@@ -56,7 +56,7 @@ def test_version_query_and_program_version(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"file://{path}: 15 rows" in out and "query 'SELECT * LIMIT 5': 5 rows" in out
     assert main(["load", str(path), "--version", "first", "--batch-size", "4", "--sequential-rows", "4"]) == 0
-    assert "| asyncload column reads, concurrency auto | 12 |" in capsys.readouterr().out
+    assert "| asyncload row reads, concurrency auto | 12 |" in capsys.readouterr().out
 
 
 # -- bad input: one line on stderr, exit 2 (usage) or 1 (data, I/O), the traceback only when asked ----------
