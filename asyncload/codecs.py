@@ -1,8 +1,8 @@
 """Stored image bytes → pixels: which codec, how big, and decoding into a buffer the caller owns.
 
 Why these decoders: libjpeg-turbo through ``simplejpeg`` (fastest measured JPEG decode here, writes into a
-given buffer, and decodes at 1/2, 1/4 or 1/8 scale for crops that shrink a lot) and libspng through
-``imagecodecs`` (fastest PNG decode that writes into a given buffer). Both release the GIL, so decode
+given buffer, and decodes at 1/2, 1/4 or 1/8 scale for crops that shrink a lot) and libpng through OpenCV
+(already a dependency for the geometry; see ``_png`` for why not libspng). Both release the GIL, so decode
 threads run in parallel with the loop and the consumer. Pillow is the fallback for what neither takes
 (palette PNG masks, whose values are palette indices, and formats other than JPEG and PNG). The
 measurements behind the choice are in benchmarks/results/decode.md.
@@ -114,21 +114,17 @@ def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce
 
 
 def _png(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
-    try:
-        import imagecodecs
-    except ImportError:  # a machine without it still decodes, slower
-        return _pillow(data, mode, out)
+    """libpng through OpenCV (its IMREAD_COLOR_RGB for images; the stored channels for masks, whose
+    first is kept). Not imagecodecs' libspng, though it is a third faster: with it on the decode threads,
+    full test runs under load segfaulted (see docs/ARCHITECTURE.md)."""
+    import cv2
 
-    try:
-        if out is not None and out.flags.c_contiguous:
-            try:
-                got = imagecodecs.spng_decode(data, out=out)
-            except ValueError:  # channels differ from ``out`` (grey stored, rgb wanted...): convert below
-                got = imagecodecs.spng_decode(data)
-        else:
-            got = imagecodecs.spng_decode(data)
-    except imagecodecs.SpngError as exc:
-        raise DecodeError(f"libspng: {exc}") from None
+    buf = np.frombuffer(data, np.uint8)
+    got = cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB if mode == "rgb" else cv2.IMREAD_UNCHANGED)
+    if got is None:
+        raise DecodeError(f"libpng (OpenCV) could not decode these {len(buf)} bytes: damaged or cut short")
+    if mode == "gray" and got.ndim == 3:  # stored with channels: OpenCV gives BGR(A), the first stored is R
+        got = got[..., 2] if got.shape[2] >= 3 else got[..., 0]
     return _finish(got, mode, out)
 
 

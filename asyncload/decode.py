@@ -284,7 +284,7 @@ def decoders_available() -> str | None:
     """None when the native decoders import, else what is missing (``decode="auto"`` then lets the
     store decode)."""
     missing = []
-    for mod in ("simplejpeg", "cv2"):  # (without imagecodecs, PNG decodes through Pillow)
+    for mod in ("simplejpeg", "cv2"):
         try:
             __import__(mod)
         except ImportError:

@@ -110,7 +110,7 @@ def bad_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     ("row", "column", "message"),
     [
         (3, "images", "libjpeg-turbo: Premature end of JPEG file"),
-        (6, "masks", "libspng: "),
+        (6, "masks", "libpng (OpenCV) could not decode"),
         (9, "images", "empty sample (0 bytes)"),
     ],
 )
