@@ -223,10 +223,10 @@ class DeepLakeSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """ "row", for when Deep Lake decodes (``decode="store"``): one request per sample spreads decoding
-        over Deep Lake's threads and hedges a straggler alone; column reads were no faster then, on local disk
-        or on the emulated WAN (benchmarks/results/wan/deeplake.md). When asyncload decodes the images, the
-        reader reads columns instead (``reader.ShardReader``; benchmarks/results/wan/readmode/)."""
+        """ "row": one request per sample hedges a straggler alone and, where Deep Lake decodes, spreads
+        decoding over its threads; column reads were no faster then (benchmarks/results/wan/deeplake.md).
+        Where asyncload decodes, column reads are faster (benchmarks/results/wan/readmode/) but stay an
+        option: the full test runs that segfaulted under load read columns (docs/ARCHITECTURE.md)."""
         return "row"
 
     def image_columns(self) -> dict[str, Any]:
