@@ -1,7 +1,7 @@
 """The decode stage: a batch's stored image bytes and store-decoded arrays become its batch tensors.
 
 Runs on the loop's CPU pool (``assembly``), one batch per call, many batches at once. For each sample it
-decodes the stored bytes of image and mask columns (``codecs``: libjpeg-turbo, libspng, the GIL released)
+decodes the stored bytes of image and mask columns (``codecs``: libjpeg-turbo, libpng, the GIL released)
 and applies the sample's ``augment.Draw`` (OpenCV: crop, resize, flip, also GIL-free), writing straight
 into the sample's row of the batch tensor, which is allocated once by ``collate``'s allocator (heap, or
 a fan-out worker's shared memory). Without a crop, a decode writes into that row itself: no intermediate
