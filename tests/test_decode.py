@@ -119,7 +119,7 @@ def test_bad_bytes_raise_a_read_error_naming_url_column_row_and_decoder(
 ) -> None:
     one = RangeSource(DeepLakeSource(bad_url), row, row + 1)
     with pytest.raises(ReadError) as info:
-        list(AsyncLoader(one, 1))
+        list(AsyncLoader(one, 1, decode="cpu"))
     err = info.value
     assert str(err).startswith(
         f"reading column '{column}' of {bad_url} at indices [{row}] failed: DecodeError: {message}"
@@ -130,13 +130,13 @@ def test_bad_bytes_raise_a_read_error_naming_url_column_row_and_decoder(
 def test_a_bad_sample_in_a_whole_epoch_raises_and_loses_nothing_before_it(bad_url: str) -> None:
     got: list[int] = []
     with pytest.raises(ReadError, match=r"at indices \[3\] failed: DecodeError: libjpeg-turbo"):
-        for b in AsyncLoader(DeepLakeSource(bad_url), 3):
+        for b in AsyncLoader(DeepLakeSource(bad_url), 3, decode="cpu"):
             got += b["index"].tolist()
     assert got == [0, 1, 2]
 
 
 def test_bad_bytes_are_skipped_counted_and_reported_when_asked(bad_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    loader = AsyncLoader(DeepLakeSource(bad_url), 5, on_error="skip", shuffle=True)
+    loader = AsyncLoader(DeepLakeSource(bad_url), 5, on_error="skip", shuffle=True, decode="cpu")
     with caplog.at_level(logging.WARNING, logger="asyncload"):
         got = sorted(i for b in loader for i in b["index"].tolist())
     assert got == [i for i in range(12) if i not in (3, 6, 9)]
@@ -263,15 +263,23 @@ def test_a_bad_sample_in_a_worker_reaches_the_training_process_named(bad_url: st
 
     from asyncload import AsyncIterableDataset
 
-    with AsyncLoader(DeepLakeSource(bad_url), 3, processes=2) as fan:
+    with AsyncLoader(DeepLakeSource(bad_url), 3, processes=2, decode="cpu") as fan:
         with pytest.raises(
             ReadError, match=r"column 'images' of .* at indices \[3\] failed: DecodeError: libjpeg-turbo"
         ):
             list(fan)
-    ds = AsyncIterableDataset(DeepLakeSource(bad_url), batch_size=3, on_error="skip")
+    ds = AsyncIterableDataset(DeepLakeSource(bad_url), batch_size=3, on_error="skip", decode="cpu")
     got = sorted(
         i
         for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
         for i in b["index"].tolist()
     )
     assert got == [i for i in range(12) if i not in (3, 6, 9)]
+
+
+def test_auto_leaves_deep_lake_columns_to_deep_lake(jpeg_url: str) -> None:
+    """decode="auto" reads what Deep Lake decodes (docs/ARCHITECTURE.md says why), bytes only when asked."""
+    auto, cpu = AsyncLoader(DeepLakeSource(jpeg_url), 16), AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="cpu")
+    list(auto), list(cpu)
+    assert auto.stats()["cpu_decode_s"] < cpu.stats()["cpu_decode_s"]
+    assert auto.stats()["bytes_per_s"] * auto.stats()["elapsed_s"] == pytest.approx(ROWS * 64 * 64 * 4)
