@@ -44,15 +44,15 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
         return Assembled(0, EMPTY)
     skipped: list[tuple[int, str]] = []
     decode_s = 0.0
+    if plan.stage is not None:
+        values = {c: [v for p in parts for v in p[c]] for c in cols}  # each column, sample by sample
     if plan.stage is not None and plan.stage.ship:  # a fan-out worker: the training process decodes
         from .gpu import pack
 
-        values = {c: [v for p in parts for v in p[c]] for c in cols}
         keep = list(range(len(indices)))
         batch = _batch(plan, cols, pack(plan.stage, cols, values, indices), values, keep, indices)
         return Assembled(len(indices), batch, [], 0.0, time.thread_time() - t0)
     if plan.stage is not None:
-        values = {c: [v for p in parts for v in p[c]] for c in cols}
         tensors, keep, skipped, decode_s = _decoded(plan, plan.stage, cols, values, indices)
         indices = [indices[k] for k in keep]
         if not indices:
