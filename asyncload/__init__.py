@@ -24,6 +24,7 @@ from .errors import (
     ReadError,
     RemoteError,
     SourceError,
+    ReaderCrashError,
     WorkerError,
 )
 from .loader import AsyncLoader
@@ -64,6 +65,7 @@ __all__ = [
     "Shard",
     "Source",
     "SourceError",
+    "ReaderCrashError",
     "WorkerError",
     "load_config",
     "make_dataset",

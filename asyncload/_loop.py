@@ -305,44 +305,6 @@ class LoopThread:
         return await asyncio.get_running_loop().run_in_executor(run.pool, fn, *args)
 
 
-def call_in_thread(fn: Callable[[], T], timeout: float, name: str = "asyncload-blocking") -> asyncio.Future[T | None]:
-    """A future of the running loop that ``fn()``'s result (or exception, as the value) settles, from a
-    short-lived daemon thread; ``None`` if it takes longer than ``timeout``.
-
-    For a rare blocking call that must not hold the loop or a pool thread hostage (a store that hangs
-    keeps only its own daemon thread). Call from a coroutine.
-    """
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[Any] = loop.create_future()
-
-    def settle(value: Any) -> None:
-        if not fut.done():
-            fut.set_result(value)
-
-    def run() -> None:
-        try:
-            value: Any = fn()
-        except BaseException as exc:  # noqa: BLE001 - the exception is the answer
-            value = exc
-        try:
-            loop.call_soon_threadsafe(settle, value)
-        except RuntimeError:  # loop already closed: nobody waits any more
-            pass
-
-    start_thread(run, name=name)
-    loop.call_later(timeout, settle, None)
-    return fut
-
-
-# -- per-loop resources and blocking helpers for sources ------------------------------------------------
-# An ``aiohttp.ClientSession`` belongs to the loop it was created on and must be closed on it, but a source
-# is opened from whatever thread first asks and read on a loader's loop thread, which lives for one epoch.
-# ``LoopLocal`` makes such a resource lazily *on the loop that reads*, one per loop, and a keeper task owns
-# its lifetime: when the loop shuts down its pending tasks are cancelled and run to the end, and the
-# keeper's ``finally`` closes the resource there, on its own loop, before the loop is closed. Nothing here
-# crosses a fork: a child starts with an empty table and never touches the parent's objects.
-
-
 class LoopLocal(Generic[T]):
     """A value per running event loop, made by ``make()`` on first use, finalised by ``close(value)``."""
 

@@ -119,6 +119,15 @@ class WorkerError(AsyncLoadError):
     """A worker (thread or process) of the loader died; the message names it and what it held."""
 
 
+class ReaderCrashError(ReadError):
+    """Reading these rows killed the process that read them, every time: the loader read them alone in a
+    new reader process until the rows were found. ``signal`` names how the reader ended (``SIGSEGV``...)."""
+
+    def __init__(self, message: str, *, source: str = "", indices: Sequence[int] = (), signal: str = "") -> None:
+        super().__init__(message, source=source, indices=indices)
+        self.signal = signal
+
+
 _typed_cache: dict[type[BaseException], type[ReadError]] = {}
 
 

@@ -66,10 +66,19 @@ class AsyncLoader:
       hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
                     first answer wins (None: never hedge). Hedges are counted in ``stats()``
       log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
-      processes     0 (default): read in this process; K: K spawned worker processes, each with its
-                    own event loop and store handle, share the epoch (CPU-heavy transforms scale);
-                    batches come back through shared memory. transform/collate_fn must be picklable
-      mp_context    "spawn" (default) or "forkserver" for the worker processes
+      processes     "auto" (default): one reader process for a source whose failing reads can crash
+                    the process that runs them (Deep Lake: ``Source.isolate_reads``), so a crash costs
+                    a restarted reader, never the training run; this process for the others.
+                    0: read in this process (turns the isolation off). K: K worker processes, each
+                    with its own event loop and store handle, share the epoch (CPU-heavy transforms
+                    scale). Batches come back through shared memory; transform/collate_fn must be
+                    picklable. Inside a DataLoader worker (daemonic) "auto" reads in that worker
+      max_restarts  deaths of reader processes per epoch that are survived (default 3): the dead
+                    reader is replaced and what it held is read again; a batch whose read kills a
+                    reader again is narrowed down to its rows (``ReaderCrashError``, or skipped with
+                    ``on_error="skip"``); one death more ends the epoch with ``WorkerError``
+      mp_context    "forkserver" (default: a replaced reader starts in a fraction of a second) or
+                    "spawn" for the worker processes
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
                     the end of the epoch (a failed request is re-read sample by sample first)
@@ -102,6 +111,9 @@ class AsyncLoader:
         if o.with_index and "index" in source.columns:
             raise ConfigError("with_index=True is not allowed with a column named 'index': pass with_index=False")
         self.options = o
+        #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
+        #: this process (Deep Lake), none otherwise (``LoaderOptions.reader_processes``)
+        self.processes = o.reader_processes(source)
         self.source = source.open()
         self.shard = shard
         self._reader = ShardReader(self.source, o, shard)
@@ -179,10 +191,10 @@ class AsyncLoader:
         self._resume = None
         o = self.options
         it: Epoch
-        if o.processes:
+        if self.processes:
             if self._pool is None or self._pool.closed:  # the first epoch, or the last pool lost a worker
                 self._pool = WorkerPool(
-                    self.source, o, self.shard, o.processes, context=o.mp_context, timeout=o.shutdown_timeout,
+                    self.source, o, self.shard, self.processes, context=o.mp_context, timeout=o.shutdown_timeout,
                     sampler=self.sampler,
                 )  # fmt: skip
             done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import numbers
+import logging
+import multiprocessing
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,9 @@ from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
 from .errors import ConfigError
 from .sampler import EpochSampler, Remainder, Shard
+from .sources.base import Source
+
+log = logging.getLogger("asyncload")
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -76,16 +81,19 @@ class LoaderOptions:
         None, "None or a list of Resize, RandomResizedCrop and RandomHorizontalFlip"
     )
     memory_budget: int | Literal["auto"] = setting("auto", "'auto' or a number of bytes >= 1", _budget_ok)
-    processes: int = setting(0, "an int >= 0 (0: read in this process)", lambda v: v >= 0)
+    processes: int | Literal["auto"] = setting(
+        "auto", "'auto' or an int >= 0 (0: read in this process)", lambda v: v == "auto" or v >= 0
+    )
+    max_restarts: int = setting(3, "an int >= 0", lambda v: v >= 0)
     mp_context: MpContext = setting(
-        "spawn", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
+        "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
     )
 
     def __post_init__(self) -> None:
         validate(self)
         if isinstance(self.ragged, Mapping):  # frozen and hashable-free: keep a private copy
             object.__setattr__(self, "ragged", dict(self.ragged))
-        if self.decode.startswith("cuda") and self.processes and (self.transform or self.collate_fn):
+        if self.decode.startswith("cuda") and self.processes not in (0, "auto") and (self.transform or self.collate_fn):
             raise ConfigError(
                 f"decode={self.decode!r} with processes={self.processes} is not allowed with a transform or "
                 "collate_fn: the workers ship stored bytes and the training process decodes; use processes=0"
@@ -113,6 +121,23 @@ class LoaderOptions:
 
         return self.cpu_workers or max(2, default_workers())
 
+    def reader_processes(self, source: Source[Any]) -> int:
+        """Worker processes that read ``source``: ``processes``, or with ``"auto"`` one reader process for a
+        source whose native reads can crash the process that runs them (``Source.isolate_reads``: Deep
+        Lake), so that a crash costs a restarted reader, not the training run. None inside a daemonic
+        process (a DataLoader worker), which may not start children: there the worker itself is the
+        isolation, and DataLoader reports its death."""
+        if self.processes != "auto":
+            return int(self.processes)
+        if not source.isolate_reads:
+            return 0
+        if multiprocessing.current_process().daemon:
+            _log_once_in_daemon(source.url)
+            return 0
+        if self.decode.startswith("cuda") and (self.transform or self.collate_fn):
+            return 0  # the workers would ship bytes and a transform cannot run on them there
+        return 1
+
     def sampler(self, n: int, shard: Shard) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows."""
         return EpochSampler(
@@ -137,6 +162,20 @@ class LoaderOptions:
     def replace(self, **changes: Any) -> LoaderOptions:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+_daemon_logged = False
+
+
+def _log_once_in_daemon(url: str) -> None:
+    global _daemon_logged
+    if not _daemon_logged:
+        _daemon_logged = True
+        log.info(
+            "asyncload: %s is read in this daemonic process (pid %d, a DataLoader worker): it cannot start a reader "
+            "process, so a crash of a native read ends this worker and DataLoader raises it in the training process",
+            url, os.getpid(),
+        )  # fmt: skip
 
 
 __all__ = ["LoaderOptions", "MpContext", "OnError", "ReadMode"]

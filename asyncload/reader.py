@@ -41,8 +41,9 @@ class ShardReader:
             self._stage = dataclasses.replace(self._stage, ship=True)
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
 
-    def plan(self, epoch: int, progress: EpochProgress) -> Plan:
-        """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``."""
+    def plan(self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None) -> Plan:
+        """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``, or
+        ``only`` these ``(seq, indices)`` (a fan-out reader reading a batch, or part of one, alone)."""
         o = self.options
         auto = o.concurrency == "auto"
         most = o.max_concurrency if auto else int(o.concurrency)
@@ -55,7 +56,10 @@ class ShardReader:
             tuner = self._tuner
         requests = max(1, tuner.samples // size) if tuner else fetchers
         self.source.configure(fetchers, fetchers * size)
-        batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
+        if only is None:
+            batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
+        else:
+            batches = only
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
         return Plan(
             source=self.source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
@@ -64,11 +68,14 @@ class ShardReader:
             log_every=o.log_every, hedge=o.hedge, ragged=o.ragged, stage=stage, budget=o.budget_bytes,
         )  # fmt: skip
 
-    def epoch(self, epoch: int, progress: EpochProgress) -> EpochIterator:
-        """An iterator over the rest of ``epoch`` (its loop thread starts on the first ``next()``)."""
+    def epoch(
+        self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None
+    ) -> EpochIterator:
+        """An iterator over the rest of ``epoch``, or over ``only`` (see ``plan``); its loop thread starts on
+        the first ``next()``."""
         o = self.options
         return EpochIterator(
-            self.plan(epoch, progress),
+            self.plan(epoch, progress, only),
             progress,
             loop=o.loop,
             cpu_workers=o.cpu_pool,

@@ -34,6 +34,7 @@ class Stats:
     hedges: int = 0  # second requests sent for stragglers
     hedges_won: int = 0  # ... that answered first
     skipped: int = 0
+    worker_restarts: int = 0  # reader processes that died and were replaced (fan-out, or the default isolation)
     memory_budget: int = 0  # the byte budget of batches alive (read, decoded, ready)
     bytes_held: int = 0  # bytes read and decoded that the pipeline holds now (ready batches included)
     bytes_held_peak: int = 0
@@ -69,6 +70,7 @@ class Stats:
             "samples_yielded": self.samples_yielded,
             "consumer_wait_s": self.wait_s,
             "skipped": self.skipped,
+            "worker_restarts": self.worker_restarts,
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable
 
 from asyncload import DeepLakeSource
@@ -109,3 +111,34 @@ class StragglerSource(DeepLakeSource):
             return await super().read(indices)
         finally:
             self.in_flight -= 1
+
+
+class CrashingSource(DeepLakeSource):
+    """Reads a real Deep Lake dataset, but a read that includes one of ``rows`` kills the process that runs
+    it with ``sig``, as Deep Lake's failing-read bug does, only in a reader process (never in the process
+    that made the source, the test's own). With ``once_dir``, each row kills only the first reader that
+    reads it (a marker file per row); without it, every reader that reads it."""
+
+    def __init__(self, url: str, rows, sig: int = signal.SIGSEGV, once_dir: str | None = None, **kw) -> None:
+        super().__init__(url, **kw)
+        self.rows = frozenset(int(r) for r in rows)
+        self.sig = int(sig)
+        self.once_dir = once_dir
+        self.owner = os.getpid()
+
+    def _kills(self, row: int) -> bool:
+        if row not in self.rows:
+            return False
+        if self.once_dir is None:
+            return True
+        try:
+            os.close(os.open(os.path.join(self.once_dir, f"row-{row}"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
+
+    async def read(self, indices: list[int]) -> Columns:
+        if os.getpid() != self.owner and any(self._kills(i) for i in indices):
+            os.kill(os.getpid(), self.sig)
+            await asyncio.sleep(30)  # the signal ends the process before this does
+        return await super().read(indices)

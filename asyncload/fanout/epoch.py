@@ -18,23 +18,42 @@ and ``WorkerPool.epoch()`` makes an epoch, and one module holding both keeps the
 from __future__ import annotations
 
 import bisect
+import logging
+import math
+import signal
 import time
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
 from .._loop import Stage, on_exit
-from .._protocol import END
+from .._protocol import END, Failure
 from ..epoch import Epoch
-from ..errors import ConfigError, WorkerError, _short
+from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
 from ..gpu import PACKED, finish
 from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
 from ..stats import Stats
 from .pool import _how_it_ended, _Pool
-from .wire import Batch, Cancelled, Credit, End, Failed, Terminal, _add_figures
+from .wire import (
+    _CREDITS,
+    Batch,
+    Cancelled,
+    Credit,
+    Done,
+    End,
+    Failed,
+    ReadOne,
+    StartEpoch,
+    Terminal,
+    _add_figures,
+    _figures,
+)
+
+log = logging.getLogger("asyncload")
 
 
 @dataclass
@@ -46,10 +65,35 @@ class _Turns:
     next: int = 0  # position in ``seqs`` of the first batch not yet yielded
     pending: Batch | None = None  # a batch received ahead of its turn (in-order merge)
     ended: bool = False  # it sent End: its loader yielded every batch it will
+    #: after its reader died: what the batches read alone gave, in order, before its stream resumes
+    stash: deque[Batch | Failed | End] = field(default_factory=deque)
+    settled: set[int] = field(default_factory=set)  # seqs the stash (or a left-out batch) answered
+    uncredited: int = 0  # stash batches handed out: the new reader's stream never sent them
 
     @property
     def owes(self) -> bool:
         return self.next < len(self.seqs)
+
+
+@dataclass(frozen=True)
+class _Died:
+    """A reader died while reading alone (``_FanoutEpoch._ask``): how it ended."""
+
+    pid: int | None
+    exitcode: int | None
+
+    @property
+    def how(self) -> str:
+        return _how_it_ended(self.exitcode)
+
+    @property
+    def signal(self) -> str:
+        if self.exitcode is not None and self.exitcode < 0:
+            try:
+                return signal.Signals(-self.exitcode).name
+            except ValueError:
+                return f"signal {-self.exitcode}"
+        return f"exit code {self.exitcode}"
 
 
 @dataclass
@@ -90,7 +134,7 @@ class FanoutEpoch(Epoch):
         processes: int,
         *,
         in_order: bool = True,
-        context: str = "spawn",
+        context: str = "forkserver",
         skip: frozenset[int] = frozenset(),
         timeout: float = 10.0,
         progress: EpochProgress | None = None,
@@ -132,6 +176,7 @@ class FanoutEpoch(Epoch):
         self._progress = progress if progress is not None else EpochProgress(epoch, len(self._batches), extra=set(skip))
         self._stats = Stats()
         self._closed = False
+        self._restarts = 0  # deaths this epoch that count against ``max_restarts``
         self._lease = _Lease(pool, owns_pool, self._stats)
         self._finalizer = on_exit(self, Stage.WORK, self._lease.end)
 
@@ -195,17 +240,23 @@ class FanoutEpoch(Epoch):
             if t.pending is not None:
                 msg, t.pending = t.pending, None
                 return t, msg
+            if t.stash:
+                stashed = t.stash.popleft()
+                t.uncredited += isinstance(stashed, Batch)
+                return t, stashed
         procs, gen = self._pool.procs, self._lease.gen
         while True:
             conns = {procs[t.index].conn: t for t in wanted}
             sentinels = {procs[t.index].process.sentinel: t for t in self._turns.values() if t.owes}
             ready = wait([*conns, *sentinels])
             readable = sorted((conns[r] for r in ready if r in conns), key=lambda t: (t.index - self._rotate) % self._k)
+            dead = [sentinels[r] for r in ready if r in sentinels]
             for t in readable:
                 try:
                     msg = procs[t.index].channel.recv()
                 except Exception as exc:  # noqa: BLE001 - EOF, or the fds of a dead sender are gone
-                    self._died(t, exc)
+                    self._recover(t, exc)
+                    return self._receive(wanted)
                 if getattr(msg, "gen", None) != gen:
                     continue  # an abandoned epoch's: dropped (its shared memory freed with it)
                 if isinstance(msg, Terminal):
@@ -214,28 +265,157 @@ class FanoutEpoch(Epoch):
                     _add_figures(self._stats, msg.figures)
                 if not isinstance(msg, Cancelled):
                     return t, msg
-            for r in ready:
-                if r in sentinels:
-                    self._died(sentinels[r], None)
+            for t in dead:
+                if self._pool.procs[t.index].process.exitcode is not None:  # not already replaced above
+                    self._recover(t, None)
+                    return self._receive(wanted)
 
-    def _died(self, t: _Turns, cause: BaseException | None) -> None:
-        """Raise the ``WorkerError`` for ``t``'s worker, whose pipe broke or whose process ended; the pool
-        is closed (the next epoch starts fresh workers)."""
-        proc = self._pool.procs[t.index].process
-        proc.join(1.0)  # its sentinel is ready or its pipe closed: this reaps it
-        pid, exitcode, name = proc.pid, proc.exitcode, self._name(t)
-        self._pool.close()
-        if exitcode is None:  # alive, yet its message could not be read
-            raise WorkerError(
-                f"asyncload could not receive a batch from {name}: {type(cause).__name__}: {cause}"
-            ) from cause
-        held = [i for j in t.seqs[t.next :] for i in self._batches[j]]
-        err = WorkerError(
-            f"asyncload {name} {_how_it_ended(exitcode)} holding "
-            f"{len(t.seqs) - t.next} undelivered batches of indices {_short(held)}"
-        )
-        err.worker, err.pid, err.exitcode, err.indices = t.index, pid, exitcode, held  # type: ignore[attr-defined]
-        raise err from cause
+    # -- a reader that died ------------------------------------------------------------------------
+    def _held(self, t: _Turns) -> list[int]:
+        """The seqs ``t``'s reader owed and the parent has not received."""
+        pending = None if t.pending is None else t.pending.seq * self._k + t.index
+        return [j for j in t.seqs[t.next :] if j not in t.settled and j != pending]
+
+    def _window(self) -> int:
+        """The most batches a reader can have begun and not handed over: those it may send ahead (its
+        credits), plus the batches its pipeline keeps alive (``Plan.slots`` at the most reads in flight)."""
+        o = self._pool.options
+        most = o.max_concurrency if o.concurrency == "auto" else int(o.concurrency)
+        return _CREDITS + o.prefetch + math.ceil(most / o.batch_size) + 1
+
+    def _recover(self, t: _Turns, cause: BaseException | None) -> None:
+        """``t``'s reader died (or its pipe broke) owing batches: start a new one, read the batches it may
+        have been reading one at a time (so that a batch that kills a reader again is known, and then its
+        rows), and resume the stream for the rest. Counted in ``max_restarts``; past it, ``WorkerError``."""
+        held = self._held(t)
+        pid, exitcode = self._pool.replace(t.index)
+        self._stats.worker_restarts += 1
+        self._charge(t, _Died(pid, exitcode), held, cause)
+        gen = self._lease.gen
+        assert gen is not None
+        window, rest = held[: self._window()], held[self._window() :]
+        for j in window:
+            outcome = self._read_alone(t, j)
+            t.settled.add(j)
+            if outcome is not None:
+                t.stash.append(outcome)
+            if isinstance(outcome, Failed):
+                return  # the epoch raises it at j: nothing after it is read
+        if not rest:  # nothing left for a stream: say so as its End would
+            t.stash.append(End(gen, _figures(Stats())))
+            return
+        mine = {j // self._k for j in range(len(self._batches)) if j % self._k == t.index}
+        self._pool.send(t.index, StartEpoch(gen, self._epoch, frozenset(mine - {j // self._k for j in rest})))
+        self._pool.busy.add(t.index)
+
+    def _charge(self, t: _Turns, died: _Died, held: list[int], cause: BaseException | None) -> None:
+        """Log a death once; count it against ``max_restarts``; past that, close the pool and raise
+        today's ``WorkerError``."""
+        self._restarts += 1
+        budget = self._pool.options.max_restarts
+        rows = [i for j in held for i in self._batches[j]]
+        name = f"fan-out worker {t.index} of {self._k} (pid {died.pid}) for {self._pool.url}"
+        if self._restarts > budget:
+            self._pool.close()
+            err = WorkerError(
+                f"asyncload {name} {died.how} holding {len(held)} undelivered batches of indices {_short(rows)}"
+                + (f", after {budget} restarts this epoch (max_restarts={budget})" if budget else "")
+            )
+            err.worker, err.pid, err.exitcode, err.indices = t.index, died.pid, died.exitcode, rows  # type: ignore[attr-defined]
+            raise err from cause
+        log.warning(
+            "asyncload: %s %s holding %d batches (indices %s); a new reader (pid %s) reads them again "
+            "(restart %d of %d this epoch)",
+            name, died.how, len(held), _short(rows, limit=1024), self._pool.pids.get(t.index), self._restarts, budget,
+        )  # fmt: skip
+
+    def _read_alone(self, t: _Turns, j: int) -> Batch | Failed | None:
+        """Batch ``j`` read by ``t``'s new reader with nothing else in flight: its ``Batch``, its ``Failed``,
+        or None when none of its samples is left. A read that kills the reader again is narrowed down to
+        the rows that do (``_culprits``); those raise ``ReaderCrashError`` or, with ``on_error="skip"``,
+        are left out and counted, and the rest is read again."""
+        rows = list(self._batches[j])
+        while True:
+            outcome = self._ask(t, j, rows, probe=False)
+            if not isinstance(outcome, _Died):
+                return outcome
+            bad = self._culprits(t, j, rows, outcome)
+            if not bad:  # no part of it kills a reader alone: a crash that comes and goes
+                self._charge(t, outcome, [j], None)
+                continue
+            ids = self._pool.source.row_ids([r for r, _ in bad])
+            if self._pool.options.on_error != "skip":
+                sigs = sorted({d.signal for _, d in bad})
+                err = ReaderCrashError(
+                    f"reading {f'row {ids[0]}' if len(ids) == 1 else f'rows {_short(ids)}'} of {self._pool.url} killed its reader "
+                    f"process ({', '.join(sigs)}) each time it was read, alone, in a new reader",
+                    source=self._pool.url, indices=ids, signal=", ".join(sigs),
+                )  # fmt: skip
+                assert self._lease.gen is not None
+                return Failed(self._lease.gen, Failure(err))
+            reasons = [f"ReaderCrashError: reading it killed its reader process ({d.signal})" for _, d in bad]
+            self._stats.record_skipped(list(zip(ids, reasons, strict=True)))
+            gone = {r for r, _ in bad}
+            rows = [r for r in rows if r not in gone]
+            if not rows:
+                return None
+
+    def _culprits(self, t: _Turns, j: int, rows: list[int], died: _Died) -> list[tuple[int, _Died]]:
+        """The rows among ``rows`` (whose read, alone, killed a reader: ``died``) whose read kills a reader,
+        found by halves. Each death is one more new reader, not counted in ``max_restarts``: each halves
+        what is suspect."""
+        if len(rows) == 1:
+            return [(rows[0], died)]
+        found: list[tuple[int, _Died]] = []
+        half = len(rows) // 2
+        for part in (rows[:half], rows[half:]):
+            outcome = self._ask(t, j, part, probe=True)
+            if isinstance(outcome, _Died):
+                found += self._culprits(t, j, part, outcome)
+        return found
+
+    def _ask(self, t: _Turns, j: int, rows: list[int], *, probe: bool) -> Batch | Failed | None | _Died:
+        """Have ``t``'s reader read ``rows`` alone as batch ``j`` and wait for its answer: the ``Batch`` (None
+        for a probe, or when every sample was skipped), its ``Failed``, or ``_Died`` when the read killed it
+        (the reader is replaced, idle)."""
+        pool, gen = self._pool, self._lease.gen
+        assert gen is not None
+        pool.send(t.index, ReadOne(gen, self._epoch, j // self._k, tuple(rows), probe))
+        pool.busy.add(t.index)
+        got: Batch | None = None
+        while True:
+            proc = pool.procs[t.index]
+            ready = wait([proc.conn, proc.process.sentinel])
+            try:
+                msg = proc.channel.recv() if proc.conn in ready else None
+            except Exception:  # noqa: BLE001 - EOF: it died; its sentinel says how
+                msg = None
+            if msg is None:
+                if proc.process.exitcode is None and proc.conn in ready:
+                    continue  # its pipe is readable but the process lives: read on (the kill comes next)
+                pid, exitcode = pool.replace(t.index)
+                self._stats.worker_restarts += 1
+                died = _Died(pid, exitcode)
+                log.warning(
+                    "asyncload: a reader of %s %s reading indices %s of batch %d alone; a new reader (pid %s) "
+                    "continues", pool.url, died.how, _short(rows), j, pool.pids.get(t.index),
+                )  # fmt: skip
+                return died
+            if getattr(msg, "gen", None) != gen:
+                continue
+            if isinstance(msg, Batch):
+                got = msg
+            elif isinstance(msg, Done):
+                pool.busy.discard(t.index)
+                if not probe:
+                    _add_figures(self._stats, msg.figures)
+                return got
+            elif isinstance(msg, Failed):
+                pool.busy.discard(t.index)
+                return None if probe else msg
+            elif isinstance(msg, Terminal):  # Cancelled: not asked for; nothing came
+                pool.busy.discard(t.index)
+                return None
 
     def _deliver(self, t: _Turns, msg: Batch | Failed) -> tuple[int, Any]:
         """``(samples, batch)`` of a ``Batch``; raises a worker's ``Failed``."""
@@ -244,7 +424,10 @@ class FanoutEpoch(Epoch):
         at = msg.seq * self._k + t.index
         t.next = bisect.bisect_right(t.seqs, at)
         assert self._lease.gen is not None
-        self._pool.send(t.index, Credit(self._lease.gen))
+        if t.uncredited:  # a batch read alone after a restart: the new reader's stream did not send it
+            t.uncredited -= 1
+        else:
+            self._pool.send(t.index, Credit(self._lease.gen))
         self._progress.mark(at)
         stage = self._pool.gpu_stage
         if stage is not None and isinstance(msg.batch, dict) and PACKED in msg.batch:

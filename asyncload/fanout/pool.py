@@ -19,13 +19,16 @@ makes a pool, and a pool makes epochs: with one class in each module, each would
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
+import multiprocessing.spawn
 import multiprocessing.util
 import os
 import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -115,6 +118,34 @@ def _unlink_orphaned_shm(pid: int) -> None:
             log.warning("asyncload: removed /dev/shm/%s, left by fan-out worker pid %d", name, pid)
 
 
+_prep_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_left_out(leave_out: bool) -> Iterator[None]:
+    """While a worker starts: with ``leave_out``, the preparation data that spawn and forkserver send a
+    new process omits the main module, so the worker does not import (run) the user's script. There is
+    no switch for it in ``multiprocessing``; its ``Popen`` classes call ``spawn.get_preparation_data``
+    by module attribute, which is wrapped here for the duration of one ``start()``."""
+    if not leave_out:
+        yield
+        return
+    original = multiprocessing.spawn.get_preparation_data
+
+    def without_main(name: str) -> dict[str, Any]:
+        data = original(name)
+        data.pop("init_main_from_path", None)
+        data.pop("init_main_from_name", None)
+        return data
+
+    with _prep_lock:
+        multiprocessing.spawn.get_preparation_data = without_main  # type: ignore[assignment]
+        try:
+            yield
+        finally:
+            multiprocessing.spawn.get_preparation_data = original  # type: ignore[assignment]
+
+
 def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
     """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
     live = list(procs.values())
@@ -141,7 +172,7 @@ class _Pool:
         shard: Shard,
         processes: int,
         *,
-        context: str = "spawn",
+        context: str = "forkserver",
         timeout: float = 10.0,
         sampler: EpochSampler | None = None,
     ) -> None:
@@ -172,6 +203,8 @@ class _Pool:
         self.gpu_stage = stage if stage is not None and stage.device is not None else None
         self.with_index = options.with_index
         self.processes = processes
+        self.source = source
+        self.options = options  # one worker's (its share of the samples in flight)
         self.url = source.url
         self._context = context
         self._timeout = float(timeout)
@@ -181,12 +214,16 @@ class _Pool:
             for k in range(min(processes, len(sampler)))
         ]  # fmt: skip
         try:
-            ForkingPickler.dumps(self._specs[0] if self._specs else None)
+            pickled = ForkingPickler.dumps(self._specs[0] if self._specs else None)
         except Exception as exc:
             raise ConfigError(
                 f"processes={processes} needs loader options that can be pickled into a new process "
                 f"({type(exc).__name__}: {exc}); define transform and collate_fn at module level"
             ) from exc
+        # Whether a worker must import the user's ``__main__`` to unpickle its spec (a transform defined in
+        # the script). Otherwise it does not: a script without the ``if __name__ == "__main__"`` guard would
+        # run again, whole, in every reader process that the default isolation starts.
+        self._needs_main = b"__main__" in pickled
         self.procs: dict[int, _Proc] = {}
         self._pids: dict[int, int] = {}
         self.gen = 0  # the latest epoch started on the pool
@@ -270,20 +307,46 @@ class _Pool:
             raise
 
     def _start(self) -> None:
+        for spec in self._specs:
+            self._start_one(spec)
+
+    def _start_one(self, spec: _WorkerSpec) -> None:
         ctx: Any = multiprocessing.get_context(self._context)  # SpawnContext or ForkServerContext
+        if self._context == "forkserver":
+            # The server imports torch once, the bulk of a worker's start; then each worker (a new one, or
+            # one replacing a dead reader) is a fork of it that imports the rest. Not Deep Lake, whose
+            # import starts its native threads, nor ``__main__`` (the default), which imports it: a fork
+            # must not inherit that runtime. No effect once the server runs.
+            ctx.set_forkserver_preload(["torch"])
         # Workers inherit this process's multiprocessing temp dir (where the sockets that pass file
         # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
         multiprocessing.util.get_temp_dir()
-        for spec in self._specs:
-            parent_end, child_end = ctx.Pipe(duplex=True)
-            k = spec.index
-            proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
-            try:
+        parent_end, child_end = ctx.Pipe(duplex=True)
+        k = spec.index
+        proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
+        try:
+            with _main_module_left_out(not self._needs_main):
                 proc.start()
-            except BaseException:
-                parent_end.close()
-                raise
-            finally:
-                child_end.close()  # the worker holds its end now; ours would hide its EOF
-            self.procs[k] = _Proc(k, proc, _Channel(parent_end))
-            self._pids[k] = proc.pid  # type: ignore[assignment]
+        except BaseException:
+            parent_end.close()
+            raise
+        finally:
+            child_end.close()  # the worker holds its end now; ours would hide its EOF
+        self.procs[k] = _Proc(k, proc, _Channel(parent_end))
+        self._pids[k] = proc.pid  # type: ignore[assignment]
+
+    def replace(self, k: int) -> tuple[int | None, int | None]:
+        """Reap worker ``k`` (dead, or alive with a broken pipe: then killed) and start a new one in its
+        place, idle; returns the old worker's ``(pid, exitcode)``."""
+        old = self.procs.pop(k)
+        old.channel.close()
+        proc = old.process
+        proc.join(1.0)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        pid, exitcode = proc.pid, proc.exitcode
+        _stop_processes([proc], self._timeout)  # releases it, and any shared memory it left
+        self.busy.discard(k)
+        self._start_one(self._specs[k])
+        return pid, exitcode

@@ -1,10 +1,12 @@
 """What parent and worker say to each other, and how it travels.
 
 Protocol (typed messages, one duplex ``Pipe`` per worker):
-- parent → worker: ``StartEpoch(gen, epoch, skip)``, ``Credit(gen)`` (one more batch may be sent),
+- parent → worker: ``StartEpoch(gen, epoch, skip)``, ``ReadOne(gen, epoch, seq, indices, probe)`` (after a
+  reader died: one batch, or part of one, read alone), ``Credit(gen)`` (one more batch may be sent),
   ``Cancel(gen)`` (stop that epoch), ``None`` or a closed pipe (exit);
 - worker → parent: ``Batch(gen, seq, count, batch)``, then exactly one of ``End(gen, figures)``,
-  ``Failed(gen, error)`` or ``Cancelled(gen)`` per ``StartEpoch``, after which the worker is idle.
+  ``Failed(gen, error)`` or ``Cancelled(gen)`` per ``StartEpoch`` (``Done(gen, seq, figures)``, ``Failed`` or
+  ``Cancelled`` per ``ReadOne``), after which the worker is idle.
 ``gen`` numbers the pool's epochs; the parent drops any message whose ``gen`` is not the live epoch's, so
 no batch of an abandoned epoch can reach the next one. ``Failed.error`` is a ``_protocol.Failure``, the
 one error carrier: it pickles as data, so an exception the parent cannot rebuild still arrives.
@@ -66,6 +68,20 @@ class StartEpoch:
 
 
 @dataclass(frozen=True)
+class ReadOne:
+    """Parent → worker: read positions ``indices`` of epoch ``epoch`` as your batch ``seq``, alone (no other
+    read in flight), and answer ``Batch`` (unless ``probe``) then ``Done``. How the parent finds the batch,
+    and then the rows, whose read kills a reader (``fanout.epoch``): with one read in flight, a death names
+    it. A ``probe`` only asks whether reading ``indices`` kills the reader: its data and errors are dropped."""
+
+    gen: int
+    epoch: int
+    seq: int
+    indices: tuple[int, ...]
+    probe: bool = False
+
+
+@dataclass(frozen=True)
 class Credit:
     """Parent → worker: the parent yielded one of epoch ``gen``'s batches; you may send one more."""
 
@@ -106,13 +122,23 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Done:
+    """Worker → parent: the ``ReadOne`` of batch ``seq`` of epoch ``gen`` ended (its batch, if any, was sent;
+    a batch whose samples were all skipped sends none); ``figures`` as ``End``'s. The worker is idle."""
+
+    gen: int
+    seq: int
+    figures: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """Worker → parent: epoch ``gen`` stopped on ``Cancel``; the worker is idle."""
 
     gen: int
 
 
-Terminal = End | Failed | Cancelled  # one per StartEpoch, the last message of that epoch (also for isinstance)
+Terminal = End | Failed | Cancelled | Done  # one per StartEpoch or ReadOne, the last message of that epoch (also for isinstance)
 
 
 # -- the figures an End carries --------------------------------------------------------------------

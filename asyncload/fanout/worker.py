@@ -44,8 +44,10 @@ from .wire import (
     Cancel,
     Cancelled,
     Credit,
+    Done,
     End,
     Failed,
+    ReadOne,
     StartEpoch,
     Terminal,
     _Channel,
@@ -111,7 +113,7 @@ class _Control:
             self._cond.notify_all()
 
 
-def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEpoch | None]) -> None:
+def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEpoch | ReadOne | None]) -> None:
     """Worker's control thread: epochs to the main thread, credits and cancels to ``ctl``; stop on
     ``_STOP`` or when the parent is gone."""
     while True:
@@ -119,7 +121,7 @@ def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEp
             msg = conn.recv()
         except (EOFError, OSError):
             msg = _STOP
-        if isinstance(msg, StartEpoch):
+        if isinstance(msg, (StartEpoch, ReadOne)):
             commands.put(msg)
         elif isinstance(msg, Credit):
             ctl.credit(msg.gen)
@@ -165,6 +167,25 @@ def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: Start
     return End(cmd.gen, _figures(it.stats()))
 
 
+def _read_one(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: ReadOne) -> Done | Cancelled:
+    """Read ``cmd.indices`` alone as batch ``cmd.seq``: send it (unless a probe), then ``Done``. A probe's
+    failure is an answer too (the read did not kill this process), so it ends in ``Done`` as well."""
+    it = reader.epoch(cmd.epoch, EpochProgress(cmd.epoch, len(reader.sampler)), only=[(cmd.seq, list(cmd.indices))])
+    try:
+        with it:
+            for batch in it:
+                if cmd.probe:
+                    continue
+                if not ctl.take(cmd.gen):
+                    return Cancelled(cmd.gen)
+                _send(channel, Batch(cmd.gen, cmd.seq, it.stats().samples_yielded, batch))
+                del batch
+    except Exception:
+        if not cmd.probe:
+            raise
+    return Done(cmd.gen, cmd.seq, _figures(it.stats()))
+
+
 def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     """Build this worker's loader once, then serve epochs as they are asked for until told to stop."""
     import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
@@ -173,7 +194,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     set_allocator(_shared_empty)
     # As in DataLoader workers: K processes each running torch ops on every core would oversubscribe.
     torch.set_num_threads(1)
-    ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | None]()
+    ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | ReadOne | None]()
     start_thread(_listen, conn, ctl, commands, name="asyncload-fanout-control")
     channel = _Channel(conn)
     reader: ShardReader | None = None
@@ -192,7 +213,10 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
                 outcome = Cancelled(cmd.gen)
             else:
                 try:
-                    outcome = _run_epoch(channel, reader, ctl, cmd)
+                    if isinstance(cmd, ReadOne):
+                        outcome = _read_one(channel, reader, ctl, cmd)
+                    else:
+                        outcome = _run_epoch(channel, reader, ctl, cmd)
                 except _ParentGone:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise

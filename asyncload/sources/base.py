@@ -127,6 +127,10 @@ class Source(abc.ABC, Generic[H]):
     #: False where a forked child cannot safely use a store runtime inherited from its parent.
     fork_safe: bool = True
 
+    #: True where a failing read can crash the process that runs it (a native library's bug): with
+    #: ``processes="auto"`` the loader then reads in a process of its own (``LoaderOptions.reader_processes``).
+    isolate_reads: bool = False
+
     def row_ids(self, positions: list[int]) -> list[int]:
         """The store's own row numbers of loader positions (what a batch's ``"index"`` names); a source
         over a subset or a query result maps them, every other source returns them as they are."""
