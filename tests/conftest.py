@@ -53,3 +53,21 @@ def copy_of(tmp_path: Path, seg_url: str):
         return dst
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _no_failing_deep_lake_read_in_this_process():
+    """Deep Lake 4.7.4 segfaults now and then while delivering a failed read, so a test whose Deep Lake
+    read fails in the pytest process could kill the whole run: such reads belong in a reader process (the
+    default) or a subprocess. ``DeepLakeSource`` notes the pid of every failed read; none may be ours."""
+    import os
+
+    from asyncload.sources import deeplake as dl
+
+    before = dl.failed_reads.count(os.getpid())
+    yield
+    failed = dl.failed_reads.count(os.getpid()) - before
+    assert not failed, (
+        f"{failed} Deep Lake read(s) failed inside the pytest process: read failing datasets through the "
+        "default reader process (not processes=0) or in a subprocess"
+    )
