@@ -385,7 +385,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
     stage = plan.stage
     if stage is None or not stage.encoded:
         return 1.0
-    from .codecs import DecodeError, header
+    from .image.codecs import DecodeError, header
 
     read = decoded = 0
     for c, values in part.items():

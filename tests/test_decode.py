@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncload import AsyncLoader, ConfigError, DeepLakeSource, RandomResizedCrop, ReadError, codecs
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource, RandomResizedCrop, ReadError
+from asyncload.image import codecs
 from asyncload.sources.subset import RangeSource
 from tests.photo_data import encode, make, sample
 

@@ -232,7 +232,7 @@ class DeepLakeSource(Source[Any]):
     def image_columns(self) -> dict[str, Any]:
         """Image columns (``Image``) and segmentation masks (``SegmentMask``) among the requested ones; the
         stored codec where it is JPEG or PNG (asyncload decodes those faster than the store does)."""
-        from ..decode import ImageColumn
+        from ..image.decode import ImageColumn
 
         schema = self.handle().schema
         found: dict[str, ImageColumn] = {}

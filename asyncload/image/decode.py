@@ -22,11 +22,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..collate import CollateError, allocate
+from ..errors import read_error
 from .augment import Augment, Draw
 from .codecs import DecodeError, Header, Mode, header
 from .codecs import decode as decode_bytes
-from .collate import CollateError, allocate
-from .errors import read_error
 
 Role = Literal["image", "mask"]
 
@@ -294,7 +294,7 @@ def decoders_available() -> str | None:
 
 def decode_stage(source: Any, options: Any) -> Stage | None:
     """The stage a loader with ``options`` runs for ``source`` (open), or None when no column needs one."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     cols = dict(source.image_columns())
     aug: Augment | None = options.augment
