@@ -385,7 +385,7 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
         encoded = frozenset(c for c, col in cols.items() if col.stored and col.stored != "lz4")
     pair = next((c for c in source.columns if c in encoded and cols[c].role == "image"), None)
     lz4 = [c for c, col in cols.items() if col.stored == "lz4"]
-    if lz4 and encoded and device is None:
+    if lz4 and mode != "store" and not missing and device is None:
         if pair is None:
             _log_once(
                 f"asyncload: {source.url}: the store decodes lz4 mask column(s) {', '.join(map(repr, lz4))}: "
