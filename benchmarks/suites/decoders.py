@@ -90,25 +90,31 @@ def main(argv: list[str] | None = None) -> int:
         "pyspng (libspng), then one copy into the row": lambda b: np.copyto(out3, pyspng.load(b, "RGB")) or out3,
         "imagecodecs spng_decode (libspng), out=row": lambda b: imagecodecs.spng_decode(b, out=out3),
         "imagecodecs png_decode (libpng), out=row": lambda b: imagecodecs.png_decode(b, out=out3),
-        "OpenCV imdecode (libpng), then one copy": lambda b: np.copyto(out3, cv2.imdecode(
-            np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR_RGB)) or out3,  # fmt: skip
+        "OpenCV imdecode (libpng), then one copy": lambda b: (
+            np.copyto(out3, cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR_RGB)) or out3
+        ),  # fmt: skip
     }
     png_gray: dict[str, Callable[[bytes], np.ndarray]] = {
         "pyspng (libspng), then one copy into the row": lambda b: np.copyto(out2, pyspng.load(b, "L")) or out2,
         "imagecodecs spng_decode (libspng), out=row": lambda b: imagecodecs.spng_decode(b, out=out2),
         "imagecodecs png_decode (libpng), out=row": lambda b: imagecodecs.png_decode(b, out=out2),
-        "OpenCV imdecode (libpng), then one copy": lambda b: np.copyto(out2, cv2.imdecode(
-            np.frombuffer(b, np.uint8), cv2.IMREAD_UNCHANGED)) or out2,  # fmt: skip
+        "OpenCV imdecode (libpng), then one copy": lambda b: (
+            np.copyto(out2, cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_UNCHANGED)) or out2
+        ),  # fmt: skip
     }
     lz4s: dict[str, Callable[[bytes], np.ndarray]] = {
-        "python-lz4 lz4.block.decompress, then one copy": lambda b: np.copyto(
-            out2, np.frombuffer(lz4.block.decompress(b), np.uint8).reshape(256, 256)) or out2,  # fmt: skip
-        "imagecodecs lz4_decode(header=True), out=row": lambda b: (imagecodecs.lz4_decode(
-            b, header=True, out=out2.reshape(-1)), out2)[1],  # fmt: skip
+        "python-lz4 lz4.block.decompress, then one copy": lambda b: (
+            np.copyto(out2, np.frombuffer(lz4.block.decompress(b), np.uint8).reshape(256, 256)) or out2
+        ),  # fmt: skip
+        "imagecodecs lz4_decode(header=True), out=row": lambda b: (
+            imagecodecs.lz4_decode(b, header=True, out=out2.reshape(-1)),
+            out2,
+        )[1],  # fmt: skip
     }
     jpgs: dict[str, Callable[[bytes], np.ndarray]] = {
         "simplejpeg (libjpeg-turbo), buffer=row": lambda b: simplejpeg.decode_jpeg(
-            b, colorspace="RGB", buffer=out3.reshape(-1)),  # fmt: skip
+            b, colorspace="RGB", buffer=out3.reshape(-1)
+        ),  # fmt: skip
     }
     table: list[tuple[str, str, float]] = []
     for kind, data, decs, col in (
@@ -125,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             table.append((kind, name, _best_ms(fn, data, args.passes)))
         table.append((kind, "Deep Lake 4.7.4 column get_async (CPU time of all its threads)",
                       _deeplake_ms(ds, col, args.rows, args.passes)))  # fmt: skip
-    sizes = {k: np.mean([len(b) for b in v]) / 1e3 for k, v in (("png", png), ("jpg", jpg), ("mpng", mpng), ("lz4", lz4b))}
+    sizes = {
+        k: np.mean([len(b) for b in v]) / 1e3 for k, v in (("png", png), ("jpg", jpg), ("mpng", mpng), ("lz4", lz4b))
+    }
     print(f"{args.rows} photo-like 256x256 samples: PNG {sizes['png']:.0f} KB, JPEG q90 {sizes['jpg']:.0f} KB, "
           f"PNG mask {sizes['mpng']:.1f} KB, lz4 mask {sizes['lz4']:.1f} KB; median of {args.passes} passes")  # fmt: skip
     print("| sample | decoder | ms per sample |\n|---|---|---|")
