@@ -10,8 +10,6 @@ Public API::
 """
 
 from ._version import __version__
-from .augment import RandomHorizontalFlip, RandomResizedCrop, Resize
-from .codecs import DecodeError
 from .config import load_config
 from .dataset import AsyncIterableDataset
 from .device import DeviceFeed
@@ -27,6 +25,8 @@ from .errors import (
     ReaderCrashError,
     WorkerError,
 )
+from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
+from .image.codecs import DecodeError
 from .loader import AsyncLoader
 from .options import LoaderOptions
 from .sampler import EpochSampler, Shard

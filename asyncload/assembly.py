@@ -18,8 +18,8 @@ import torch
 
 from ._protocol import EMPTY
 from .collate import CollateError, collate_column, collate_columns, default_collate, ragged_policy, rows
-from .decode import Stage
-from .decode import run as decode_run
+from .image.decode import Stage
+from .image.decode import run as decode_run
 from .plan import Plan
 
 
@@ -47,7 +47,7 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
     if plan.stage is not None:
         values = {c: [v for p in parts for v in p[c]] for c in cols}  # each column, sample by sample
     if plan.stage is not None and plan.stage.ship:  # a fan-out worker: the training process decodes
-        from .gpu import pack
+        from .image.gpu import pack
 
         keep = list(range(len(indices)))
         batch = _batch(plan, cols, pack(plan.stage, cols, values, indices), values, keep, indices)
@@ -97,7 +97,7 @@ def _decoded(
     the skipped ones, and the thread CPU seconds it took."""
     t0 = time.thread_time()
     if stage.device is not None:
-        from .gpu import run as gpu_run
+        from .image.gpu import run as gpu_run
 
         tensors, keep, skipped = gpu_run(stage, cols, values, indices)
     else:

@@ -45,12 +45,32 @@ def _concurrency(text: str) -> int | str:
     return value
 
 
+def _processes(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"processes={text!r} is not allowed: 'auto' or an int >= 0")
+    return value
+
+
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default="images,masks", help="comma-separated columns (default: images,masks)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--concurrency", type=_concurrency, default="auto", help="samples read at once, or 'auto' (default)")
     p.add_argument("--prefetch", type=int, default=4, help="ready batches kept ahead")
     p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto")
+    p.add_argument(
+        "--decode", default="auto", metavar="{auto,cpu,store,cuda,cuda:N}",
+        help="where images are decoded: asyncload's decoders on the CPU, the store's, or the GPU (default auto)",
+    )  # fmt: skip
+    p.add_argument(
+        "--processes", type=_processes, default=None,
+        help="reader processes: an int (0: read in this process) or 'auto'; default: the loader's",
+    )  # fmt: skip
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--seed", type=int, default=0)
 
@@ -97,15 +117,20 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
             concurrency=args.concurrency,
             prefetch=args.prefetch,
             read_mode=mode,
+            decode=args.decode,
+            **({} if args.processes is None else {"processes": args.processes}),
         )  # fmt: skip
         for mode in modes
     ]
-    base = measure("sequential", sequential(src.url, columns, sequential_limit), count=lambda _: 1)
+    base = measure("sequential", sequential(src, columns, sequential_limit), count=lambda _: 1)
     # named after the rows it read: a dataset shorter than the limit is read whole, not to the limit
     base = dataclasses.replace(base, name=f"sequential ds[i][col] ({base.samples} rows)")
     rows = [base]
     for loader in loaders:
-        rows.append(measure(f"asyncload {loader.read_mode} reads, concurrency {args.concurrency}", loader))
+        how = f"asyncload {loader.read_mode} reads, concurrency {args.concurrency}"
+        if args.decode != "auto" or args.processes is not None:
+            how += f", decode {args.decode}" + (f", processes {args.processes}" if args.processes is not None else "")
+        rows.append(measure(how, loader))
     print(f"\n{len(src)} rows, columns {columns}, from {src.url}\n")
     print(table(rows, base))
 

@@ -164,16 +164,16 @@ def measure(
     return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
 
 
-def sequential(
-    url: str, columns: Sequence[str], limit: int | None = None, creds: dict[str, str] | None = None
-) -> Iterable[int]:
-    """The baseline: ``ds[i][col]`` for each row and column, one after another, copied like a batch is."""
-    import deeplake
+def sequential(source: Any, columns: Sequence[str], limit: int | None = None) -> Iterable[int]:
+    """The baseline: ``ds[i][col]`` for each row and column, one after another, copied like a batch is.
+
+    ``source``: a ``DeepLakeSource``, opened: the baseline reads what the loader reads (its credentials,
+    its version, the rows of its query, in the query's order), or the comparison would not be fair."""
     import numpy as np
 
-    ds = deeplake.open_read_only(url, creds=creds) if creds else deeplake.open_read_only(url)
-    n = len(ds) if limit is None else min(limit, len(ds))
-    for i in range(n):
+    ds = source.dataset()  # at the source's version, with its credentials
+    n = len(source) if limit is None else min(limit, len(source))
+    for i in source.row_ids(list(range(n))):
         row = ds[i]
         for c in columns:
             np.array(row[c])

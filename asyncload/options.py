@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ._loop import LoopKind
-from .augment import Augment, Op
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
 from .errors import ConfigError
+from .image.augment import Augment, Op
 from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
 
@@ -117,7 +117,7 @@ class LoaderOptions:
     def cpu_pool(self) -> int:
         """Threads of the loop's CPU pool (decode, transform, collate): ``cpu_workers``, or one per core
         this process may run on (decoding releases the GIL and scales with cores), at least 2."""
-        from .sources.imagecodec import default_workers
+        from .image.files import default_workers
 
         return self.cpu_workers or max(2, default_workers())
 

@@ -42,6 +42,7 @@ from ._protocol import END, Failure, Ready
 from .assembly import assemble
 from .errors import ReadError, read_error
 from .hedging import Hedger
+from .image.decode import unpaired
 from .plan import Plan
 from .sources.base import stored_bytes
 from .stats import Stats
@@ -271,6 +272,8 @@ class Pipeline:
             if self._held is not None:  # the first read has answered: the rest may go
                 self._gate.allow(self._held)
                 self._held = None
+        if self.plan.stage is not None and self.plan.stage.lz4:
+            part = await self._store_decode_unpaired(idx, part)
         stats.latencies.append(seconds)
         stats.samples_read += len(idx)
         nbytes = _nbytes(part)
@@ -281,6 +284,27 @@ class Pipeline:
         if first:
             self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
             self._budget_changed()
+        return part
+
+    async def _store_decode_unpaired(self, idx: list[int], part: Any) -> Any:
+        """lz4 masks whose size is not their image's cannot be decoded from their bytes (which hold no
+        shape): those samples are read again, the mask column decoded by the store (a valid read, rare)."""
+        stage = self.plan.stage
+        assert stage is not None
+        fix = unpaired(stage, part)
+        if not fix:
+            return part
+        part = dict(part)
+        for c, ks in fix.items():
+            token = stored_bytes.set(stage.encoded - {c})
+            try:
+                again = await self.plan.source.read([idx[k] for k in ks])
+            finally:
+                stored_bytes.reset(token)
+            values = list(part[c])
+            for j, k in enumerate(ks):
+                values[k] = again[c][j]
+            part[c] = values
         return part
 
     async def _fetch(self) -> None:
@@ -385,7 +409,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
     stage = plan.stage
     if stage is None or not stage.encoded:
         return 1.0
-    from .codecs import DecodeError, header
+    from .image.codecs import DecodeError, header
 
     read = decoded = 0
     for c, values in part.items():

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .collate import CollateFn, RaggedSpec, Transform
-from .decode import Stage
+from .image.decode import Stage
 from .options import OnError
 from .sources.base import Source
 from .tuning import ConcurrencyTuner

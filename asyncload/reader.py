@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .decode import decode_stage
 from .epoch import EpochIterator
+from .image.decode import decode_stage
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
 from .sampler import Shard

@@ -17,7 +17,7 @@ from asyncload import (
     RandomResizedCrop,
     Resize,
 )
-from asyncload.augment import Augment, uniforms
+from asyncload.image.augment import Augment, uniforms
 from tests.photo_data import make
 
 ROWS = 40

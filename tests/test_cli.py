@@ -34,7 +34,7 @@ def test_make_inspect_load(tmp_path, capsys) -> None:
     assert main(["load", str(path), "--batch-size", "8", "--sequential-rows", "8"]) == 0
     out = capsys.readouterr().out
     assert "| sequential ds[i][col] (8 rows) | 8 |" in out
-    assert "| asyncload row reads, concurrency auto | 24 |" in out  # read_mode="auto" picks per-row on Deep Lake
+    assert "| asyncload column reads, concurrency auto | 24 |" in out  # auto: columns where asyncload decodes
 
 
 def test_version_query_and_program_version(tmp_path, capsys) -> None:
@@ -56,7 +56,63 @@ def test_version_query_and_program_version(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"file://{path}: 15 rows" in out and "query 'SELECT * LIMIT 5': 5 rows" in out
     assert main(["load", str(path), "--version", "first", "--batch-size", "4", "--sequential-rows", "4"]) == 0
-    assert "| asyncload row reads, concurrency auto | 12 |" in capsys.readouterr().out
+    assert "| asyncload column reads, concurrency auto | 12 |" in capsys.readouterr().out
+
+
+def test_the_sequential_baseline_reads_the_version_and_the_query_rows(tmp_path, capsys) -> None:
+    """The baseline reads what the loader reads: 12 rows at tag "first" (15 at the head), 5 of a query."""
+    path = tmp_path / "v"
+    assert main(["make-dataset", str(path), "--rows", "12", "--size", "16"]) == 0
+    ds = deeplake.open(f"file://{path}")
+    ds.tag("first")
+    ds.append({"images": [ds[0]["images"]] * 3, "masks": [ds[0]["masks"]] * 3})
+    ds.commit("3 more")
+    capsys.readouterr()
+    assert main(["load", str(path), "--version", "first", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| sequential ds[i][col] (12 rows) | 12 |" in out and "| asyncload column reads, concurrency auto | 12 |" in out
+    )
+    assert main(["load", str(path), "--query", "SELECT * LIMIT 5", "--batch-size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "| sequential ds[i][col] (5 rows) | 5 |" in out and "| asyncload column reads, concurrency auto | 5 |" in out
+
+
+def test_the_sequential_baseline_uses_the_creds(remote_data, tmp_path, capsys) -> None:
+    import json
+
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps(remote_data.server.creds()))
+    url = remote_data.deeplake_url
+    assert main(["load", url, "--creds", str(creds), "--batch-size", "4", "--sequential-rows", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "| sequential ds[i][col] (6 rows) | 6 |" in out and remote_data.server.secret_key not in out
+
+
+@pytest.mark.timeout(180)
+def test_load_compares_decode_read_mode_and_processes(small, capsys) -> None:
+    """A user can time each path on their own data: where images decode, how reads are cut, and reader
+    processes; each row of the table says what it ran with."""
+    assert main(["load", str(small), "--batch-size", "8", "--decode", "store", "--read-mode", "row",
+                 "--processes", "0"]) == 0  # fmt: skip
+    assert "| asyncload row reads, concurrency auto, decode store, processes 0 | 20 |" in capsys.readouterr().out
+    assert main(["load", str(small), "--batch-size", "8", "--decode", "cpu", "--processes", "2"]) == 0
+    assert "| asyncload column reads, concurrency auto, decode cpu, processes 2 | 20 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--processes", "-1"], "argument --processes: processes='-1' is not allowed: 'auto' or an int >= 0"),
+        (["--decode", "gpu"], "decode='gpu' is not allowed: 'auto', 'cpu', 'store', 'cuda' or 'cuda:N'"),
+    ],
+)
+def test_bad_decode_or_processes_are_named(small, capsys, argv: list[str], message: str) -> None:
+    try:
+        code = main(["load", str(small), *argv])
+    except SystemExit as done:
+        code = done.code
+    assert code == 2 and message in capsys.readouterr().err
 
 
 # -- bad input: one line on stderr, exit 2 (usage) or 1 (data, I/O), the traceback only when asked ----------

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from asyncload import AsyncLoader, ConfigError, DeepLakeSource, RandomResizedCrop, ReadError, codecs
+from asyncload import AsyncLoader, ConfigError, DeepLakeSource, RandomResizedCrop, ReadError
+from asyncload.image import codecs
 from asyncload.sources.subset import RangeSource
 from tests.photo_data import encode, make, sample
 
@@ -110,7 +111,7 @@ def bad_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     ("row", "column", "message"),
     [
         (3, "images", "libjpeg-turbo: Premature end of JPEG file"),
-        (6, "masks", "libpng (OpenCV) could not decode"),
+        (6, "masks", "libspng: IDAT stream error"),
         (9, "images", "empty sample (0 bytes)"),
     ],
 )
@@ -277,9 +278,16 @@ def test_a_bad_sample_in_a_worker_reaches_the_training_process_named(bad_url: st
     assert got == [i for i in range(12) if i not in (3, 6, 9)]
 
 
-def test_auto_leaves_deep_lake_columns_to_deep_lake(jpeg_url: str) -> None:
-    """decode="auto" reads what Deep Lake decodes (docs/ARCHITECTURE.md says why), bytes only when asked."""
+def test_auto_decodes_deep_lake_jpeg_png_and_lz4_columns_itself_with_column_reads(jpeg_url: str) -> None:
+    """decode="auto" reads the stored bytes of every image and mask column (JPEG images, lz4 masks) and
+    read_mode="auto" reads them by column; decode="store" reads Deep Lake's arrays, per row."""
     auto, cpu = AsyncLoader(DeepLakeSource(jpeg_url), 16), AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="cpu")
-    list(auto), list(cpu)
-    assert auto.stats()["cpu_decode_s"] < cpu.stats()["cpu_decode_s"]
-    assert auto.stats()["bytes_per_s"] * auto.stats()["elapsed_s"] == pytest.approx(ROWS * 64 * 64 * 4)
+    store = AsyncLoader(DeepLakeSource(jpeg_url), 16, decode="store", read_mode="row")
+    list(auto), list(cpu), list(store)
+    assert auto.stats()["requests"] == -(-ROWS // 16) and store.stats()["requests"] == ROWS  # column reads; per row
+
+    def read(loader: AsyncLoader) -> float:
+        return loader.stats()["bytes_per_s"] * loader.stats()["elapsed_s"]
+
+    assert read(auto) == pytest.approx(read(cpu)) and read(auto) < read(store) / 2  # stored bytes: JPEG, lz4
+    assert DeepLakeSource(jpeg_url).open().preferred_read_mode == "column"

@@ -309,6 +309,9 @@ def slow(sample):
     return sample
 
 if __name__ == "__main__":
+    # Python's Ctrl-C handler, whatever this process inherited: a suite started from a background job
+    # (nohup, `&`) passes SIGINT on ignored, and the KeyboardInterrupt under test would never come.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     src = DeepLakeSource(sys.argv[1])
     it = FanoutEpoch(src, {"batch_size": 4, "transform": slow}, Shard(), 0, 2)
     next(it)

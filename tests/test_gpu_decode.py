@@ -22,7 +22,7 @@ from asyncload import (
     decode,
     gpu,
 )
-from asyncload.augment import Augment
+from asyncload.image.augment import Augment
 from tests.photo_data import make
 
 CROP = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]

@@ -370,7 +370,7 @@ def test_read_paths_never_unpickle() -> None:
 
 def test_decoding_store_bytes_is_image_decoding_only() -> None:
     """A pickle payload where an image is expected is an undecodable image, not an object."""
-    from asyncload.sources.imagecodec import decode_image
+    from asyncload.image.files import decode_image
 
     payload = pickle.dumps({"not": "an image"})
     with pytest.raises(ValueError, match="cannot decode"):

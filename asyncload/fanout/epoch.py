@@ -32,7 +32,7 @@ from .._loop import Stage, on_exit
 from .._protocol import END, Failure
 from ..epoch import Epoch
 from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
-from ..gpu import PACKED, finish
+from ..image.gpu import PACKED, finish
 from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress

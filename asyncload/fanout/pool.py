@@ -36,8 +36,8 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .._loop import Stage, on_exit
-from ..decode import decode_stage
 from ..errors import ConfigError
+from ..image.decode import decode_stage
 from ..options import LoaderOptions
 from ..reader import ShardReader
 from ..sampler import EpochSampler, Shard

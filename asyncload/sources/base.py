@@ -21,7 +21,7 @@ import numpy as np
 from .._loop import Stage, on_exit
 
 if TYPE_CHECKING:
-    from ..decode import ImageColumn
+    from ..image.decode import ImageColumn
 
 H = TypeVar("H")
 

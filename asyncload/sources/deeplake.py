@@ -92,6 +92,11 @@ def _row_query(query: str) -> str:
     return f"SELECT * FROM (SELECT *, ROW_NUMBER() AS {_ROW}) {m.group('rest') or ''}".rstrip()
 
 
+def _uint8(t: Any) -> bool:
+    """Whether a Deep Lake type's elements are uint8 (an lz4 blob is then one byte per pixel)."""
+    return "dtype=uint8" in str(getattr(t, "data_type", "")).replace(" ", "")
+
+
 class DeepLakeSource(Source[Any]):
     """A Deep Lake dataset, opened read-only in each process that reads it.
 
@@ -236,16 +241,20 @@ class DeepLakeSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        """ "row": one request per sample hedges a straggler alone and, where Deep Lake decodes, spreads
-        decoding over its threads; column reads were no faster then (benchmarks/results/wan/deeplake.md).
-        Where asyncload decodes, column reads are faster (benchmarks/results/wan/readmode/) but stay an
-        option: the full test runs that segfaulted under load read columns (docs/ARCHITECTURE.md)."""
-        return "row"
+        """ "column" where asyncload decodes the image columns (their stored bytes: JPEG, PNG, lz4 masks),
+        "row" elsewhere. A column read of stored bytes is one small request per column and batch, and the
+        loop's CPU per sample is a fraction of per-row reads' (benchmarks/results/wan/readmode/). Where Deep
+        Lake decodes, one request per sample spreads its decoding over its threads and hedges a straggler
+        alone, and column reads measured no faster (benchmarks/results/wan/deeplake.md). (The segfaults
+        once blamed on column and stored-bytes reads were Deep Lake crashing on failing reads, on every
+        path alike: docs/ARCHITECTURE.md.)"""
+        return "column" if any(col.stored for col in self.image_columns().values()) else "row"
 
     def image_columns(self) -> dict[str, Any]:
         """Image columns (``Image``) and segmentation masks (``SegmentMask``) among the requested ones; the
-        stored codec where it is JPEG or PNG (asyncload decodes those faster than the store does)."""
-        from ..decode import ImageColumn
+        stored codec where asyncload decodes it (JPEG, PNG; lz4 for uint8 masks, which the decode stage
+        pairs with an image for their shape), else None: Deep Lake decodes."""
+        from ..image.decode import ImageColumn
 
         schema = self.handle().schema
         found: dict[str, ImageColumn] = {}
@@ -255,6 +264,8 @@ class DeepLakeSource(Source[Any]):
             if role is None or t.is_sequence or t.is_link:
                 continue
             codec = {"jpeg": "jpeg", "jpg": "jpeg", "png": "png"}.get(str(t.sample_compression or "").lower())
+            if role == "mask" and str(t.sample_compression or "").lower() == "lz4" and _uint8(t):
+                codec = "lz4"
             found[c] = ImageColumn(role, codec)  # type: ignore[arg-type]
         return found
 

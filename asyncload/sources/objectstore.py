@@ -3,7 +3,7 @@
 ``ObjectStoreSource("s3://bucket/prefix")`` (or ``gs://bucket/prefix``, ``az://container/prefix``)
 pairs ``<prefix>/<column>/<stem>.<ext>`` objects across columns by their stem, found by listing
 (paginated) or named by a manifest (required for ``http(s)://`` prefixes, which cannot be listed); the
-pairing rules are in :mod:`.manifest`, decoding in :mod:`.imagecodec`.
+pairing rules are in :mod:`.manifest`, decoding in :mod:`..image.files`.
 
 Design, and why:
 
@@ -46,13 +46,13 @@ import numpy as np
 
 from .._loop import LoopLocal, run_blocking, thread_pool
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, read_error
+from ..image.files import DecodeMode, decode_image, decode_modes, default_workers
 from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
 from ._store import HTTPStore, Store, probe_store
 from .azure import resolve_azure, split_az_url
 from .base import Columns, Source, stored_bytes
 from .gcs import resolve_gcs, split_gs_url
-from .imagecodec import DecodeMode, decode_image, decode_modes, default_workers
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
 from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
 
@@ -423,7 +423,7 @@ class ObjectStoreSource(Source[_Index]):
     def image_columns(self) -> dict[str, Any]:
         """Every column is an image file: ``rgb`` ones images, ``gray`` ones masks; the stage sniffs each
         file's codec (JPEG, PNG, else Pillow)."""
-        from ..decode import ImageColumn
+        from ..image.decode import ImageColumn
 
         return {c: ImageColumn("image" if self._decode[c] == "rgb" else "mask", "file") for c in self.columns}
 
@@ -431,5 +431,5 @@ class ObjectStoreSource(Source[_Index]):
         return f"ObjectStoreSource({self.url!r}, columns={self.columns!r})"
 
 
-#: ``decode_image`` and ``parse_manifest`` live in :mod:`.imagecodec` and :mod:`.manifest`; still importable here.
+#: ``decode_image`` and ``parse_manifest`` live in :mod:`..image.files` and :mod:`.manifest`; still importable here.
 __all__ = ["ObjectStoreSource", "Timeouts", "RetryPolicy", "HTTPStatusError", "decode_image", "parse_manifest"]

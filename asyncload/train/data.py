@@ -17,8 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..augment import Augment, Draw, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
 from ..dataset import AsyncIterableDataset
+from ..image.augment import Augment, Draw, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
 from ..loader import AsyncLoader
 from ..sampler import EpochSampler, Shard
 from ..sources.deeplake import DeepLakeSource

@@ -7,7 +7,8 @@ written the way a user would write it, so that a row of a table is a reader a us
 =================  ====================================================================================
 ``column``         plain Deep Lake reader: column ``get_async`` of 64 indices, 4 in flight, pool 64
 ``ceiling``        the same on a local copy: what hiding all latency would reach
-``bytes``          the hand-written bytes reader: ``get_bytes_async`` + simplejpeg (OpenCV for PNG) on 2 threads
+``bytes``          the hand-written bytes reader: ``get_bytes_async`` + simplejpeg (OpenCV for PNG) on 2 threads;
+                   options ``masks: bytes`` (lz4 masks as stored bytes + python-lz4), ``png: spng`` (libspng)
 ``spdl``           SPDL 0.8: per-row ``get_async`` at concurrency 64, pool 64
 ``asyncload``      ``AsyncLoader`` with the options the spec names (none: the defaults)
 ``sync``           a map-style Dataset (``ds[i][col]``, optionally a per-sample transform) in a DataLoader

@@ -38,7 +38,7 @@ def default_workers() -> int:
 
 def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
     """PNG/JPEG (or anything Pillow opens) → ``H×W×3`` (``rgb``) or ``H×W`` (``gray``) uint8."""
-    from ..codecs import DecodeError, decode
+    from .codecs import DecodeError, decode
 
     try:
         return decode(data, mode)

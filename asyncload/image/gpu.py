@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..collate import allocate
 from .augment import Draw
 from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
-from .collate import allocate
 from .decode import Failures, ImageColumn, Stage, _as_hw, _log_once, _stored
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
@@ -55,7 +55,7 @@ def run(
         for k, s in zip(good, sizes, strict=True):
             got = tuple(pixels[c][k].shape[1:])  # type: ignore[union-attr]
             if stage.augment is not None and got != s:
-                from .collate import CollateError
+                from ..collate import CollateError
 
                 raise CollateError(
                     f"row {rows[k]} of {stage.url}: column {c!r} is {got[0]}x{got[1]} but {image_cols[0]!r} is "

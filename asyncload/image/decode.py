@@ -1,12 +1,16 @@
 """The decode stage: a batch's stored image bytes and store-decoded arrays become its batch tensors.
 
 Runs on the loop's CPU pool (``assembly``), one batch per call, many batches at once. For each sample it
-decodes the stored bytes of image and mask columns (``codecs``: libjpeg-turbo, libpng, the GIL released)
+decodes the stored bytes of image and mask columns (``codecs``: libjpeg-turbo, libspng, lz4, the GIL released)
 and applies the sample's ``augment.Draw`` (OpenCV: crop, resize, flip, also GIL-free), writing straight
 into the sample's row of the batch tensor, which is allocated once by ``collate``'s allocator (heap, or
 a fan-out worker's shared memory). Without a crop, a decode writes into that row itself: no intermediate
 array, no copy. With a crop, a JPEG whose crop shrinks a lot is decoded at 1/2, 1/4 or 1/8 scale into a
 per-thread scratch buffer first.
+
+An lz4 mask's bytes hold no shape: it takes its height and width from the image it is paired with (the
+stage's ``pair``, the first image column, same row). A mask whose size does not match its image is read
+again, decoded by the store, before the batch gets here (``unpaired``, called by the pipeline).
 
 A sample whose bytes do not decode is named (URL, column, row, the decoder's message) and raised as a
 ``ReadError``, or, with ``on_error="skip"``, left out of the batch and reported.
@@ -22,11 +26,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..collate import CollateError, allocate
+from ..errors import read_error
 from .augment import Augment, Draw
-from .codecs import DecodeError, Header, Mode, header
+from .codecs import DecodeError, Header, Mode, header, lz4_header, lz4_size
 from .codecs import decode as decode_bytes
-from .collate import CollateError, allocate
-from .errors import read_error
 
 Role = Literal["image", "mask"]
 
@@ -35,10 +39,10 @@ Role = Literal["image", "mask"]
 class ImageColumn:
     """What the loader knows of an image-like column: ``role`` (an image, or a mask of class ids),
     ``stored`` (the codec of its stored bytes when asyncload can decode them, else None: the store
-    decodes, as for lz4 masks)."""
+    decodes). "lz4" is for uint8 masks only, and needs an image column to pair with."""
 
     role: Role
-    stored: Literal["jpeg", "png", "file"] | None = None  # "file": each file says (object stores)
+    stored: Literal["jpeg", "png", "lz4", "file"] | None = None  # "file": each file says (object stores)
 
     @property
     def mode(self) -> Mode:
@@ -58,6 +62,12 @@ class Stage:
     url: str = ""
     device: str | None = None  # "cuda[:N]": JPEG images decode on that GPU (``gpu``), the rest here
     ship: bool = False  # in a fan-out worker with a device: pack what was read for the parent (``gpu.pack``)
+    pair: str | None = None  # the image column whose sizes lz4 masks take (their bytes hold none)
+
+    @property
+    def lz4(self) -> tuple[str, ...]:
+        """The lz4 mask columns read as stored bytes (each decoded with its ``pair``'s size)."""
+        return tuple(c for c in self.encoded if self.columns[c].stored == "lz4")
 
     def for_epoch(self, epoch: int) -> Stage:
         return replace(self, epoch=epoch)
@@ -109,13 +119,18 @@ def run(
     fail = Failures(stage, rows)
     bad, skipped = fail.bad, fail.skipped
 
-    for c in image_cols:  # what each sample is, before any pixel is decoded: bad ones are known early
+    lz4 = [c for c in image_cols if stage.columns[c].stored == "lz4"]
+    for c in sorted(image_cols, key=lambda c: c in lz4):  # what each sample is, before any pixel is decoded
         hs: list[Header | None] = []
         for k, v in enumerate(values[c]):
             try:
-                hs.append(header(v) if _stored(v) else None)
                 if not _stored(v):
                     _as_hw(v, stage.columns[c])
+                    hs.append(None)
+                elif c in lz4:  # no shape in its bytes: the paired image's (a bad image fails its row first)
+                    hs.append(None if k in bad else lz4_header(v, *_pair_size(stage, values, heads, k)))
+                else:
+                    hs.append(header(v))
             except DecodeError as exc:
                 fail(k, c, exc)
                 hs.append(None)
@@ -191,6 +206,55 @@ def run(
         else:  # samples of unequal sizes: collated (stacked, padded, listed or refused) with the other columns
             tensors[c] = lists[c]
     return tensors, keep, skipped
+
+
+def _pair_size(
+    stage: Stage, values: Mapping[str, Sequence[Any]], heads: Mapping[str, list[Header | None]], k: int
+) -> tuple[int, int]:
+    """Height and width of sample ``k``'s paired image: its header, or the array the store decoded."""
+    pair = stage.pair
+    if pair is None or pair not in values:
+        raise DecodeError("an lz4 mask needs an image column to take its size from, and the batch has none")
+    h = heads.get(pair, [None] * (k + 1))[k]
+    if h is not None:
+        return h.height, h.width
+    v = values[pair][k]
+    if _stored(v):
+        h = header(v)
+        return h.height, h.width
+    return tuple(np.shape(v)[:2])  # type: ignore[return-value]
+
+
+def unpaired(stage: Stage, part: Mapping[str, Sequence[Any]]) -> dict[str, list[int]]:
+    """Per lz4 mask column of one read (``part``: column → samples), the positions whose blob's size is
+    not its paired image's height × width: those must be decoded by the store, whose metadata knows their
+    shape. Header reads only (microseconds a sample); an image whose header is bad is left to the stage,
+    which names it."""
+    out: dict[str, list[int]] = {}
+    if stage.pair is None or stage.pair not in part:
+        return out
+    images = part[stage.pair]
+    for c in stage.lz4:
+        if c not in part:
+            continue
+        bad = []
+        for k, (img, m) in enumerate(zip(images, part[c], strict=True)):
+            if not _stored(m):
+                continue
+            try:
+                h = header(img) if _stored(img) else None
+                hw = (h.height, h.width) if h is not None else tuple(np.shape(img)[:2])
+            except DecodeError:
+                continue
+            if lz4_size(m) != hw[0] * hw[1]:
+                bad.append(k)
+                _log_once(
+                    f"asyncload: {stage.url}: lz4 mask column {c!r} has masks whose size is not their image's "
+                    f"({lz4_size(m)} bytes against {stage.pair!r}'s {hw[0]}x{hw[1]}); the store decodes those masks"
+                )
+        if bad:
+            out[c] = bad
+    return out
 
 
 def _flip_in_place(a: np.ndarray) -> np.ndarray:
@@ -282,19 +346,24 @@ def apply(src: np.ndarray, dst: np.ndarray, d: Draw, role: Role, fill: int, inte
 
 def decoders_available() -> str | None:
     """None when the native decoders import, else what is missing (``decode="auto"`` then lets the
-    store decode)."""
+    store decode). imagecodecs (libspng) is optional: OpenCV's libpng decodes PNG without it."""
     missing = []
-    for mod in ("simplejpeg", "cv2"):
+    for mod in ("simplejpeg", "cv2", "lz4.block"):
         try:
             __import__(mod)
         except ImportError:
-            missing.append(mod)
+            missing.append(mod.split(".")[0])
     return ", ".join(missing) or None
 
 
 def decode_stage(source: Any, options: Any) -> Stage | None:
-    """The stage a loader with ``options`` runs for ``source`` (open), or None when no column needs one."""
-    from .errors import ConfigError
+    """The stage a loader with ``options`` runs for ``source`` (open), or None when no column needs one.
+
+    ``decode="auto"`` (and "cpu", "cuda"): every column whose stored codec asyncload decodes is read as
+    stored bytes and decoded here, Deep Lake's included: it costs less CPU than the store's decode and its
+    reads are smaller (benchmarks/results/decode.md). lz4 masks need an image column of the same loader
+    to take their size from; without one, the store decodes them, and the log says so once."""
+    from ..errors import ConfigError
 
     cols = dict(source.image_columns())
     aug: Augment | None = options.augment
@@ -306,19 +375,27 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
     if not cols:
         return None
     mode = options.decode
-    if mode == "auto":
-        missing = decoders_available()
-        if missing:
-            _log_once(f"asyncload: {missing} not importable; the store decodes images (decode='store')")
-        # Files of an object store are decoded here. A Deep Lake column is decoded by Deep Lake: reading
-        # its stored bytes (get_bytes_async) is faster, but full test runs segfaulted inside Deep Lake on
-        # that path (docs/ARCHITECTURE.md), so it is decode="cpu", chosen, until that is understood.
-        files = frozenset(c for c, col in cols.items() if col.stored == "file")
-        encoded = frozenset() if missing else files
-    else:
-        encoded = frozenset(c for c, col in cols.items() if col.stored) if mode != "store" else frozenset()
     device = mode if mode.startswith("cuda") else None
-    return Stage(cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device)
+    missing = decoders_available() if mode == "auto" else None
+    if missing:
+        _log_once(f"asyncload: {missing} not importable; the store decodes images (decode='store')")
+    if mode == "store" or missing:
+        encoded: frozenset[str] = frozenset()
+    else:
+        encoded = frozenset(c for c, col in cols.items() if col.stored and col.stored != "lz4")
+    pair = next((c for c in source.columns if c in encoded and cols[c].role == "image"), None)
+    lz4 = [c for c, col in cols.items() if col.stored == "lz4"]
+    if lz4 and mode != "store" and not missing and device is None:
+        if pair is None:
+            _log_once(
+                f"asyncload: {source.url}: the store decodes lz4 mask column(s) {', '.join(map(repr, lz4))}: "
+                "an lz4 blob holds no shape, and no image column read here gives one"
+            )
+        else:
+            encoded |= frozenset(lz4)
+    return Stage(
+        cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device, pair=pair
+    )
 
 
 _said: set[str] = set()
@@ -332,4 +409,6 @@ def _log_once(message: str) -> None:
         logging.getLogger("asyncload").warning(message)
 
 
-__all__ = ["Failures", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run"]
+__all__ = [
+    "Failures", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run", "unpaired",
+]  # fmt: skip

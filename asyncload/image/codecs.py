@@ -1,11 +1,21 @@
-"""Stored image bytes → pixels: which codec, how big, and decoding into a buffer the caller owns.
+"""Stored sample bytes → pixels: which codec, how big, and decoding into a buffer the caller owns.
 
-Why these decoders: libjpeg-turbo through ``simplejpeg`` (fastest measured JPEG decode here, writes into a
-given buffer, and decodes at 1/2, 1/4 or 1/8 scale for crops that shrink a lot) and libpng through OpenCV
-(already a dependency for the geometry; see ``_png`` for why not libspng). Both release the GIL, so decode
-threads run in parallel with the loop and the consumer. Pillow is the fallback for what neither takes
-(palette PNG masks, whose values are palette indices, and formats other than JPEG and PNG). The
-measurements behind the choice are in benchmarks/results/decode.md.
+Why these decoders (chosen per codec by measurement, one sample at a time and on the decode pool's
+threads: benchmarks/results/decode.md):
+
+- JPEG: libjpeg-turbo through ``simplejpeg``: writes into a given buffer, and decodes at 1/2, 1/4 or 1/8
+  scale for crops that shrink a lot.
+- PNG: libspng through ``imagecodecs`` (``spng_decode(out=...)``), straight into the batch row. pyspng wraps
+  the same libspng and is a little faster on one thread, but it holds the GIL while it decodes, so two
+  decode threads run no faster than one. OpenCV's libpng is the fallback where imagecodecs is missing or
+  the PNG is a kind libspng's 8-bit paths do not take (16-bit, grey + alpha).
+- lz4 masks (Deep Lake's ``SegmentMask(sample_compression="lz4")``): a 4-byte little-endian size and one
+  raw LZ4 block, decompressed by python-lz4 (the GIL released), then one copy into the row. The blob holds
+  no shape: the caller gives it (``Header``), from the image the mask is paired with.
+
+All of them release the GIL, so decode threads run in parallel with the loop and the consumer. Pillow is
+the fallback for what none takes (palette PNG masks, whose values are palette indices, and formats other
+than JPEG and PNG).
 
 Every failure is a ``DecodeError`` carrying the decoder's own message; the caller adds where the bytes came
 from (URL, column, row). Bytes are never decoded leniently: a truncated JPEG raises instead of returning
@@ -17,13 +27,13 @@ from __future__ import annotations
 import io
 import struct
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
 #: ``rgb``: ``H×W×3`` uint8; ``gray``: ``H×W`` uint8 (class ids, palette indices or grey values).
 Mode = Literal["rgb", "gray"]
-Format = Literal["jpeg", "png", "other"]
+Format = Literal["jpeg", "png", "lz4", "other"]
 Buffer = bytes | bytearray | memoryview
 
 
@@ -33,12 +43,15 @@ class DecodeError(ValueError):
 
 @dataclass(frozen=True)
 class Header:
-    """What the first bytes say: the format and the stored size (``height``, ``width``)."""
+    """What the first bytes say: the format and the stored size (``height``, ``width``). For lz4, whose
+    bytes hold no shape, the caller makes it (``lz4_header``)."""
 
     format: Format
     height: int
     width: int
     palette: bool = False  # a PNG whose pixels are palette indices
+    colour: int = -1  # a PNG's colour type (0 grey, 2 RGB, 3 palette, 4 grey + alpha, 6 RGBA)
+    depth: int = 8  # a PNG's bits per channel
 
 
 def sniff(data: Buffer) -> Format:
@@ -67,8 +80,8 @@ def header(data: Buffer) -> Header:
     if fmt == "png":
         if len(view) < 33 or bytes(view[12:16]) != b"IHDR":
             raise DecodeError(f"PNG header cut short ({len(view)} bytes)")
-        w, h, _depth, colour = struct.unpack(">IIBB", view[16:26])
-        return Header("png", h, w, palette=colour == 3)
+        w, h, depth, colour = struct.unpack(">IIBB", view[16:26])
+        return Header("png", h, w, palette=colour == 3, colour=colour, depth=depth)
     try:
         from PIL import Image
 
@@ -76,6 +89,24 @@ def header(data: Buffer) -> Header:
             return Header("other", im.height, im.width, palette=im.mode == "P")
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad bytes
         raise DecodeError(f"not an image Pillow can open ({len(view)} bytes): {exc}") from None
+
+
+def lz4_header(data: Buffer, height: int, width: int) -> Header:
+    """The header of an lz4 mask that is ``height``×``width`` (its paired image's size): raises where the
+    blob's own size (its first 4 bytes, little-endian) says otherwise, or where it is cut short."""
+    view = memoryview(data)
+    if len(view) < 4:
+        raise DecodeError(f"lz4 blob cut short ({len(view)} bytes)")
+    n = int.from_bytes(view[:4], "little")
+    if n != height * width:
+        raise DecodeError(f"lz4 mask of {n} bytes, but its image is {height}x{width} ({height * width} pixels)")
+    return Header("lz4", height, width)
+
+
+def lz4_size(data: Buffer) -> int:
+    """The uncompressed size an lz4 blob declares (its first 4 bytes, little-endian), -1 if cut short."""
+    view = memoryview(data)
+    return int.from_bytes(view[:4], "little") if len(view) >= 4 else -1
 
 
 def decode(
@@ -90,8 +121,10 @@ def decode(
     head = head or header(data)
     if head.format == "jpeg":
         return _jpeg(data, mode, out, head, reduce)
+    if head.format == "lz4":
+        return _lz4(data, out, head)
     if head.format == "png" and not (mode == "gray" and head.palette):
-        return _png(data, mode, out)
+        return _png(data, mode, out, head)
     return _pillow(data, mode, out)
 
 
@@ -113,10 +146,41 @@ def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce
     return got
 
 
-def _png(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
+def _png(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header) -> np.ndarray:
+    """libspng (imagecodecs) where it decodes to what ``mode`` asks (8-bit RGB for images, 8-bit grey for
+    masks, RGBA losing its alpha), straight into ``out`` when it is the image's size; else OpenCV's libpng."""
+    spng = _spng()
+    if spng is not None and head.depth == 8 and head.colour in (0, 2, 6):
+        exact = (head.colour == 2 and mode == "rgb") or (head.colour == 0 and mode == "gray")
+        shape = (head.height, head.width, 3) if mode == "rgb" else (head.height, head.width)
+        into = out is not None and exact and out.shape == shape and out.flags.c_contiguous
+        try:
+            got = spng(data, out=out) if into else spng(data)
+        except Exception as exc:  # noqa: BLE001 - imagecodecs' SpngError, or a ValueError on odd bytes
+            raise DecodeError(f"libspng: {str(exc).split(' returned ')[-1]}") from None
+        return got if into else _finish(got, mode, out)
+    return _opencv_png(data, mode, out)
+
+
+def _spng() -> Any:
+    """imagecodecs' ``spng_decode``, or None where imagecodecs is not installed."""
+    global _SPNG
+    if _SPNG is False:
+        try:
+            from imagecodecs import spng_decode
+
+            _SPNG = spng_decode
+        except ImportError:
+            _SPNG = None
+    return _SPNG
+
+
+_SPNG: Any = False
+
+
+def _opencv_png(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
     """libpng through OpenCV (its IMREAD_COLOR_RGB for images; the stored channels for masks, whose
-    first is kept). Not imagecodecs' libspng, though it is a third faster: with it on the decode threads,
-    full test runs under load segfaulted (see docs/ARCHITECTURE.md)."""
+    first is kept)."""
     import cv2
 
     buf = np.frombuffer(data, np.uint8)
@@ -126,6 +190,19 @@ def _png(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
     if mode == "gray" and got.ndim == 3:  # stored with channels: OpenCV gives BGR(A), the first stored is R
         got = got[..., 2] if got.shape[2] >= 3 else got[..., 0]
     return _finish(got, mode, out)
+
+
+def _lz4(data: Buffer, out: np.ndarray | None, head: Header) -> np.ndarray:
+    """One raw LZ4 block after a 4-byte size (Deep Lake's lz4 sample), as ``head``'s height×width."""
+    import lz4.block
+
+    lz4_header(data, head.height, head.width)  # the declared size is the pair's: else raise, decode nothing
+    try:
+        raw = lz4.block.decompress(data, return_bytearray=True)  # writable: a row of its own if no ``out``
+    except lz4.block.LZ4BlockError as exc:
+        raise DecodeError(f"lz4: {exc}") from None
+    got = np.frombuffer(raw, np.uint8).reshape(head.height, head.width)
+    return _finish(got, "gray", out)
 
 
 def _pillow(data: Buffer, mode: Mode, out: np.ndarray | None) -> np.ndarray:
@@ -169,4 +246,4 @@ def _finish(got: np.ndarray, mode: Mode, out: np.ndarray | None) -> np.ndarray:
     return region
 
 
-__all__ = ["DecodeError", "Header", "Mode", "decode", "header", "sniff"]
+__all__ = ["DecodeError", "Header", "Mode", "decode", "header", "lz4_header", "lz4_size", "sniff"]
