@@ -58,6 +58,7 @@ class Stage:
     url: str = ""
     device: str | None = None  # "cuda[:N]": JPEG images decode on that GPU (``gpu``), the rest here
     ship: bool = False  # in a fan-out worker with a device: pack what was read for the parent (``gpu.pack``)
+    ready: Any = None  # ``normalize.ModelReady``: the image columns made model-ready after decode and augment
 
     def for_epoch(self, epoch: int) -> Stage:
         return replace(self, epoch=epoch)
@@ -303,6 +304,12 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
             f"augment={list(aug.ops)!r} is not allowed for {source.url}: none of the columns "
             f"{', '.join(source.columns)} is an image or a mask"
         )
+    ready = options.model_ready
+    if ready is not None and not any(col.role == "image" for col in cols.values()):
+        raise ConfigError(
+            f"normalize={options.normalize!r}, layout={options.layout!r}, dtype={options.dtype!r} are not allowed "
+            f"for {source.url}: none of the columns {', '.join(source.columns)} is an image"
+        )
     if not cols:
         return None
     mode = options.decode
@@ -318,7 +325,16 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
     else:
         encoded = frozenset(c for c, col in cols.items() if col.stored) if mode != "store" else frozenset()
     device = mode if mode.startswith("cuda") else None
-    return Stage(cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device)
+    return Stage(
+        cols,
+        encoded,
+        aug,
+        seed=int(options.seed),
+        on_error=options.on_error,
+        url=source.url,
+        device=device,
+        ready=ready,
+    )
 
 
 _said: set[str] = set()

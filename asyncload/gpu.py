@@ -29,6 +29,7 @@ from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
 from .collate import allocate
 from .decode import Failures, ImageColumn, Stage, _as_hw, _log_once, _stored
+from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
 PACKED = "_asyncload_packed"
@@ -231,6 +232,8 @@ def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[
                 batch[k] = [v[j] for j in keep]
     out = {c: tensors[c] for c in cols if c in tensors}
     out.update(batch)
+    if stage.ready is not None:  # model-ready on the device: one gather per image column after the geometry
+        out = stage.ready.batch(out, image_columns(stage.columns))
     return out, skipped
 
 
