@@ -38,7 +38,7 @@ class ImageColumn:
     decodes, as for lz4 masks)."""
 
     role: Role
-    stored: Literal["jpeg", "png", "file"] | None = None  # "file": each file says (object stores)
+    stored: Literal["jpeg", "png", "file", "lz4"] | None = None  # "file": each file says (object stores)
 
     @property
     def mode(self) -> Mode:
@@ -325,6 +325,7 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
     else:
         encoded = frozenset(c for c, col in cols.items() if col.stored) if mode != "store" else frozenset()
     device = mode if mode.startswith("cuda") else None
+    encoded = _lz4_for_device(encoded, cols, device)
     return Stage(
         cols,
         encoded,
@@ -335,6 +336,14 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
         device=device,
         ready=ready,
     )
+
+
+def _lz4_for_device(encoded: frozenset[str], cols: Mapping[str, ImageColumn], device: str | None) -> frozenset[str]:
+    """lz4 mask columns are read as stored bytes only by the device stage (``gpu``, ``lz4masks``), and only
+    beside an image column, whose sizes they take; elsewhere the store decodes them."""
+    if device is not None and any(col.role == "image" for col in cols.values()):
+        return encoded
+    return frozenset(c for c in encoded if cols[c].stored != "lz4")
 
 
 _said: set[str] = set()

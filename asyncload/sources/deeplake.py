@@ -241,7 +241,9 @@ class DeepLakeSource(Source[Any]):
             role = "image" if t.is_image else "mask" if t.is_segment_mask else None
             if role is None or t.is_sequence or t.is_link:
                 continue
-            codec = {"jpeg": "jpeg", "jpg": "jpeg", "png": "png"}.get(str(t.sample_compression or "").lower())
+            codec = {"jpeg": "jpeg", "jpg": "jpeg", "png": "png", "lz4": "lz4"}.get(
+                str(t.sample_compression or "").lower()
+            )
             found[c] = ImageColumn(role, codec)  # type: ignore[arg-type]
         return found
 
