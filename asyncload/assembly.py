@@ -20,6 +20,7 @@ from ._protocol import EMPTY
 from .collate import CollateError, collate_column, collate_columns, default_collate, ragged_policy, rows
 from .image.decode import Stage
 from .image.decode import run as decode_run
+from .image.normalize import image_columns
 from .plan import Plan
 
 
@@ -59,6 +60,10 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
             return Assembled(0, EMPTY, skipped, decode_s, time.thread_time() - t0 - decode_s)
         if plan.transform is None and plan.collate_fn is None:
             batch = _batch(plan, cols, tensors, values, keep, indices)
+            if plan.stage.ready is not None:  # model-ready image columns: one table lookup per batch
+                t1 = time.thread_time()
+                batch = plan.stage.ready.batch(batch, image_columns(plan.stage.columns))
+                decode_s += time.thread_time() - t1
             return Assembled(len(indices), batch, skipped, decode_s, time.thread_time() - t0 - decode_s)
         samples: list[Any] = _samples(cols, tensors, values, keep, indices)
     elif plan.transform is None and plan.collate_fn is None:

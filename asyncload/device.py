@@ -26,8 +26,9 @@ while the training thread has nothing else to do in that time but wait. ``Device
 On a machine without CUDA, or with ``device="cpu"``, there is no thread, no pinning and no stream: the
 feed is a pass-through that makes tensors contiguous (the same object when they already are), pulling
 ``depth`` batches ahead like the CUDA path does. Dtype conversion (``uint8`` images to ``float``) is
-deliberately *not* done here: it belongs to the model step, where it runs on the device after the (4x
-smaller) uint8 copy.
+not done unless asked: ``normalize=``, ``layout=`` and ``dtype=`` (the loader's settings of the same
+names, ``normalize``) make the image columns model-ready here, on the device after the (2-4x smaller)
+uint8 copy, on the side stream, so neither the loader's CPU pool nor the training thread does it.
 
 ``wait_s`` is the host time the consumer spent blocked in ``next()`` for its next batch: on the CUDA
 path the wait for the pin thread, nothing else. It is the data-wait figure of a training loop.
@@ -48,6 +49,7 @@ import torch
 from ._loop import Stage, on_exit, start_thread
 from ._protocol import END, Failure, Sentinel
 from .errors import ConfigError
+from .image.normalize import ModelReady
 from .state import EpochProgress, with_progress
 
 __all__ = ["DeviceFeed", "map_tensors"]
@@ -181,7 +183,11 @@ class _Stager:
     """Moves one batch to the device: pinned staging and copies on the side stream (CUDA), or only
     ``contiguous()`` (CPU). The CUDA half runs on the pin thread."""
 
-    def __init__(self, device: torch.device, pin_memory: bool, per_key: int) -> None:
+    def __init__(
+        self, device: torch.device, pin_memory: bool, per_key: int,
+        ready: ModelReady | None = None, images: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
+        self.ready, self.images = ready, images
         self.device = device
         self.cuda = device.type == "cuda"
         self.ring = _PinnedRing(per_key) if pin_memory else None
@@ -195,18 +201,39 @@ class _Stager:
             slots.append(slot)
         return t.to(self.device, non_blocking=self.cuda and t.is_pinned()).contiguous()
 
+    def _model_ready(self, batch: Any) -> Any:
+        """The image columns of a dict batch made model-ready where they now are (on the side stream)."""
+        if self.ready is None or not isinstance(batch, dict):
+            return batch
+        return self.ready.batch(batch, self.images)
+
     def stage(self, batch: Any) -> tuple[Any, Any]:
         """The batch on the device, and the event recorded after its copies (None off CUDA)."""
         slots: list[list[Any]] = []  # pinned buffers this batch's copies read, in tensor order
         if self.stream is None:
-            return map_tensors(batch, lambda t: self._to_device(t, slots)), None
+            return self._model_ready(map_tensors(batch, lambda t: self._to_device(t, slots))), None
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
-            out = map_tensors(batch, lambda t: self._to_device(t, slots))
+            out = self._model_ready(map_tensors(batch, lambda t: self._to_device(t, slots)))
             event = torch.cuda.Event(blocking=True)  # a wait on it (ring refill) sleeps instead of spinning
             event.record(self.stream)
         for slot in slots:  # each pinned buffer may be refilled once this copy is done
             slot[1] = event
         return out, event
+
+
+def _image_names(upstream: Any, images: Iterable[str] | None, ready: ModelReady | None) -> tuple[str, ...]:
+    """The columns a feed makes model-ready: ``images``, or the upstream loader's image columns."""
+    if images is not None:
+        return tuple(images)
+    source = getattr(upstream, "source", None)
+    if ready is None:
+        return ()
+    if source is None or not hasattr(source, "image_columns"):
+        raise ConfigError(
+            "DeviceFeed(normalize=..., layout=..., dtype=...) needs images=[column, ...] unless it reads an "
+            f"AsyncLoader (it reads a {type(upstream).__name__})"
+        )
+    return tuple(c for c, col in source.image_columns().items() if getattr(col, "role", None) == "image")
 
 
 def _progress_of(it: Iterator[Any]) -> EpochProgress | None:
@@ -277,6 +304,8 @@ class DeviceFeed(Iterator[Any]):
     whenever CUDA is absent: the same code runs on CPU-only machines.
     ``join_timeout``: seconds ``close()`` waits for the pin thread (it is a daemon thread, left to end on
     its own beyond that, e.g. while an upstream iterator that cannot be interrupted finishes a batch).
+    ``normalize``, ``layout``, ``dtype``: as the loader's settings (``normalize.ModelReady``), applied to
+    ``images`` (column names; default: the upstream ``AsyncLoader``'s image columns) after the copy.
 
     ``wait_s`` accumulates the host seconds the consumer was blocked in ``next()``, ``batches`` the number
     handed out. ``close()`` (also on ``with`` exit, ``del`` and at the end) stops the pin thread and closes
@@ -290,6 +319,11 @@ class DeviceFeed(Iterator[Any]):
         depth: int = 2,
         pin_memory: bool | None = None,
         join_timeout: float = 10.0,
+        *,
+        normalize: Any = None,
+        layout: Any = "NHWC",
+        dtype: Any = None,
+        images: Iterable[str] | None = None,
     ) -> None:
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
             raise ConfigError(f"depth={depth!r} is not allowed: an int >= 0")
@@ -312,7 +346,10 @@ class DeviceFeed(Iterator[Any]):
         self._source: Iterator[Any] = iter(batches)
         # The upstream epoch's consumed batches as of the last batch handed to the consumer (see state_dict).
         self._taken = _progress_of(self._source)
-        self._stager = _Stager(self.device, self.pin_memory, per_key=max(depth, 1) + 3)
+        ready = ModelReady.of(normalize, layout, dtype)
+        self._stager = _Stager(
+            self.device, self.pin_memory, max(depth, 1) + 3, ready, _image_names(batches, images, ready)
+        )
         self._handoff = _Handoff(max(depth, 1)) if cuda else None
         self._pin = _Pinning(self._source, self._handoff, join_timeout)
         self._finalizer = on_exit(self, Stage.WORK, self._pin.stop)

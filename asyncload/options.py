@@ -26,6 +26,7 @@ from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
 from .errors import ConfigError
 from .image.augment import Augment, Op
+from .image.normalize import ModelReady
 from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
 
@@ -88,6 +89,10 @@ class LoaderOptions:
     mp_context: MpContext = setting(
         "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
     )
+    # Model-ready image columns (``normalize``): checked together by ``ModelReady.of``.
+    normalize: Any = None
+    layout: Any = "NHWC"
+    dtype: Any = None
 
     def __post_init__(self) -> None:
         validate(self)
@@ -98,6 +103,14 @@ class LoaderOptions:
                 f"decode={self.decode!r} with processes={self.processes} is not allowed with a transform or "
                 "collate_fn: the workers ship stored bytes and the training process decodes; use processes=0"
             )
+        ready = ModelReady.of(self.normalize, self.layout, self.dtype)  # ConfigError naming the setting
+        if ready is not None and (self.transform or self.collate_fn):
+            raise ConfigError(
+                f"normalize={self.normalize!r}, layout={self.layout!r}, dtype={self.dtype!r} are not allowed "
+                "with a transform or collate_fn: they apply to the default batch; normalize in your collate_fn"
+            )
+        if isinstance(self.normalize, Sequence) and len(self.normalize) == 2:  # lists (YAML) kept as tuples
+            object.__setattr__(self, "normalize", (tuple(self.normalize[0]), tuple(self.normalize[1])))
         if self.augment is not None and not isinstance(self.augment, Augment):
             object.__setattr__(self, "augment", Augment(self.augment))  # validated: names the op that is wrong
 
@@ -137,6 +150,11 @@ class LoaderOptions:
         if self.decode.startswith("cuda") and (self.transform or self.collate_fn):
             return 0  # the workers would ship bytes and a transform cannot run on them there
         return 1
+
+    @property
+    def model_ready(self) -> ModelReady | None:
+        """``normalize``, ``layout`` and ``dtype`` as one value (None: uint8 NHWC, as decoded)."""
+        return ModelReady.of(self.normalize, self.layout, self.dtype)
 
     def sampler(self, n: int, shard: Shard) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -494,3 +495,29 @@ def test_more_ranks_than_gpus_under_torchrun_fails_with_both_counts(tiny_url: st
         in proc.stderr
     ), proc.stderr[-3000:]
     assert "invalid device ordinal" not in proc.stderr.lower()
+
+
+# -- model-ready batches (issue 23) -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_model_ready_batches_are_unets_prepare_and_train_without_the_step_converting(
+    tiny_url: str, tmp_path: Path
+) -> None:
+    from asyncload.train.data import Split
+    from asyncload.train.steps import StepOptions
+
+    cfg = tiny(tiny_url, tmp_path, model_ready=True, decode="cpu", max_steps_per_epoch=2)
+    plain = tiny(tiny_url, tmp_path, decode="cpu")
+    with (
+        contextlib.closing(Split(cfg, tiny_url, 0, 16, train=False, rank=0, world=1)) as ready,
+        contextlib.closing(Split(plain, tiny_url, 0, 16, train=False, rank=0, world=1)) as raw,
+    ):
+        a, b = next(iter(ready.epoch(0))), next(iter(raw.epoch(0)))
+    assert a["images"].dtype == torch.float32 and a["images"].shape == (8, 3, SIZE, SIZE)
+    assert torch.allclose(a["images"], UNet.prepare(b["images"]), atol=1e-5, rtol=0)
+    assert torch.equal(a["masks"], b["masks"])
+    how = StepOptions(torch.device("cpu"))
+    assert how.inputs(a["images"]).data_ptr() == a["images"].data_ptr()  # fed as it came: no conversion
+    (row,) = train(cfg)
+    assert row["step"] == 2 and math.isfinite(row["loss"]) and 0.0 <= row["miou"] <= 1.0

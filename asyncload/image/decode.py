@@ -68,6 +68,7 @@ class Stage:
     def lz4(self) -> tuple[str, ...]:
         """The lz4 mask columns read as stored bytes (each decoded with its ``pair``'s size)."""
         return tuple(c for c in self.encoded if self.columns[c].stored == "lz4")
+    ready: Any = None  # ``normalize.ModelReady``: the image columns made model-ready after decode and augment
 
     def for_epoch(self, epoch: int) -> Stage:
         return replace(self, epoch=epoch)
@@ -372,6 +373,12 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
             f"augment={list(aug.ops)!r} is not allowed for {source.url}: none of the columns "
             f"{', '.join(source.columns)} is an image or a mask"
         )
+    ready = options.model_ready
+    if ready is not None and not any(col.role == "image" for col in cols.values()):
+        raise ConfigError(
+            f"normalize={options.normalize!r}, layout={options.layout!r}, dtype={options.dtype!r} are not allowed "
+            f"for {source.url}: none of the columns {', '.join(source.columns)} is an image"
+        )
     if not cols:
         return None
     mode = options.decode
@@ -385,7 +392,7 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
         encoded = frozenset(c for c, col in cols.items() if col.stored and col.stored != "lz4")
     pair = next((c for c in source.columns if c in encoded and cols[c].role == "image"), None)
     lz4 = [c for c, col in cols.items() if col.stored == "lz4"]
-    if lz4 and mode != "store" and not missing and device is None:
+    if lz4 and mode != "store" and not missing:
         if pair is None:
             _log_once(
                 f"asyncload: {source.url}: the store decodes lz4 mask column(s) {', '.join(map(repr, lz4))}: "
@@ -394,7 +401,8 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
         else:
             encoded |= frozenset(lz4)
     return Stage(
-        cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device, pair=pair
+        cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device, pair=pair,
+        ready=ready,
     )
 
 

@@ -29,6 +29,7 @@ from .augment import Draw
 from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
 from .decode import Failures, ImageColumn, Stage, _as_hw, _log_once, _stored
+from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
 PACKED = "_asyncload_packed"
@@ -47,8 +48,12 @@ def run(
     bad, skipped = fail.bad, fail.skipped
 
     pixels: dict[str, list[torch.Tensor | None]] = {}  # per column, each sample as C×H×W on the device
+    lz4 = [c for c in image_cols if stage.columns[c].stored == "lz4" and c in stage.encoded]
     for c in image_cols:
-        pixels[c] = _decode_column(c, stage.columns[c], values[c], device, fail)
+        if c not in lz4:
+            pixels[c] = _decode_column(c, stage.columns[c], values[c], device, fail)
+    for c in lz4:  # Deep Lake's lz4 masks: the size of their images (``lz4masks``)
+        pixels[c] = _lz4_column(c, values[c], pixels, image_cols, device, fail)
     good = [k for k in range(n) if k not in bad]
     sizes = [tuple(pixels[image_cols[0]][k].shape[1:]) for k in good] if image_cols else []  # type: ignore[union-attr]
     for c in image_cols[1:]:
@@ -135,6 +140,19 @@ def _decode_column(
             t = t.view(a.shape)
             out[k] = t.permute(2, 0, 1) if t.ndim == 3 else t[None]
     return out
+
+
+def _lz4_column(
+    c: str, blobs: Sequence[Any], pixels: Mapping[str, list[torch.Tensor | None]], image_cols: Sequence[str],
+    device: torch.device, fail: Any,
+) -> list[torch.Tensor | None]:  # fmt: skip
+    """One column of lz4 mask blobs decompressed per batch (``lz4masks``: nvCOMP or python-lz4 into pinned
+    memory, chosen by batch), each the height and width of the row's image in the first decoded column."""
+    from .lz4masks import decode_batch
+
+    paired = next(pixels[p] for p in image_cols if p in pixels)
+    shapes = [tuple(t.shape[-2:]) if t is not None else None for t in paired]
+    return decode_batch(blobs, shapes, device, lambda k, exc: fail(k, c, exc))  # type: ignore[arg-type]
 
 
 def _flat(items: Sequence[Any]) -> torch.Tensor:
@@ -231,6 +249,8 @@ def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[
                 batch[k] = [v[j] for j in keep]
     out = {c: tensors[c] for c in cols if c in tensors}
     out.update(batch)
+    if stage.ready is not None:  # model-ready on the device: one gather per image column after the geometry
+        out = stage.ready.batch(out, image_columns(stage.columns))
     return out, skipped
 
 

@@ -64,6 +64,15 @@ class TrainConfig:
         0, "an int >= 0 (AsyncLoader worker processes of the training split; 0: read in this process)", lambda v: v >= 0
     )
     depth: int = setting(2, "an int >= 0 (batches copied to the device ahead)", lambda v: v >= 0)
+    # How asyncload decodes (its ``decode`` setting; "cuda": nvJPEG and the masks on the GPU) and whether it
+    # delivers model-ready images (normalized as ``UNet.prepare``, NCHW, bf16 under bf16 autocast on CUDA,
+    # else float32), so that the step only feeds them to the model. Both apply to ``loader: asyncload``.
+    decode: str = setting(
+        "auto",
+        "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'",
+        lambda v: v in ("auto", "cpu", "store", "cuda") or (v.startswith("cuda:") and v[5:].isdigit()),
+    )
+    model_ready: bool = False
     bf16: bool = True  # bf16 autocast on CUDA (ignored on the CPU)
     channels_last: bool = True  # channels_last activations and weights on CUDA (ignored on the CPU)
     cudnn_benchmark: bool = True  # let cuDNN pick the fastest kernels for the (fixed) shapes, on CUDA

@@ -25,6 +25,7 @@ from ..sources.deeplake import DeepLakeSource
 from ..sources.subset import RangeSource
 from ..state import EpochProgress, with_progress
 from .config import TrainConfig
+from .model import UNet
 
 
 def split_augment(cfg: TrainConfig, train: bool) -> list[Op]:
@@ -132,8 +133,9 @@ class Split:
     counts, and how many of this rank's samples are real (not padding) for exact evaluation."""
 
     def __init__(
-        self, cfg: TrainConfig, url: str, start: int, stop: int, *, train: bool, rank: int, world: int
-    ) -> None:
+        self, cfg: TrainConfig, url: str, start: int, stop: int, *, train: bool, rank: int, world: int,
+        image_dtype: torch.dtype = torch.float32,
+    ) -> None:  # fmt: skip
         self.n, self.rank, self.world = stop - start, rank, world
         self.dataset: Any
         self.sampler: Any = None
@@ -142,8 +144,10 @@ class Split:
             source = RangeSource(DeepLakeSource(url), start, stop)
             how: dict[str, Any] = dict(
                 batch_size=cfg.batch_size, shuffle=train, seed=cfg.seed, concurrency=cfg.concurrency,
-                prefetch=cfg.prefetch, remainder="pad", augment=augment,
+                prefetch=cfg.prefetch, remainder="pad", augment=augment, decode=cfg.decode,
             )  # fmt: skip
+            if cfg.model_ready:  # the step then feeds the images to the model as they come (StepOptions.inputs)
+                how.update(normalize=UNet.NORMALIZE, layout="NCHW", dtype=image_dtype)
             if cfg.processes and train:
                 # K persistent worker processes, started by the first epoch and kept across epochs; the
                 # held-out split is small and read once per epoch, in this process.

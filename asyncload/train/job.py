@@ -104,11 +104,12 @@ def _run(
     check(
         "holdout", cfg.holdout, 0 < n_train < n, f"a fraction that leaves rows on both sides of the split of {n} rows"
     )
+    dtype = torch.bfloat16 if cfg.bf16 and w.device.type == "cuda" else torch.float32  # model-ready images
     train_split = stack.enter_context(
-        contextlib.closing(Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world))
+        contextlib.closing(Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world, image_dtype=dtype))
     )
     val_split = stack.enter_context(
-        contextlib.closing(Split(cfg, url, n_train, n, train=False, rank=w.rank, world=w.world))
+        contextlib.closing(Split(cfg, url, n_train, n, train=False, rank=w.rank, world=w.world, image_dtype=dtype))
     )
     steps = len(train_split) if not cfg.max_steps_per_epoch else min(cfg.max_steps_per_epoch, len(train_split))
 

@@ -31,6 +31,10 @@ class UNet(nn.Module):
         self.up1, self.dec1 = nn.ConvTranspose2d(2 * w, w, 2, stride=2), _block(2 * w, w)
         self.head = nn.Conv2d(w, classes, 1)
 
+    #: ``prepare`` as a loader's ``normalize=(mean, std)`` on pixels scaled to 0..1: (x/255 - 0.5) / (64/255)
+    #: is (x - 127.5) / 64 (equal up to float rounding).
+    NORMALIZE = ((0.5, 0.5, 0.5), (64 / 255, 64 / 255, 64 / 255))
+
     @staticmethod
     def prepare(images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, H, W, 3]`` → float ``[B, 3, H, W]``, roughly zero-mean, unit-variance."""

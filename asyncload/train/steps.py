@@ -52,8 +52,16 @@ class StepOptions:
         return torch.channels_last if self.channels_last else torch.contiguous_format
 
     def inputs(self, images: torch.Tensor) -> torch.Tensor:
-        """uint8 ``[B, H, W, 3]`` on the device → normalised float ``[B, 3, H, W]`` in the memory format."""
-        return UNet.prepare(images).contiguous(memory_format=self.memory_format)
+        """uint8 ``[B, H, W, 3]`` on the device → normalised float ``[B, 3, H, W]`` in the memory format.
+
+        Model-ready batches (the loader's ``normalize``, ``layout``, ``dtype``) are not converted again:
+        NCHW goes in as it is (one copy only if ``channels_last`` asks for another memory format), and a
+        normalized NHWC batch is permuted as a view, which *is* channels_last memory."""
+        if images.dtype == torch.uint8:
+            return UNet.prepare(images).contiguous(memory_format=self.memory_format)
+        if images.ndim == 4 and images.shape[1] != 3 and images.shape[-1] == 3:  # normalized NHWC
+            images = images.permute(0, 3, 1, 2)
+        return images.contiguous(memory_format=self.memory_format)
 
     def autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16)

@@ -187,6 +187,14 @@ def main() -> int:
         ("decode=cuda, in-process, column reads of 32, 2048 in flight",
          {"decode": "cuda", "read_mode": "column", "request_size": 32, "batch_size": 256, "max_concurrency": 2048}),
     ]  # fmt: skip
+    # Issue 23: pairs made model-ready on the device (crop, flip, normalize, NCHW bf16), and DALI on the same
+    # bytes with the same crop and flip (``dali_peer``), in the same run.
+    from asyncload import RandomHorizontalFlip, RandomResizedCrop
+
+    peer_ops = [RandomResizedCrop(224, scale=(0.25, 1.0)), RandomHorizontalFlip()]
+    ready = {"normalize": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), "layout": "NCHW", "dtype": torch.bfloat16}
+    configs.insert(0, ("decode=cuda, model-ready pairs (crop 224, flip, normalize, NCHW bf16), column reads",
+                       {"decode": "cuda", "augment": peer_ops, **ready, **col}))  # fmt: skip
     if args.match:
         configs = [c for c in configs if args.match in c[0]]
     if args.quick:
@@ -197,6 +205,16 @@ def main() -> int:
         except Exception as exc:  # noqa: BLE001 - recorded, the next configuration still runs
             print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
             result["runs"].append({"reader": name, "error": f"{type(exc).__name__}: {exc}"})
+    from benchmarks.suites.dali_peer import dali_available, dali_epoch
+
+    if GPU and dali_available() and (not args.match or "DALI" in args.match):
+        try:
+            result["runs"].append(dali_epoch(url, 256, (224, 224), peer_ops, tree_cpu_s) | {"epoch2_samples_per_s": 0.0,
+                                  "epoch2_cpu_ms_per_sample": 0.0, "first_batch_s": 0.0})  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - recorded beside the asyncload rows
+            result["runs"].append({"reader": "NVIDIA DALI", "error": f"{type(exc).__name__}: {exc}"})
+    else:
+        print("NVIDIA DALI: not importable or no GPU; its row is left out", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=1))
