@@ -72,6 +72,16 @@ class Epoch(Iterator[Any], abc.ABC):
         return self._stats
 
 
+def report_skipped(st: Stats, epoch: int, url: str) -> None:
+    """The end-of-epoch warning of ``on_error="skip"``: how many samples were left out, and the first few."""
+    if st.skipped:
+        shown = ", ".join(f"{i} ({why})" for i, why in st.skipped_samples[:5])
+        log.warning(
+            "asyncload: skipped %d samples in epoch %d of %s (on_error='skip'): %s%s",
+            st.skipped, epoch, url, shown, ", ..." if st.skipped > 5 else "",
+        )  # fmt: skip
+
+
 class _Run:
     """What stopping an in-process epoch needs, held apart from the iterator so that its finaliser (garbage
     collection, interpreter exit) can stop it without keeping the iterator alive."""
@@ -181,13 +191,7 @@ class EpochIterator(Epoch):
         return batch
 
     def _report_skipped(self) -> None:
-        st = self._stats
-        if st.skipped:
-            shown = ", ".join(f"{i} ({why})" for i, why in st.skipped_samples[:5])
-            log.warning(
-                "asyncload: skipped %d samples in epoch %d of %s (on_error='skip'): %s%s",
-                st.skipped, self._progress.epoch, self._plan.source.url, shown, ", ..." if st.skipped > 5 else "",
-            )  # fmt: skip
+        report_skipped(self._stats, self._progress.epoch, self._plan.source.url)
 
     def _die(self) -> None:
         """The pipeline ended without saying so: report why instead of waiting forever."""

@@ -114,6 +114,8 @@ class AsyncLoader:
         #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
         #: this process (Deep Lake), none otherwise (``LoaderOptions.reader_processes``)
         self.processes = o.reader_processes(source)
+        if self.processes and o.processes == "auto" and not _picklable(source, o):
+            self.processes = 0
         self.source = source.open()
         self.shard = shard
         self._reader = ShardReader(self.source, o, shard)
@@ -243,6 +245,25 @@ class AsyncLoader:
             f"AsyncLoader({self.source!r}, batch_size={o.batch_size}, concurrency={o.concurrency}, "
             f"prefetch={o.prefetch}, read_mode={self.read_mode!r}, in_order={o.in_order})"
         )
+
+
+def _picklable(source: Source[Any], options: LoaderOptions) -> bool:
+    """Whether a reader process can be given ``source`` and ``options`` (a lambda or a local function as
+    ``transform``, ``collate_fn`` or in a source cannot). Where not, ``processes="auto"`` reads in this
+    process and says so, rather than refusing what works without isolation."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        ForkingPickler.dumps((source, options))
+    except Exception as exc:  # noqa: BLE001 - pickle raises several types for the same answer
+        log.warning(
+            "asyncload: %s is read in this process, not in a reader process (processes='auto'): the loader's "
+            "options or source cannot be pickled into one (%s: %s); define transform, collate_fn and the source "
+            "at module level to isolate Deep Lake's reads, or pass processes=0 to say this is intended",
+            source.url, type(exc).__name__, exc,
+        )  # fmt: skip
+        return False
+    return True
 
 
 __all__ = ["AsyncLoader", "Epoch", "EpochIterator", "LoaderOptions"]

@@ -159,7 +159,7 @@ def test_bad_settings_are_refused_before_any_process_starts(seg_url) -> None:
         FanoutEpoch(src, {"transform": lambda s: s}, Shard(), 0, 2)
     assert multiprocessing.active_children() == []
     # The shared-memory allocator is a worker's setting only: this process still collates on the heap.
-    assert not next(iter(AsyncLoader(src, batch_size=4)))["images"].is_shared()
+    assert not next(iter(AsyncLoader(src, batch_size=4, processes=0)))["images"].is_shared()
 
 
 @pytest.mark.timeout(10)
@@ -176,7 +176,7 @@ def test_a_typed_read_error_keeps_both_types_across_processes() -> None:
 @pytest.mark.parametrize("processes", [1, 2, 3])
 def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, processes) -> None:
     src = DeepLakeSource(seg_url)
-    ref = list(AsyncLoader(src, **OPTS))
+    ref = list(AsyncLoader(src, **OPTS, processes=0))
     with FanoutEpoch(src, OPTS, Shard(), 0, processes) as it:
         assert len(it) == len(ref)
         got = list(it)
@@ -201,7 +201,7 @@ def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, 
 def test_cpu_heavy_transform_and_custom_collate_give_what_one_loader_gives(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     opts = {**OPTS, "transform": heavy, "collate_fn": pair_collate}
-    ref = list(AsyncLoader(src, **opts))
+    ref = list(AsyncLoader(src, **opts, processes=0))
     with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
         got = list(it)
     assert [type(b) for b in got] == [Pair] * len(ref)
@@ -215,7 +215,7 @@ def test_cpu_heavy_transform_and_custom_collate_give_what_one_loader_gives(seg_u
 @pytest.mark.timeout(60)
 def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    ref = [b["index"].tolist() for b in AsyncLoader(src, **OPTS)]
+    ref = [b["index"].tolist() for b in AsyncLoader(src, **OPTS, processes=0)]
     skip = frozenset({0, 1, 2, 5, len(ref) - 1})
     with FanoutEpoch(src, OPTS, Shard(), 0, 2, skip=skip) as it:
         assert len(it) == len(ref) - len(skip)
@@ -227,7 +227,7 @@ def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
 def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     opts = {"batch_size": 16, "transform": empty_batch_5, "on_error": "skip"}
-    ref = [b["index"].tolist() for b in AsyncLoader(src, **opts)]
+    ref = [b["index"].tolist() for b in AsyncLoader(src, **opts, processes=0)]
     assert len(ref) == 12 and [80] not in [b[:1] for b in ref]
     with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
         assert [b["index"].tolist() for b in it] == ref
@@ -236,7 +236,7 @@ def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> Non
 @pytest.mark.timeout(60)
 def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    opts = {"batch_size": 8}
+    opts = {"batch_size": 8, "max_restarts": 0}  # the first death is fatal: what this test checks
     plan = EpochSampler(ROWS, 8).batches(0)
     it = FanoutEpoch(src, opts, Shard(), 0, 2)
     assert next(it)["index"].tolist() == plan[0]
@@ -261,7 +261,7 @@ def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> 
 def test_a_worker_killed_mid_allocation_leaves_no_shm_file(seg_url) -> None:
     """torch unlinks a batch's shm file right after creating it; SIGKILL in between leaves the file (a CI
     run caught one). The pool removes what a worker that did not exit cleanly left."""
-    opts = {"batch_size": 16, "transform": killed_while_allocating_at_85}
+    opts = {"batch_size": 16, "transform": killed_while_allocating_at_85, "max_restarts": 0}
     it = FanoutEpoch(DeepLakeSource(seg_url), opts, Shard(), 0, 2)
     got = []
     with pytest.raises(WorkerError) as info:  # reading ahead, worker 1 may die before batch 0 arrives
@@ -370,7 +370,7 @@ def assert_exactly_once(batches: list[Any]) -> None:
 @pytest.mark.timeout(120)
 def test_the_same_workers_serve_three_epochs_each_exactly_once_as_one_process_would(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    one = AsyncLoader(src, **OPTS)
+    one = AsyncLoader(src, **OPTS, processes=0)
     with AsyncLoader(src, **OPTS, processes=2) as loader:
         orders, seen_pids = [], []
         for epoch in range(3):
@@ -397,7 +397,7 @@ def test_the_same_workers_serve_three_epochs_each_exactly_once_as_one_process_wo
 @pytest.mark.timeout(120)
 def test_out_of_order_epochs_on_persistent_workers_are_exact_and_change_with_set_epoch(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    ref = {e: sorted(map(tuple, index_lists(epoch_of(AsyncLoader(src, **OPTS), e)[0]))) for e in (0, 1)}
+    ref = {e: sorted(map(tuple, index_lists(epoch_of(AsyncLoader(src, **OPTS, processes=0), e)[0]))) for e in (0, 1)}
     loader = AsyncLoader(src, **OPTS, processes=2, in_order=False)
     got0, pids0 = epoch_of(loader, 0)
     got1, pids1 = epoch_of(loader, 1)
@@ -424,7 +424,7 @@ def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reac
     open one: each time the next epoch is exactly the one-process epoch, on the same workers."""
     src = DeepLakeSource(seg_url)
     opts = {**OPTS, "batch_size": 8}  # 26 batches: plenty read ahead and in the pipes when abandoned
-    one = AsyncLoader(src, **opts)
+    one = AsyncLoader(src, **opts, processes=0)
     ref = {e: index_lists(epoch_of(one, e)[0]) for e in range(4)}
     loader = AsyncLoader(src, **opts, processes=2)
     loader.set_epoch(0)
@@ -460,7 +460,7 @@ def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reac
 @pytest.mark.timeout(120)
 def test_resume_mid_epoch_on_the_same_persistent_workers(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    ref = {e: index_lists(epoch_of(AsyncLoader(src, **OPTS), e)[0]) for e in (1, 2)}
+    ref = {e: index_lists(epoch_of(AsyncLoader(src, **OPTS, processes=0), e)[0]) for e in (1, 2)}
     loader = AsyncLoader(src, **OPTS, processes=2)
     loader.set_epoch(1)
     it = iter(loader)
@@ -489,7 +489,7 @@ def test_resume_mid_epoch_on_the_same_persistent_workers(seg_url) -> None:
 @pytest.mark.timeout(120)
 def test_a_worker_killed_in_the_second_epoch_is_named_and_the_next_epoch_starts_fresh_workers(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    opts = {"batch_size": 8}
+    opts = {"batch_size": 8, "max_restarts": 0}
     plan = EpochSampler(ROWS, 8).batches(0)
     loader = AsyncLoader(src, **opts, processes=2)
     _, pids = epoch_of(loader, 0)

@@ -1,5 +1,8 @@
 """Hedged reads: a straggler gets a second request, the first answer wins, nothing is lost or doubled,
-and the losing read still runs to its end before the epoch's loop closes."""
+and the losing read still runs to its end before the epoch's loop closes.
+
+Loaders here read with ``processes=0``: the tests watch the engine in this process (its loop thread, the
+source's own counters), which is what a Deep Lake reader process runs too."""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_straggler_is_hedged_and_the_hedge_wins(seg_url) -> None:
     src = StragglerSource(seg_url, every=50, stall=2.0)
-    loader = AsyncLoader(src, batch_size=8, concurrency=16, read_mode="row", hedge=3.0)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, read_mode="row", hedge=3.0, processes=0)
     got = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -35,7 +38,7 @@ def test_a_straggler_is_hedged_and_the_hedge_wins(seg_url) -> None:
 
 def test_no_hedging_when_disabled(seg_url) -> None:
     src = StragglerSource(seg_url, every=50, stall=0.5)
-    loader = AsyncLoader(src, batch_size=8, concurrency=16, read_mode="row", hedge=None)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, read_mode="row", hedge=None, processes=0)
     assert [i for b in loader for i in b["index"].tolist()] == list(range(ROWS))
     assert loader.stats()["hedges"] == 0 and src.stalled >= 1
 
@@ -44,7 +47,7 @@ def test_a_straggler_with_nothing_behind_it_is_hedged_on_time(seg_url) -> None:
     """One read in flight: no later read can overtake a stalled one, so its lateness alone must hedge it
     (as for the last read of an epoch)."""
     src = StragglerSource(seg_url, every=50, stall=2.0)
-    loader = AsyncLoader(src, batch_size=8, concurrency=1, read_mode="row", hedge=3.0)
+    loader = AsyncLoader(src, batch_size=8, concurrency=1, read_mode="row", hedge=3.0, processes=0)
     assert [i for b in loader for i in b["index"].tolist()] == list(range(ROWS))
     s = loader.stats()
     assert src.stalled >= 1 and s["hedges"] >= 1 and s["hedges_won"] >= 1

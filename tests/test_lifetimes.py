@@ -1,4 +1,7 @@
-"""Threads and processes end when they should: epoch end, break, close, GC, errors, interpreter exit."""
+"""Threads and processes end when they should: epoch end, break, close, GC, errors, interpreter exit.
+
+Loaders here read with ``processes=0``: the tests watch the engine in this process (its loop thread, the
+source's own counters), which is what a Deep Lake reader process runs too."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_break_out_of_a_for_loop_stops_the_thread(seg_url) -> None:
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4, concurrency=64)
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4, concurrency=64, processes=0)
     for n, _ in enumerate(loader):
         if n == 2:
             break
@@ -30,7 +33,7 @@ def test_break_out_of_a_for_loop_stops_the_thread(seg_url) -> None:
 
 def test_close_mid_epoch_with_reads_in_flight(seg_url) -> None:
     src = DelayedSource(seg_url, lambda idx: 0.2)
-    loader = AsyncLoader(src, batch_size=4, concurrency=32)
+    loader = AsyncLoader(src, batch_size=4, concurrency=32, processes=0)
     it = iter(loader)
     next(it)
     assert src.in_flight > 0
@@ -43,7 +46,7 @@ def test_close_mid_epoch_with_reads_in_flight(seg_url) -> None:
 
 def test_close_after_the_last_batch_was_issued_is_prompt(seg_url) -> None:
     """Regression: stop() drained the producer's end markers and close() waited its full timeout."""
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shutdown_timeout=30)
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shutdown_timeout=30, processes=0)
     it = iter(loader)
     for _ in range(len(loader) - 1):
         next(it)
@@ -54,7 +57,7 @@ def test_close_after_the_last_batch_was_issued_is_prompt(seg_url) -> None:
 
 
 def test_garbage_collected_iterator_stops_the_thread(seg_url) -> None:
-    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=4))
+    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=4, processes=0))
     next(it)
     assert loop_threads()
     del it
@@ -63,7 +66,7 @@ def test_garbage_collected_iterator_stops_the_thread(seg_url) -> None:
 
 
 def test_context_manager_and_new_epoch_close_the_previous_one(seg_url) -> None:
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4)
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=4, processes=0)
     first = iter(loader)
     next(first)
     second = iter(loader)  # a loader runs one epoch at a time
@@ -81,7 +84,7 @@ def test_an_error_stops_the_thread(seg_url) -> None:
         return sample
 
     with pytest.raises(ValueError, match="bad pixel"):
-        list(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, transform=boom))
+        list(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, transform=boom, processes=0))
     wait_no_loop_threads()
 
 
@@ -129,7 +132,7 @@ def test_close_interrupted_by_ctrl_c_can_be_finished_by_a_second_close(seg_url) 
         raise KeyboardInterrupt
 
     src = DelayedSource(seg_url, lambda idx: 1.0)
-    it = iter(AsyncLoader(src, batch_size=4, concurrency=8))
+    it = iter(AsyncLoader(src, batch_size=4, concurrency=8, processes=0))
     old = signal.signal(signal.SIGALRM, interrupt)
     try:
         with pytest.raises(StopIteration):
@@ -196,7 +199,7 @@ def test_an_epoch_stopped_from_its_own_loop_thread_still_stops_that_thread(seg_u
     wait for itself: the stop must still happen (on another thread), not leave the loop running."""
     import asyncio
 
-    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, concurrency=4))
+    it = iter(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, concurrency=4, processes=0))
     next(it)
     run = it._run  # what the epoch's finaliser stops
 

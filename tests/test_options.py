@@ -13,7 +13,8 @@ from asyncload import ConfigError, LoaderOptions, Shard
 
 def test_defaults_are_valid_and_frozen() -> None:
     o = LoaderOptions()
-    assert (o.batch_size, o.concurrency, o.prefetch, o.read_mode, o.processes) == (32, "auto", 4, "auto", 0)
+    assert (o.batch_size, o.concurrency, o.prefetch, o.read_mode, o.processes) == (32, "auto", 4, "auto", "auto")
+    assert (o.max_restarts, o.mp_context) == (3, "forkserver")
     with pytest.raises(dataclasses.FrozenInstanceError):
         o.batch_size = 8  # type: ignore[misc]
 

@@ -1,4 +1,7 @@
-"""concurrency="auto": the tuner's decisions (pure) and its behaviour against stores of known shape."""
+"""concurrency="auto": the tuner's decisions (pure) and its behaviour against stores of known shape.
+
+Loaders here read with ``processes=0``: the tests watch the engine in this process (its loop thread, the
+source's own counters), which is what a Deep Lake reader process runs too."""
 
 from __future__ import annotations
 
@@ -56,7 +59,7 @@ def test_limits_are_respected() -> None:
 
 def test_auto_reaches_a_stores_capacity_without_running_away(seg_url) -> None:
     src = CapacitySource(seg_url, slots=12, latency=0.05)  # knee at 12 in flight, 240 samples/s
-    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row")
+    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row", processes=0)
     seen = []
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -69,7 +72,7 @@ def test_auto_reaches_a_stores_capacity_without_running_away(seg_url) -> None:
 
 def test_auto_backs_off_a_throttling_store(seg_url) -> None:
     src = CapacitySource(seg_url, slots=64, latency=0.05, throttle_above=8)  # throttles above 8 in flight
-    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row")
+    loader = AsyncLoader(src, batch_size=8, concurrency="auto", read_mode="row", processes=0)
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(ROWS))

@@ -30,7 +30,7 @@ from typing import Any
 
 from .._loop import Stage, on_exit
 from .._protocol import END, Failure
-from ..epoch import Epoch
+from ..epoch import Epoch, report_skipped
 from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
 from ..image.gpu import PACKED, finish
 from ..sampler import Shard
@@ -212,6 +212,7 @@ class FanoutEpoch(Epoch):
         st.waiting_since = None
         if batch is END:
             self.close()
+            report_skipped(st, self._epoch, self._pool.url)
             raise StopIteration
         st.batches_yielded += 1
         st.samples_yielded += count
@@ -288,9 +289,11 @@ class FanoutEpoch(Epoch):
         have been reading one at a time (so that a batch that kills a reader again is known, and then its
         rows), and resume the stream for the rest. Counted in ``max_restarts``; past it, ``WorkerError``."""
         held = self._held(t)
-        pid, exitcode = self._pool.replace(t.index)
+        pid, exitcode = self._pool.reap(t.index)
+        self._charge(t, _Died(pid, exitcode), held, cause)  # past the budget: raises, no new reader
+        self._pool.restart(t.index)
         self._stats.worker_restarts += 1
-        self._charge(t, _Died(pid, exitcode), held, cause)
+        self._log_restart(t, _Died(pid, exitcode), held)
         gen = self._lease.gen
         assert gen is not None
         window, rest = held[: self._window()], held[self._window() :]
@@ -309,8 +312,8 @@ class FanoutEpoch(Epoch):
         self._pool.busy.add(t.index)
 
     def _charge(self, t: _Turns, died: _Died, held: list[int], cause: BaseException | None) -> None:
-        """Log a death once; count it against ``max_restarts``; past that, close the pool and raise
-        today's ``WorkerError``."""
+        """Count a death against ``max_restarts``; past that, close the pool and raise ``WorkerError``
+        naming the worker, how it ended and the rows it held."""
         self._restarts += 1
         budget = self._pool.options.max_restarts
         rows = [i for j in held for i in self._batches[j]]
@@ -323,10 +326,15 @@ class FanoutEpoch(Epoch):
             )
             err.worker, err.pid, err.exitcode, err.indices = t.index, died.pid, died.exitcode, rows  # type: ignore[attr-defined]
             raise err from cause
+
+    def _log_restart(self, t: _Turns, died: _Died, held: list[int]) -> None:
+        """One warning per restart: who died, how, the rows it held, and who reads them now."""
         log.warning(
-            "asyncload: %s %s holding %d batches (indices %s); a new reader (pid %s) reads them again "
-            "(restart %d of %d this epoch)",
-            name, died.how, len(held), _short(rows, limit=1024), self._pool.pids.get(t.index), self._restarts, budget,
+            "asyncload: fan-out worker %d of %d (pid %s) for %s %s holding %d batches (indices %s); a new reader "
+            "(pid %s) reads them again (restart %d of %d this epoch)",
+            t.index, self._k, died.pid, self._pool.url, died.how, len(held),
+            _short([i for j in held for i in self._batches[j]], limit=1024), self._pool.pids.get(t.index),
+            self._restarts, self._pool.options.max_restarts,
         )  # fmt: skip
 
     def _read_alone(self, t: _Turns, j: int) -> Batch | Failed | None:
@@ -342,6 +350,7 @@ class FanoutEpoch(Epoch):
             bad = self._culprits(t, j, rows, outcome)
             if not bad:  # no part of it kills a reader alone: a crash that comes and goes
                 self._charge(t, outcome, [j], None)
+                self._log_restart(t, outcome, [j])
                 continue
             ids = self._pool.source.row_ids([r for r, _ in bad])
             if self._pool.options.on_error != "skip":
@@ -429,6 +438,7 @@ class FanoutEpoch(Epoch):
         else:
             self._pool.send(t.index, Credit(self._lease.gen))
         self._progress.mark(at)
+        self._stats.batches_ready += 1  # received: ``ready_batches`` is what was received and not yet yielded
         stage = self._pool.gpu_stage
         if stage is not None and isinstance(msg.batch, dict) and PACKED in msg.batch:
             batch, skipped = finish(stage.for_epoch(self._epoch), msg.batch, self._pool.with_index)

@@ -223,7 +223,7 @@ class _Pool:
         # Whether a worker must import the user's ``__main__`` to unpickle its spec (a transform defined in
         # the script). Otherwise it does not: a script without the ``if __name__ == "__main__"`` guard would
         # run again, whole, in every reader process that the default isolation starts.
-        self._needs_main = b"__main__" in pickled
+        self._needs_main = b"__main__" in bytes(pickled)
         self.procs: dict[int, _Proc] = {}
         self._pids: dict[int, int] = {}
         self.gen = 0  # the latest epoch started on the pool
@@ -323,7 +323,11 @@ class _Pool:
         multiprocessing.util.get_temp_dir()
         parent_end, child_end = ctx.Pipe(duplex=True)
         k = spec.index
-        proc = ctx.Process(target=_worker_main, args=(child_end, spec), name=f"asyncload-fanout-{k}", daemon=True)
+        # The parent's environment as of now: a forkserver's children would otherwise inherit the server's,
+        # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
+        proc = ctx.Process(
+            target=_worker_main, args=(child_end, spec, dict(os.environ)), name=f"asyncload-fanout-{k}", daemon=True
+        )
         try:
             with _main_module_left_out(not self._needs_main):
                 proc.start()
@@ -336,8 +340,18 @@ class _Pool:
         self._pids[k] = proc.pid  # type: ignore[assignment]
 
     def replace(self, k: int) -> tuple[int | None, int | None]:
-        """Reap worker ``k`` (dead, or alive with a broken pipe: then killed) and start a new one in its
-        place, idle; returns the old worker's ``(pid, exitcode)``."""
+        """Reap worker ``k`` and start a new one in its place, idle; the old worker's ``(pid, exitcode)``."""
+        ended = self.reap(k)
+        self.restart(k)
+        return ended
+
+    def restart(self, k: int) -> None:
+        """Start worker ``k`` again (after ``reap``), idle."""
+        self._start_one(self._specs[k])
+
+    def reap(self, k: int) -> tuple[int | None, int | None]:
+        """Join worker ``k``, dead or alive with a broken pipe (then killed), and release it and whatever
+        shared memory it left; its ``(pid, exitcode)``."""
         old = self.procs.pop(k)
         old.channel.close()
         proc = old.process
@@ -348,5 +362,4 @@ class _Pool:
         pid, exitcode = proc.pid, proc.exitcode
         _stop_processes([proc], self._timeout)  # releases it, and any shared memory it left
         self.busy.discard(k)
-        self._start_one(self._specs[k])
         return pid, exitcode

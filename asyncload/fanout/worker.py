@@ -226,8 +226,11 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
         return
 
 
-def _worker_main(conn: Connection, spec: _WorkerSpec) -> None:
-    """Entry point of a worker process."""
+def _worker_main(conn: Connection, spec: _WorkerSpec, environ: dict[str, str] | None = None) -> None:
+    """Entry point of a worker process; ``environ``: the parent's environment when it started this one."""
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
     # Ctrl-C reaches the whole process group; the parent decides when its workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0
