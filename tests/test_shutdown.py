@@ -91,7 +91,10 @@ def scenario(run_id, name, mode):
     faulthandler.enable()  # a crash shows its stacks in the run's stderr
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows its stacks, then exits 1 (not -2)
     dump_stacks_if_slow_to_exit(EXIT_DEADLINE_S)
-    loader = AsyncLoader(DeepLakeSource(SEG_URL), batch_size=8, concurrency=32, prefetch=2, read_mode=mode, cpu_workers=1)
+    # processes=0: these scenarios are the loop thread's exits (a reader process's: test_fanout, test_isolation)
+    loader = AsyncLoader(
+        DeepLakeSource(SEG_URL), batch_size=8, concurrency=32, prefetch=2, read_mode=mode, cpu_workers=1, processes=0
+    )
     if name == "sigint":
         n = 0
         for epoch in range(1000):
