@@ -19,10 +19,10 @@ from .errors import (
     ColumnNotFoundError,
     ConfigError,
     DatasetNotFoundError,
+    ReaderCrashError,
     ReadError,
     RemoteError,
     SourceError,
-    ReaderCrashError,
     WorkerError,
 )
 from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize

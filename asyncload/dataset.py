@@ -40,6 +40,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from ._log import log_once
 from .epoch import Epoch
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
@@ -223,24 +224,13 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         it = iter(loader)
         if torch.utils.data.get_worker_info() is not None:
             if not self.__dict__.get("_pickled") and not self.source.fork_safe:
-                _warn_forked(self.source.url)
+                log_once(
+                    f"asyncload: DataLoader worker (pid {os.getpid()}) was forked from a process that had opened "
+                    f"{self.source.url}; Deep Lake's runtime does not survive fork reliably (workers have segfaulted): "
+                    "pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader"
+                )
             return _WorkerEpoch(it)
         return it
-
-
-_warned_fork = False
-
-
-def _warn_forked(url: str) -> None:
-    global _warned_fork
-    if not _warned_fork:
-        _warned_fork = True
-        log.warning(
-            "asyncload: DataLoader worker (pid %d) was forked from a process that had opened %s; Deep Lake's runtime "
-            "does not survive fork reliably (workers have segfaulted): pass multiprocessing_context='spawn' or "
-            "'forkserver' to the DataLoader",
-            os.getpid(), url,
-        )  # fmt: skip
 
 
 class _WorkerEpoch(Epoch):

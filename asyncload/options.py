@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import numbers
 import logging
 import multiprocessing
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._log import log_once
 from ._loop import LoopKind
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .config import setting, validate
@@ -29,8 +30,6 @@ from .image.augment import Augment, Op
 from .image.normalize import ModelReady
 from .sampler import EpochSampler, Remainder, Shard
 from .sources.base import Source
-
-log = logging.getLogger("asyncload")
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -145,7 +144,12 @@ class LoaderOptions:
         if not source.isolate_reads:
             return 0
         if multiprocessing.current_process().daemon:
-            _log_once_in_daemon(source.url)
+            log_once(
+                f"asyncload: {source.url} is read in this daemonic process (pid {os.getpid()}, a DataLoader worker): "
+                "it cannot start a reader process, so a crash of a native read ends this worker and DataLoader "
+                "raises it in the training process",
+                logging.INFO,
+            )
             return 0
         if self.decode.startswith("cuda") and (self.transform or self.collate_fn):
             return 0  # the workers would ship bytes and a transform cannot run on them there
@@ -180,20 +184,6 @@ class LoaderOptions:
     def replace(self, **changes: Any) -> LoaderOptions:
         """A copy with ``changes`` (validated again)."""
         return dataclasses.replace(self, **changes)
-
-
-_daemon_logged = False
-
-
-def _log_once_in_daemon(url: str) -> None:
-    global _daemon_logged
-    if not _daemon_logged:
-        _daemon_logged = True
-        log.info(
-            "asyncload: %s is read in this daemonic process (pid %d, a DataLoader worker): it cannot start a reader "
-            "process, so a crash of a native read ends this worker and DataLoader raises it in the training process",
-            url, os.getpid(),
-        )  # fmt: skip
 
 
 __all__ = ["LoaderOptions", "MpContext", "OnError", "ReadMode"]

@@ -203,7 +203,11 @@ def test_the_failing_read_reproducer_runs_ten_epochs_with_the_defaults_each_a_na
     )
     chunk.unlink()
     p = subprocess.run(
-        [sys.executable, "-c", REPRODUCER, f"file://{path}", "10"], capture_output=True, text=True, timeout=170, cwd=ROOT
+        [sys.executable, "-c", REPRODUCER, f"file://{path}", "10"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
     )
     assert p.returncode == 0, p.stderr[-3000:]
     errors = json.loads(p.stdout.strip().splitlines()[-1])

@@ -101,7 +101,9 @@ def test_samples_in_flight_never_exceed_concurrency(seg_url, read_mode, per_requ
 def test_prefetch_bounds_what_is_held_ahead_of_a_slow_consumer(seg_url) -> None:
     batch, concurrency, prefetch = 8, 16, 3
     bound = (prefetch + math.ceil(concurrency / batch) + 1) * batch
-    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=batch, concurrency=concurrency, prefetch=prefetch, processes=0)
+    loader = AsyncLoader(
+        DeepLakeSource(seg_url), batch_size=batch, concurrency=concurrency, prefetch=prefetch, processes=0
+    )
     it = iter(loader)
     ahead = []
     for _ in it:

@@ -8,10 +8,10 @@ import deeplake
 import numpy as np
 import pytest
 import torch
-
-from asyncload import DeepLakeSource, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop, decode, gpu
 from asyncload.augment import Augment
 from asyncload.codecs import DecodeError
+
+from asyncload import DeepLakeSource, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop, decode, gpu
 from asyncload.image.lz4masks import choose, decode_batch, decompress_into, host_buffer, size_of
 from tests.photo_data import make
 

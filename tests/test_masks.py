@@ -22,6 +22,7 @@ from asyncload import (
     LoaderOptions,
     RandomHorizontalFlip,
     RandomResizedCrop,
+    _log,
 )
 from asyncload.image import codecs
 from asyncload.image.decode import decode_stage
@@ -121,9 +122,8 @@ def odd_url(tmp_path_factory: pytest.TempPathFactory) -> str:
 def test_a_mask_whose_size_is_not_its_images_is_decoded_by_deep_lake_and_said_once(
     odd_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from asyncload.image import decode
 
-    decode._said.clear()  # noqa: SLF001 - the log is once per process
+    _log._said.clear()  # noqa: SLF001 - the log is once per process
     with caplog.at_level(logging.WARNING, logger="asyncload"):
         got = collect(AsyncLoader(DeepLakeSource(odd_url), 8, shuffle=True, ragged="list"))
         collect(AsyncLoader(DeepLakeSource(odd_url), 8, ragged="list"))
@@ -139,9 +139,8 @@ def test_a_mask_whose_size_is_not_its_images_is_decoded_by_deep_lake_and_said_on
 def test_a_mask_without_an_image_column_is_decoded_by_deep_lake_and_said_once(
     odd_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from asyncload.image import decode
 
-    decode._said.clear()  # noqa: SLF001
+    _log._said.clear()  # noqa: SLF001
     with caplog.at_level(logging.WARNING, logger="asyncload"):
         got = collect(AsyncLoader(DeepLakeSource(odd_url, columns=("masks",)), 8, ragged="list"), ("masks",))
         collect(AsyncLoader(DeepLakeSource(odd_url, columns=("masks",)), 8, ragged="list"), ("masks",))

@@ -12,6 +12,7 @@ import pickle
 import deeplake
 import pytest
 import torch
+from asyncload.augment import Augment
 from torch.utils.data import DataLoader
 
 from asyncload import (
@@ -26,7 +27,6 @@ from asyncload import (
     decode,
     gpu,
 )
-from asyncload.augment import Augment
 from asyncload.image.normalize import ModelReady
 from tests.photo_data import make
 

@@ -59,7 +59,7 @@ def test_fresh_processes_read_whole_photo_epochs_locally_with_no_crash(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_fresh_processes_read_whole_photo_epochs_on_seaweedfs_with_no_crash(seaweed) -> None:
+def test_fresh_processes_read_whole_photo_epochs_on_seaweedfs_with_no_crash(seaweed) -> None:  # noqa: F811
     seaweed.create_bucket("stress")
     creds = seaweed.creds("stress")
     url = make_dataset(

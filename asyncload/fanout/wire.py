@@ -138,7 +138,9 @@ class Cancelled:
     gen: int
 
 
-Terminal = End | Failed | Cancelled | Done  # one per StartEpoch or ReadOne, the last message of that epoch (also for isinstance)
+Terminal = (
+    End | Failed | Cancelled | Done
+)  # one per StartEpoch or ReadOne, the last message of that epoch (also for isinstance)
 
 
 # -- the figures an End carries --------------------------------------------------------------------

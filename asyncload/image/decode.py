@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .._log import log_once
 from ..collate import CollateError, allocate
 from ..errors import read_error
 from .augment import Augment, Draw
@@ -68,6 +69,7 @@ class Stage:
     def lz4(self) -> tuple[str, ...]:
         """The lz4 mask columns read as stored bytes (each decoded with its ``pair``'s size)."""
         return tuple(c for c in self.encoded if self.columns[c].stored == "lz4")
+
     ready: Any = None  # ``normalize.ModelReady``: the image columns made model-ready after decode and augment
 
     def for_epoch(self, epoch: int) -> Stage:
@@ -249,7 +251,7 @@ def unpaired(stage: Stage, part: Mapping[str, Sequence[Any]]) -> dict[str, list[
                 continue
             if lz4_size(m) != hw[0] * hw[1]:
                 bad.append(k)
-                _log_once(
+                log_once(
                     f"asyncload: {stage.url}: lz4 mask column {c!r} has masks whose size is not their image's "
                     f"({lz4_size(m)} bytes against {stage.pair!r}'s {hw[0]}x{hw[1]}); the store decodes those masks"
                 )
@@ -385,7 +387,7 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
     device = mode if mode.startswith("cuda") else None
     missing = decoders_available() if mode == "auto" else None
     if missing:
-        _log_once(f"asyncload: {missing} not importable; the store decodes images (decode='store')")
+        log_once(f"asyncload: {missing} not importable; the store decodes images (decode='store')")
     if mode == "store" or missing:
         encoded: frozenset[str] = frozenset()
     else:
@@ -394,27 +396,23 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
     lz4 = [c for c, col in cols.items() if col.stored == "lz4"]
     if lz4 and mode != "store" and not missing:
         if pair is None:
-            _log_once(
+            log_once(
                 f"asyncload: {source.url}: the store decodes lz4 mask column(s) {', '.join(map(repr, lz4))}: "
                 "an lz4 blob holds no shape, and no image column read here gives one"
             )
         else:
             encoded |= frozenset(lz4)
     return Stage(
-        cols, encoded, aug, seed=int(options.seed), on_error=options.on_error, url=source.url, device=device, pair=pair,
+        cols,
+        encoded,
+        aug,
+        seed=int(options.seed),
+        on_error=options.on_error,
+        url=source.url,
+        device=device,
+        pair=pair,
         ready=ready,
     )
-
-
-_said: set[str] = set()
-
-
-def _log_once(message: str) -> None:
-    import logging
-
-    if message not in _said:
-        _said.add(message)
-        logging.getLogger("asyncload").warning(message)
 
 
 __all__ = [

@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from .._log import log_once
 from ..collate import allocate
 from .augment import Draw
 from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
-from .decode import Failures, ImageColumn, Stage, _as_hw, _log_once, _stored
+from .decode import Failures, ImageColumn, Stage, _as_hw, _stored
 from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
@@ -125,9 +126,7 @@ def _decode_column(
         try:
             if _stored(v):
                 if col.role == "image":
-                    _log_once(
-                        f"asyncload: column {c!r}: {sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)"
-                    )
+                    log_once(f"asyncload: column {c!r}: {sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)")
                 here[k] = decode_bytes(v, col.mode)
             else:
                 here[k] = _as_hw(v, col)

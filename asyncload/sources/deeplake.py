@@ -12,7 +12,6 @@ Why it reads the way it does (Deep Lake 4.7.4; the figures are in benchmarks/res
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
