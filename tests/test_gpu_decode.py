@@ -19,9 +19,8 @@ from asyncload import (
     RandomResizedCrop,
     ReadError,
     Resize,
-    decode,
-    gpu,
 )
+from asyncload.image import decode, gpu
 from asyncload.image.augment import Augment
 from tests.photo_data import make
 

@@ -8,10 +8,11 @@ import deeplake
 import numpy as np
 import pytest
 import torch
-from asyncload.augment import Augment
-from asyncload.codecs import DecodeError
 
-from asyncload import DeepLakeSource, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop, decode, gpu
+from asyncload import DeepLakeSource, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop
+from asyncload.image import decode, gpu
+from asyncload.image.augment import Augment
+from asyncload.image.codecs import DecodeError
 from asyncload.image.lz4masks import choose, decode_batch, decompress_into, host_buffer, size_of
 from tests.photo_data import make
 
@@ -68,14 +69,14 @@ def test_choose_takes_python_lz4_off_cuda() -> None:
     assert choose(256, torch.device("cpu")) == "cpu"
 
 
-def test_the_device_stage_reads_lz4_masks_as_stored_bytes_beside_images_only(lz4_url: str) -> None:
+def test_lz4_masks_are_read_as_stored_bytes_beside_an_image_column_only(lz4_url: str) -> None:
     src = DeepLakeSource(lz4_url).open()
     assert src.image_columns()["masks"].stored == "lz4"
     cuda = decode.decode_stage(src, LoaderOptions(decode="cuda"))
     cpu = decode.decode_stage(src, LoaderOptions(decode="cpu"))
     alone = decode.decode_stage(DeepLakeSource(lz4_url, columns=["masks"]).open(), LoaderOptions(decode="cuda"))
     assert cuda is not None and cuda.encoded == {"images", "masks"}
-    assert cpu is not None and cpu.encoded == {"images"}
+    assert cpu is not None and cpu.encoded == {"images", "masks"}  # the CPU stage decodes them too (codecs)
     assert alone is not None and alone.encoded == frozenset()
 
 

@@ -124,9 +124,11 @@ def test_a_mask_whose_size_is_not_its_images_is_decoded_by_deep_lake_and_said_on
 ) -> None:
 
     _log._said.clear()  # noqa: SLF001 - the log is once per process
+    assert_equal(collect(AsyncLoader(DeepLakeSource(odd_url), 8, shuffle=True, ragged="list")), reference(odd_url))
+    # The warning is said where the masks are read: in this process with processes=0 (else the reader's stderr)
     with caplog.at_level(logging.WARNING, logger="asyncload"):
-        got = collect(AsyncLoader(DeepLakeSource(odd_url), 8, shuffle=True, ragged="list"))
-        collect(AsyncLoader(DeepLakeSource(odd_url), 8, ragged="list"))
+        got = collect(AsyncLoader(DeepLakeSource(odd_url), 8, shuffle=True, ragged="list", processes=0))
+        collect(AsyncLoader(DeepLakeSource(odd_url), 8, ragged="list", processes=0))
     assert_equal(got, reference(odd_url))
     assert got[5]["masks"].shape == (32, 48) and got[6]["masks"].shape == (64, 64)
     said = [r.getMessage() for r in caplog.records if "lz4 mask column 'masks'" in r.getMessage()]

@@ -12,7 +12,6 @@ import pickle
 import deeplake
 import pytest
 import torch
-from asyncload.augment import Augment
 from torch.utils.data import DataLoader
 
 from asyncload import (
@@ -24,9 +23,9 @@ from asyncload import (
     RandomHorizontalFlip,
     RandomResizedCrop,
     Resize,
-    decode,
-    gpu,
 )
+from asyncload.image import decode, gpu
+from asyncload.image.augment import Augment
 from asyncload.image.normalize import ModelReady
 from tests.photo_data import make
 

@@ -34,8 +34,9 @@ def dali_epoch(url: str, batch_size: int, out_size: tuple[int, int], ops: list[A
     import lz4.block
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
-    from asyncload.augment import Augment
     from nvidia.dali import pipeline_def
+
+    from asyncload.image.augment import Augment
 
     ds = deeplake.open_read_only(url)
     n = len(ds)
