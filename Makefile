@@ -27,7 +27,7 @@ run-local: install  ## the same comparison on a local dataset (no server, no lat
 test: install  ## the test suite (the slow long-run tests are in test-slow)
 	$(PY) -m pytest
 
-test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes
+test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow
 
 bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~15 min on 2 cores
