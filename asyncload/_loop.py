@@ -39,6 +39,19 @@ T = TypeVar("T")
 LoopKind = Literal["auto", "uvloop", "asyncio"]
 
 
+def _late_completion(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """The loop's exception handler. A store's thread that completes a read after its waiter was cancelled
+    (loop shutdown cancels what is left: ``_close_loop``) makes ``Future.set_result`` raise
+    ``InvalidStateError`` in a callback. Nobody waits for that result, so it is dropped (DEBUG), not printed
+    after the traceback of whatever is ending the process. Everything else goes to the default handler."""
+    exc = context.get("exception")
+    where = repr(context.get("handle"))  # "<Handle Future.set_result>" (uvloop's handles hide their callback)
+    if isinstance(exc, asyncio.InvalidStateError) and ("set_result" in where or "set_exception" in where):
+        log.debug("asyncload: a read completed after its waiter was cancelled: %s", exc)
+        return
+    loop.default_exception_handler(context)
+
+
 def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     """uvloop when asked for or importable (``auto``); plain asyncio otherwise."""
     if kind in ("auto", "uvloop"):
@@ -231,6 +244,7 @@ class LoopThread:
             def main() -> None:
                 try:
                     loop = _new_event_loop(self._kind)
+                    loop.set_exception_handler(_late_completion)
                 except BaseException as exc:  # noqa: BLE001 - reported to the starting thread
                     box.append(exc)
                     ready.set()
