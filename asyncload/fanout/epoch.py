@@ -20,7 +20,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import signal
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -37,7 +36,7 @@ from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
 from ..stats import Stats
-from .pool import _how_it_ended, _Pool
+from .pool import _how_it_ended, _Pool, _signal_name
 from .wire import (
     _CREDITS,
     Batch,
@@ -88,11 +87,10 @@ class _Died:
 
     @property
     def signal(self) -> str:
+        """The signal's name (``SIGSEGV``), or the exit code of a reader that exited."""
         if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return signal.Signals(-self.exitcode).name
-            except ValueError:
-                return f"signal {-self.exitcode}"
+            name = _signal_name(self.exitcode)
+            return name if name.startswith("SIG") else f"signal {name}"
         return f"exit code {self.exitcode}"
 
 

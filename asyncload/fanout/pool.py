@@ -65,14 +65,19 @@ class _Proc:
         return self.channel.conn
 
 
+def _signal_name(exitcode: int) -> str:
+    """``SIGSEGV`` for a process killed by signal 11 (exit code -11); the number where it has no name."""
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return str(-exitcode)
+
+
 def _how_it_ended(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped answering"
     if exitcode < 0:
-        try:
-            return f"was killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-exitcode}"
+        return f"was killed by signal {_signal_name(exitcode)}"
     return f"exited with code {exitcode}" + (" (its traceback is on stderr)" if exitcode else "")
 
 
