@@ -264,10 +264,9 @@ class FanoutEpoch(Epoch):
                     _add_figures(self._stats, msg.figures)
                 if not isinstance(msg, Cancelled):
                     return t, msg
-            for t in dead:
-                if self._pool.procs[t.index].process.exitcode is not None:  # not already replaced above
-                    self._recover(t, None)
-                    return self._receive(wanted)
+            if dead:  # a ready sentinel: that process has ended
+                self._recover(dead[0], None)
+                return self._receive(wanted)
 
     # -- a reader that died ------------------------------------------------------------------------
     def _held(self, t: _Turns) -> list[int]:
@@ -294,7 +293,8 @@ class FanoutEpoch(Epoch):
         self._log_restart(t, _Died(pid, exitcode), held)
         gen = self._lease.gen
         assert gen is not None
-        window, rest = held[: self._window()], held[self._window() :]
+        n = self._window()
+        window, rest = held[:n], held[n:]
         for j in window:
             outcome = self._read_alone(t, j)
             t.settled.add(j)
@@ -346,9 +346,8 @@ class FanoutEpoch(Epoch):
             if not isinstance(outcome, _Died):
                 return outcome
             bad = self._culprits(t, j, rows, outcome)
-            if not bad:  # no part of it kills a reader alone: a crash that comes and goes
+            if not bad:  # no part of it kills a reader alone: a crash that comes and goes (``_ask`` logged it)
                 self._charge(t, outcome, [j], None)
-                self._log_restart(t, outcome, [j])
                 continue
             ids = self._pool.source.row_ids([r for r, _ in bad])
             if self._pool.options.on_error != "skip":
