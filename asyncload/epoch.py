@@ -127,9 +127,11 @@ class EpochIterator(Epoch):
     ``close()``, ``with``, ``break`` + garbage collection and interpreter exit all stop it."""
 
     def __init__(
-        self, plan: Plan, progress: EpochProgress, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float
-    ) -> None:
+        self, plan: Plan, progress: EpochProgress, *, loop: LoopKind, cpu_workers: int, shutdown_timeout: float,
+        report_skips: bool = True,
+    ) -> None:  # fmt: skip
         self._plan = plan
+        self._report_skips = report_skips  # False in a fan-out worker: the parent reports the whole epoch
         self._progress = progress
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._stats = Stats()
@@ -191,7 +193,8 @@ class EpochIterator(Epoch):
         return batch
 
     def _report_skipped(self) -> None:
-        report_skipped(self._stats, self._progress.epoch, self._plan.source.url)
+        if self._report_skips:
+            report_skipped(self._stats, self._progress.epoch, self._plan.source.url)
 
     def _die(self) -> None:
         """The pipeline ended without saying so: report why instead of waiting forever."""

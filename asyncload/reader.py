@@ -29,13 +29,15 @@ TUNER_START = 256
 
 class ShardReader:
     """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time. ``worker``: in a
-    fan-out worker process, which leaves GPU decoding to the training process."""
+    fan-out worker process, which leaves GPU decoding, and the end-of-epoch skip report over every
+    worker's figures, to the training process."""
 
     def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard, *, worker: bool = False) -> None:
         self.source = source
         self.options = o = options
         self.sampler = o.sampler(len(source), shard)
         self._tuner: ConcurrencyTuner | None = None
+        self._worker = worker
         self._stage = decode_stage(source, o)
         if worker and self._stage is not None and self._stage.device is not None:  # the GPU is the parent's
             self._stage = dataclasses.replace(self._stage, ship=True)
@@ -80,6 +82,7 @@ class ShardReader:
             loop=o.loop,
             cpu_workers=o.cpu_pool,
             shutdown_timeout=o.shutdown_timeout,
+            report_skips=not self._worker,
         )
 
 
