@@ -78,11 +78,17 @@ def test_the_sequential_baseline_reads_the_version_and_the_query_rows(tmp_path, 
     assert "| sequential ds[i][col] (5 rows) | 5 |" in out and "| asyncload column reads, concurrency auto | 5 |" in out
 
 
-def test_the_sequential_baseline_uses_the_creds(remote_data, tmp_path, capsys) -> None:
+def creds_file(tmp_path, remote_data) -> Path:
+    """The server's keys in a JSON file, as ``--creds`` takes them."""
     import json
 
-    creds = tmp_path / "creds.json"
-    creds.write_text(json.dumps(remote_data.server.creds()))
+    path = tmp_path / "creds.json"
+    path.write_text(json.dumps(remote_data.server.creds()))
+    return path
+
+
+def test_the_sequential_baseline_uses_the_creds(remote_data, tmp_path, capsys) -> None:
+    creds = creds_file(tmp_path, remote_data)
     url = remote_data.deeplake_url
     assert main(["load", url, "--creds", str(creds), "--batch-size", "4", "--sequential-rows", "6"]) == 0
     out = capsys.readouterr().out
@@ -301,10 +307,7 @@ def test_live_stats_and_the_periodic_log_line(seg_url, caplog) -> None:
 
 
 def test_inspect_a_dataset_on_s3_with_creds_and_a_query(remote_data, tmp_path, capsys) -> None:
-    import json
-
-    creds = tmp_path / "creds.json"
-    creds.write_text(json.dumps(remote_data.server.creds()))
+    creds = creds_file(tmp_path, remote_data)
     url = remote_data.deeplake_url
     assert main(["inspect", url, "--creds", str(creds), "--query", "SELECT * LIMIT 7", "--sample", "3"]) == 0
     out = capsys.readouterr().out
