@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import deeplake
 import pytest
@@ -37,18 +38,24 @@ def test_make_inspect_load(tmp_path, capsys) -> None:
     assert "| asyncload column reads, concurrency auto | 24 |" in out  # auto: columns where asyncload decodes
 
 
-def test_version_query_and_program_version(tmp_path, capsys) -> None:
-    from asyncload import __version__
-
-    with pytest.raises(SystemExit) as done:
-        main(["--version"])
-    assert done.value.code == 0 and capsys.readouterr().out == f"asyncload {__version__}\n"
+def tagged_dataset(tmp_path: Path) -> tuple[Path, Any]:
+    """A 12-row dataset made by the CLI, tagged "first", then 3 rows more committed: 15 at the head."""
     path = tmp_path / "v"
     assert main(["make-dataset", str(path), "--rows", "12", "--size", "16"]) == 0
     ds = deeplake.open(f"file://{path}")
     ds.tag("first")
     ds.append({"images": [ds[0]["images"]] * 3, "masks": [ds[0]["masks"]] * 3})
     ds.commit("3 more")
+    return path, ds
+
+
+def test_version_query_and_program_version(tmp_path, capsys) -> None:
+    from asyncload import __version__
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"asyncload {__version__}\n"
+    path, ds = tagged_dataset(tmp_path)
     capsys.readouterr()
     assert main(["inspect", str(path), "--version", "first"]) == 0
     assert f"file://{path} at version first: 12 rows" in capsys.readouterr().out
@@ -61,12 +68,7 @@ def test_version_query_and_program_version(tmp_path, capsys) -> None:
 
 def test_the_sequential_baseline_reads_the_version_and_the_query_rows(tmp_path, capsys) -> None:
     """The baseline reads what the loader reads: 12 rows at tag "first" (15 at the head), 5 of a query."""
-    path = tmp_path / "v"
-    assert main(["make-dataset", str(path), "--rows", "12", "--size", "16"]) == 0
-    ds = deeplake.open(f"file://{path}")
-    ds.tag("first")
-    ds.append({"images": [ds[0]["images"]] * 3, "masks": [ds[0]["masks"]] * 3})
-    ds.commit("3 more")
+    path, ds = tagged_dataset(tmp_path)
     capsys.readouterr()
     assert main(["load", str(path), "--version", "first", "--batch-size", "4"]) == 0
     out = capsys.readouterr().out
