@@ -86,22 +86,20 @@ def main(argv: list[str] | None = None) -> int:
 
     out3 = np.empty((256, 256, 3), np.uint8)
     out2 = np.empty((256, 256), np.uint8)
-    png_rgb: dict[str, Callable[[bytes], np.ndarray]] = {
-        "pyspng (libspng), then one copy into the row": lambda b: np.copyto(out3, pyspng.load(b, "RGB")) or out3,
-        "imagecodecs spng_decode (libspng), out=row": lambda b: imagecodecs.spng_decode(b, out=out3),
-        "imagecodecs png_decode (libpng), out=row": lambda b: imagecodecs.png_decode(b, out=out3),
-        "OpenCV imdecode (libpng), then one copy": lambda b: (
-            np.copyto(out3, cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR_RGB)) or out3
-        ),  # fmt: skip
-    }
-    png_gray: dict[str, Callable[[bytes], np.ndarray]] = {
-        "pyspng (libspng), then one copy into the row": lambda b: np.copyto(out2, pyspng.load(b, "L")) or out2,
-        "imagecodecs spng_decode (libspng), out=row": lambda b: imagecodecs.spng_decode(b, out=out2),
-        "imagecodecs png_decode (libpng), out=row": lambda b: imagecodecs.png_decode(b, out=out2),
-        "OpenCV imdecode (libpng), then one copy": lambda b: (
-            np.copyto(out2, cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_UNCHANGED)) or out2
-        ),  # fmt: skip
-    }
+
+    def png_decoders(out: np.ndarray, spng_mode: str, cv2_flag: int) -> dict[str, Callable[[bytes], np.ndarray]]:
+        """The PNG decoders measured, each writing into ``out`` (an image's row or a mask's)."""
+        return {
+            "pyspng (libspng), then one copy into the row": lambda b: np.copyto(out, pyspng.load(b, spng_mode)) or out,
+            "imagecodecs spng_decode (libspng), out=row": lambda b: imagecodecs.spng_decode(b, out=out),
+            "imagecodecs png_decode (libpng), out=row": lambda b: imagecodecs.png_decode(b, out=out),
+            "OpenCV imdecode (libpng), then one copy": lambda b: (
+                np.copyto(out, cv2.imdecode(np.frombuffer(b, np.uint8), cv2_flag)) or out
+            ),  # fmt: skip
+        }
+
+    png_rgb = png_decoders(out3, "RGB", cv2.IMREAD_COLOR_RGB)
+    png_gray = png_decoders(out2, "L", cv2.IMREAD_UNCHANGED)
     lz4s: dict[str, Callable[[bytes], np.ndarray]] = {
         "python-lz4 lz4.block.decompress, then one copy": lambda b: (
             np.copyto(out2, np.frombuffer(lz4.block.decompress(b), np.uint8).reshape(256, 256)) or out2
