@@ -136,7 +136,7 @@ class LoaderOptions:
     def reader_processes(self, source: Source[Any]) -> int:
         """Worker processes that read ``source``: ``processes``, or with ``"auto"`` one reader process for a
         source whose native reads can crash the process that runs them (``Source.isolate_reads``: Deep
-        Lake), so that a crash costs a restarted reader, not the training run. None inside a daemonic
+        Lake), so that a crash costs a restarted reader, not the training run. 0 inside a daemonic
         process (a DataLoader worker), which may not start children: there the worker itself is the
         isolation, and DataLoader reports its death."""
         if self.processes != "auto":
