@@ -24,6 +24,7 @@ from .config import check as _check
 from .epoch import Epoch, EpochIterator
 from .errors import ConfigError
 from .fanout import WorkerPool
+from .isolated import IsolatedSource
 from .options import LoaderOptions, ReadMode
 from .reader import ShardReader
 from .sampler import Shard, resolve_shard
@@ -114,11 +115,18 @@ class AsyncLoader:
         #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
         #: this process (Deep Lake), none otherwise (``LoaderOptions.reader_processes``)
         self.processes = o.reader_processes(source)
-        if self.processes and o.processes == "auto" and not _picklable(source, o):
+        if self.processes and o.processes == "auto" and not _picklable(source):
             self.processes = 0
         self.source = source.open()
         self.shard = shard
-        self._reader = ShardReader(self.source, o, shard)
+        #: ``processes="auto"`` on a source whose reads can crash this process: its reads, and only they,
+        #: run in a reader process (``isolated``); the pipeline and the decoding stay here
+        self._isolated: IsolatedSource | None = None
+        if self.processes and o.processes == "auto":
+            self._isolated = IsolatedSource(
+                self.source, context=o.mp_context, max_restarts=o.max_restarts, timeout=o.shutdown_timeout
+            )
+        self._reader = ShardReader(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._reader.read_mode
         self.sampler = self._reader.sampler
         if shard.world_size > 1 or shard_from != "no process group":
@@ -193,7 +201,7 @@ class AsyncLoader:
         self._resume = None
         o = self.options
         it: Epoch
-        if self.processes:
+        if self.processes and self._isolated is None:
             if self._pool is None or self._pool.closed:  # the first epoch, or the last pool lost a worker
                 self._pool = WorkerPool(
                     self.source, o, self.shard, self.processes, context=o.mp_context, timeout=o.shutdown_timeout,
@@ -203,6 +211,8 @@ class AsyncLoader:
             it = self._pool.epoch(self.epoch, skip=done, in_order=o.in_order, progress=progress)
         else:
             it = self._reader.epoch(self.epoch, progress)
+            if self._isolated is not None:
+                self._isolated.begin_epoch(it.stats())
         self._live = weakref.ref(it)
         self._stats = it.stats()
         self._progress = progress
@@ -214,7 +224,7 @@ class AsyncLoader:
         snap = self._stats.snapshot()
         snap.update(
             concurrency_setting=self.options.concurrency, read_mode=self.read_mode, epoch=self.epoch,
-            retries=self.source.retry_count(),
+            retries=self._reader.source.retry_count(),
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip
         return snap
@@ -226,6 +236,8 @@ class AsyncLoader:
         self._close_epoch()
         if self._pool is not None:
             self._pool.close()
+        if self._isolated is not None:
+            self._isolated.close()
 
     def _close_epoch(self) -> None:
         """Stop the live epoch, if any; with ``processes=K`` its workers stay, idle, for the next one."""
@@ -247,19 +259,19 @@ class AsyncLoader:
         )
 
 
-def _picklable(source: Source[Any], options: LoaderOptions) -> bool:
-    """Whether a reader process can be given ``source`` and ``options`` (a lambda or a local function as
-    ``transform``, ``collate_fn`` or in a source cannot). Where not, ``processes="auto"`` reads in this
-    process and says so, rather than refusing what works without isolation."""
+def _picklable(source: Source[Any]) -> bool:
+    """Whether a reader process can be given ``source`` (one with a lambda or a local function in it
+    cannot). Where not, ``processes="auto"`` reads in this process and says so, rather than refusing
+    what works without isolation."""
     from multiprocessing.reduction import ForkingPickler
 
     try:
-        ForkingPickler.dumps((source, options))
+        ForkingPickler.dumps(source)
     except Exception as exc:  # noqa: BLE001 - pickle raises several types for the same answer
         log.warning(
-            "asyncload: %s is read in this process, not in a reader process (processes='auto'): the loader's "
-            "options or source cannot be pickled into one (%s: %s); define transform, collate_fn and the source "
-            "at module level to isolate Deep Lake's reads, or pass processes=0 to say this is intended",
+            "asyncload: %s is read in this process, not in a reader process (processes='auto'): the source cannot "
+            "be pickled into one (%s: %s); define the source's class at module level to isolate its reads, or "
+            "pass processes=0 to say this is intended",
             source.url, type(exc).__name__, exc,
         )  # fmt: skip
         return False

@@ -151,8 +151,6 @@ class LoaderOptions:
                 logging.INFO,
             )
             return 0
-        if self.decode.startswith("cuda") and (self.transform or self.collate_fn):
-            return 0  # the workers would ship bytes and a transform cannot run on them there
         return 1
 
     @property

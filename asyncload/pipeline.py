@@ -40,7 +40,7 @@ from typing import Any
 from ._loop import LoopThread
 from ._protocol import END, Failure, Ready
 from .assembly import assemble
-from .errors import ReadError, read_error
+from .errors import ReadError, WorkerError, read_error
 from .hedging import Hedger
 from .image.decode import unpaired
 from .plan import Plan
@@ -262,7 +262,7 @@ class Pipeline:
         stats.in_flight += len(idx)
         try:
             part, seconds = await self._hedger.read(idx)
-        except ReadError:
+        except (ReadError, WorkerError):  # WorkerError: the reader process died past its restart budget
             raise
         except Exception as exc:
             raise read_error(self.plan.source.url, None, idx, exc) from None
@@ -316,7 +316,7 @@ class Pipeline:
             try:
                 batch.parts[start] = (idx, await self._read(idx))
             except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
-                if self.plan.on_error == "raise":
+                if self.plan.on_error == "raise" or isinstance(exc, WorkerError):  # no sample's fault
                     self._fail(batch, exc)
                     continue
                 await self._salvage(batch, start, idx, exc)

@@ -31,7 +31,13 @@ def seg_arrays(seg_url: str) -> dict[str, np.ndarray]:
 
 
 def loop_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith("asyncload")]
+    """An epoch's threads (its loop, its CPU pool). Not a Deep Lake reader process's receiver thread,
+    which lives with the reader, across epochs, until the loader is closed (``reader_threads``)."""
+    return [t for t in threading.enumerate() if t.name.startswith("asyncload") and t not in reader_threads()]
+
+
+def reader_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "asyncload-reader-receive"]
 
 
 def wait_no_loop_threads(deadline_s: float = 5.0) -> None:

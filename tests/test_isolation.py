@@ -27,7 +27,7 @@ from asyncload import (
 )
 from asyncload.sources.subset import RangeSource
 
-from .conftest import ROWS
+from .conftest import ROWS, reader_threads
 from .sources import CrashingSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,8 +52,10 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
     with AsyncLoader(DeepLakeSource(seg_url), 16, shuffle=True) as loader:
         assert loader.processes == 1
         got = _indices(loader)
-        reader = loader._pool.pids[0]
-    assert sorted(got) == list(range(ROWS)) and reader != os.getpid()
+        reader = loader._isolated.pid
+        assert loader._pool is None  # not the fan-out: only the reads cross, the batches are made here
+    assert sorted(got) == list(range(ROWS)) and reader not in (None, os.getpid()) and _gone([reader])
+    assert not reader_threads()  # closing the loader ended its reader's receiver thread too
     assert AsyncLoader(DeepLakeSource(seg_url), 16, processes=0).processes == 0  # the documented way out
     assert AsyncLoader(RangeSource(DeepLakeSource(seg_url), 0, 10), 4, processes=3).processes == 3
 
@@ -67,10 +69,9 @@ def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order
     src = CrashingSource(seg_url, rows, sig=sig, once_dir=str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="asyncload"):
         with AsyncLoader(src, 8, shuffle=True, seed=3, concurrency=8) as loader:
-            first = loader._pool.pids if loader._pool else {}
             got = _indices(loader)
             stats = loader.stats()
-            pids = set(loader._pool.pids.values()) | set(first.values())
+            pids = loader._isolated.pids
     assert got == expected  # every row once, in the order one process gives
     assert stats["worker_restarts"] == 2 and stats["skipped"] == 0
     restarts = [r.getMessage() for r in caplog.records if "reads them again" in r.getMessage()]
@@ -106,9 +107,9 @@ def test_a_row_that_always_kills_its_reader_is_named_with_url_row_and_signal(seg
     with pytest.raises(ReaderCrashError, match=f"row {bad} of"):
         for _ in loader:
             pass
-    pids = list(loader._pool.pids.values())
+    pids = loader._isolated.pids
     loader.close()
-    assert _gone(pids)
+    assert _gone(pids) and loader._isolated.pid is None
 
 
 def test_skip_leaves_out_the_rows_that_kill_their_reader_counts_and_reports_them(seg_url) -> None:
@@ -127,11 +128,12 @@ def test_deaths_past_max_restarts_end_the_epoch_with_worker_error(seg_url, tmp_p
     order = _indices(AsyncLoader(DeepLakeSource(seg_url), 8, processes=0))
     src = CrashingSource(seg_url, {order[20], order[180]}, sig=signal.SIGSEGV, once_dir=str(tmp_path))
     loader = AsyncLoader(src, 8, max_restarts=1, concurrency=8)
-    with pytest.raises(WorkerError, match=r"killed by signal SIGSEGV holding \d+ undelivered batches of indices .*"
-                       r"after 1 restarts this epoch \(max_restarts=1\)"):  # fmt: skip
+    with pytest.raises(WorkerError, match=r"reader process \(pid \d+\) for .* was killed by signal SIGSEGV holding reads "
+                       r"of indices .*after 1 restarts this epoch \(max_restarts=1\)"):  # fmt: skip
         for _ in loader:
             pass
-    assert loader._pool.closed and _gone(loader._pool.pids.values())
+    assert loader._isolated.pid is None and _gone(loader._isolated.pids)
+    assert not multiprocessing.active_children()
 
 
 def test_max_restarts_0_keeps_the_first_death_fatal(seg_url, tmp_path) -> None:
@@ -149,14 +151,15 @@ def test_resume_and_later_epochs_on_the_replaced_reader_are_exact(seg_url, tmp_p
         taken = [int(i) for _ in range(12) for i in next(it)["index"]]  # past the crash at row 60's batch
         state = loader.state_dict()
         it.close()
-        replaced = loader._pool.pids[0]
+        replaced = loader._isolated.pid
         loader.load_state_dict(state)
         rest = _indices(loader)
         assert taken + rest == _indices(ref)
         loader.set_epoch(1)
         ref.set_epoch(1)
         assert _indices(loader) == _indices(ref)
-        assert loader._pool.pids[0] == replaced  # the same persistent reader, its caches kept
+        assert loader._isolated.pid == replaced  # the same persistent reader, its caches kept
+        assert len(loader._isolated.pids) == 2
 
 
 def test_the_adapter_without_workers_reads_through_a_reader_process(seg_url, tmp_path) -> None:

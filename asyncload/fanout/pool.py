@@ -151,6 +151,38 @@ def _main_module_left_out(leave_out: bool) -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original  # type: ignore[assignment]
 
 
+def start_child(
+    context: str, target: Any, args: tuple[Any, ...], *, name: str, needs_main: bool
+) -> tuple[BaseProcess, Connection]:
+    """Start ``target(conn, *args, environ)`` in a new daemonic process of ``context`` ("forkserver" or
+    "spawn"); the parent's end of their duplex pipe comes back with the process. ``needs_main``: the
+    pickled ``args`` name the user's ``__main__`` (a transform defined in the script), which the child
+    must then import; otherwise it does not (``_main_module_left_out``)."""
+    ctx: Any = multiprocessing.get_context(context)  # SpawnContext or ForkServerContext
+    if context == "forkserver":
+        # The server imports torch once, the bulk of a child's start; then each child (a new one, or one
+        # replacing a dead reader) is a fork of it that imports the rest. Not Deep Lake, whose import
+        # starts its native threads, nor ``__main__`` (the default), which imports it: a fork must not
+        # inherit that runtime. No effect once the server runs.
+        ctx.set_forkserver_preload(["torch"])
+    # Children inherit this process's multiprocessing temp dir (where the sockets that pass file
+    # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
+    multiprocessing.util.get_temp_dir()
+    parent_end, child_end = ctx.Pipe(duplex=True)
+    # The parent's environment as of now: a forkserver's children would otherwise inherit the server's,
+    # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
+    proc = ctx.Process(target=target, args=(child_end, *args, dict(os.environ)), name=name, daemon=True)
+    try:
+        with _main_module_left_out(not needs_main):
+            proc.start()
+    except BaseException:
+        parent_end.close()
+        raise
+    finally:
+        child_end.close()  # the child holds its end now; ours would hide its EOF
+    return proc, parent_end
+
+
 def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
     """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
     live = list(procs.values())
@@ -316,33 +348,11 @@ class _Pool:
             self._start_one(spec)
 
     def _start_one(self, spec: _WorkerSpec) -> None:
-        ctx: Any = multiprocessing.get_context(self._context)  # SpawnContext or ForkServerContext
-        if self._context == "forkserver":
-            # The server imports torch once, the bulk of a worker's start; then each worker (a new one, or
-            # one replacing a dead reader) is a fork of it that imports the rest. Not Deep Lake, whose
-            # import starts its native threads, nor ``__main__`` (the default), which imports it: a fork
-            # must not inherit that runtime. No effect once the server runs.
-            ctx.set_forkserver_preload(["torch"])
-        # Workers inherit this process's multiprocessing temp dir (where the sockets that pass file
-        # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
-        multiprocessing.util.get_temp_dir()
-        parent_end, child_end = ctx.Pipe(duplex=True)
-        k = spec.index
-        # The parent's environment as of now: a forkserver's children would otherwise inherit the server's,
-        # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
-        proc = ctx.Process(
-            target=_worker_main, args=(child_end, spec, dict(os.environ)), name=f"asyncload-fanout-{k}", daemon=True
+        proc, parent_end = start_child(
+            self._context, _worker_main, (spec,), name=f"asyncload-fanout-{spec.index}", needs_main=self._needs_main
         )
-        try:
-            with _main_module_left_out(not self._needs_main):
-                proc.start()
-        except BaseException:
-            parent_end.close()
-            raise
-        finally:
-            child_end.close()  # the worker holds its end now; ours would hide its EOF
-        self.procs[k] = _Proc(k, proc, _Channel(parent_end))
-        self._pids[k] = proc.pid  # type: ignore[assignment]
+        self.procs[spec.index] = _Proc(spec.index, proc, _Channel(parent_end))
+        self._pids[spec.index] = proc.pid  # type: ignore[assignment]
 
     def replace(self, k: int) -> tuple[int | None, int | None]:
         """Reap worker ``k`` and start a new one in its place, idle; the old worker's ``(pid, exitcode)``."""

@@ -226,16 +226,21 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
         return
 
 
-def _worker_main(conn: Connection, spec: _WorkerSpec, environ: dict[str, str] | None = None) -> None:
+def _worker_main(conn: Connection, spec: _WorkerSpec, environ: dict[str, str]) -> None:
     """Entry point of a worker process; ``environ``: the parent's environment when it started this one."""
-    if environ is not None:
-        os.environ.clear()
-        os.environ.update(environ)
-    # Ctrl-C reaches the whole process group; the parent decides when its workers stop.
+    run_child(environ, _serve, conn, spec)
+
+
+def run_child(environ: dict[str, str], body: Any, *args: Any) -> None:
+    """How every process asyncload starts runs ``body(*args)`` and leaves: with the parent's environment,
+    deaf to Ctrl-C (it reaches the whole process group; the parent decides when its children stop), its
+    traceback on stderr if it fails, and ``os._exit`` once ``body`` has closed what it opened."""
+    os.environ.clear()
+    os.environ.update(environ)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     code = 0
     try:
-        _serve(conn, spec)
+        body(*args)
     except BaseException:  # noqa: BLE001 - last resort: say it where a person will look
         traceback.print_exc()
         code = 1
@@ -249,5 +254,5 @@ def _worker_main(conn: Connection, spec: _WorkerSpec, environ: dict[str, str] | 
                 stream.flush()
             except Exception:  # noqa: BLE001
                 pass
-        # The loader is closed (reads in flight awaited): skip interpreter teardown, see the module doc.
+        # What ``body`` opened is closed (reads in flight awaited): skip interpreter teardown, see the module doc.
         os._exit(code)

@@ -1,0 +1,454 @@
+"""Reads of a source in a reader process the loader owns: what makes a native crash survivable.
+
+Deep Lake 4.7.4 segfaults now and then while delivering a failed read (docs/deeplake_failing_read.py).
+``IsolatedSource`` wraps such a source: the training process keeps the whole pipeline (fetchers, hedging,
+the byte budget, decoding into the batch, ordering), and only ``read(indices)`` crosses to a persistent
+reader process, which runs the wrapped source's ``read`` on its own event loop and answers with what it
+returned: stored bytes for the columns the loader decodes itself, arrays for the others. What crosses is
+the store's bytes, not batches, so no shared memory is allocated per batch and decoding stays on the
+training process's CPU pool, where it is when nothing is isolated.
+
+::
+
+    loop thread ── ("read", rid, indices) ─▶ reader process: source.read on its loop ─▶ sender thread
+         ▲                                                                                    │
+         └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ┘
+
+When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once (a fork of
+the forkserver), and fails every read it held with ``_Died``. Those reads, the *suspects*, are read again
+one at a time while every other read waits, so that a second death names its request. A request that kills
+the reader while alone is halved until a single row does; a row that kills two fresh readers alone raises
+``ReaderCrashError`` (``on_error="skip"`` leaves it out) and is remembered, never read again. Deaths with
+more than one read in flight count against ``max_restarts`` per epoch; deaths while narrowing down do not
+(each halves what is left, so they are bounded). One death past the budget raises ``WorkerError``.
+
+Every piece of state is behind one lock: reads come from an epoch's loop thread, deaths from a receiver
+thread, ``close`` from the consumer. Futures belong to the loop that made them and are settled with
+``call_soon_threadsafe``; the epoch that made them has awaited them all before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import logging
+import queue
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from typing import TYPE_CHECKING, Any, Literal
+
+from ._loop import LoopThread, Stage, on_exit, start_thread
+from ._protocol import Failure
+from .errors import ReaderCrashError, WorkerError, _short
+from .fanout.pool import _how_it_ended, _signal_name, _stop_processes, start_child
+from .fanout.worker import run_child
+from .sources.base import Columns, Source, stored_bytes
+from .stats import Stats
+
+if TYPE_CHECKING:
+    from .image.decode import ImageColumn
+
+log = logging.getLogger("asyncload")
+
+
+class _Died(Exception):
+    """The reader died with this read in flight (never leaves this module)."""
+
+    def __init__(self, pid: int | None, exitcode: int | None) -> None:
+        super().__init__(_how_it_ended(exitcode))
+        self.pid = pid
+        self.signal = _signal_name(exitcode) if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+
+
+@dataclass
+class _Request:
+    fut: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+    indices: list[int]
+
+
+@dataclass
+class _Reader:
+    """One live reader process, the parent's end of its pipe and the thread that reads that end."""
+
+    proc: BaseProcess
+    conn: Connection
+    stopping: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def _settle(req: _Request, outcome: BaseException | Any, failed: bool) -> None:
+    """From any thread: complete ``req``'s future on its own loop (dropped if that loop is closed)."""
+
+    def done() -> None:
+        if req.fut.done():  # its awaiting task was cancelled (an epoch stopped past its timeout)
+            return
+        if failed:
+            req.fut.set_exception(outcome)
+        else:
+            req.fut.set_result(outcome)
+
+    try:
+        req.loop.call_soon_threadsafe(done)
+    except RuntimeError:
+        pass
+
+
+def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
+    """The finaliser (it must not hold the source): ask the live reader to exit, then join it."""
+    r, holder[0] = holder[0], None
+    if r is None:
+        return
+    r.stopping = True
+    try:
+        r.conn.send(None)
+    except OSError:
+        pass
+    _stop_processes([r.proc], timeout)  # its exit closes the pipe: the receiver thread ends
+    if r.thread is not None and r.thread is not threading.current_thread():
+        r.thread.join(timeout)
+    r.conn.close()
+
+
+class IsolatedSource(Source[Any]):
+    """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
+    ``inner`` in this process, which has opened it (length, version, columns, row numbers)."""
+
+    def __init__(
+        self, inner: Source[Any], *, context: str = "forkserver", max_restarts: int = 3, timeout: float = 10.0
+    ) -> None:
+        super().__init__(inner.url, inner.columns)
+        self.inner = inner
+        self._context = context
+        self._max_restarts = max_restarts
+        self._timeout = timeout
+        self._needs_main = b"__main__" in bytes(ForkingPickler.dumps(inner))
+        self._lock = threading.Lock()
+        self._holder: list[_Reader | None] = [None]  # the live reader; a list so the finaliser can clear it
+        self._rid = 0
+        self._inflight: dict[int, _Request] = {}
+        self._suspects = 0  # reads held by a reader that died, not yet read again alone
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # until no suspects
+        self._alone = False  # a read is in flight alone: its reader's death is not charged
+        self._alone_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._deaths = 0  # charged deaths this epoch
+        self._fatal: WorkerError | None = None
+        self._stats: Stats | None = None
+        self._crashers: dict[int, str] = {}  # position → the signal of the row that killed two readers alone
+        self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
+        self._configured: tuple[int, int | None] | None = None
+        #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
+        self.pids: list[int] = []
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_reader, self._holder, timeout)
+
+    # -- what ``inner`` answers in this process --------------------------------------------------
+    def _open(self) -> Any:
+        return self.inner.open()
+
+    def _length(self, handle: Any) -> int:
+        return len(self.inner)
+
+    @property
+    def version(self) -> str | None:
+        return self.inner.version
+
+    def row_ids(self, positions: list[int]) -> list[int]:
+        return self.inner.row_ids(positions)
+
+    @property
+    def preferred_read_mode(self) -> Literal["row", "column"]:
+        return self.inner.preferred_read_mode
+
+    def image_columns(self) -> Mapping[str, ImageColumn]:
+        return self.inner.image_columns()
+
+    def retry_count(self) -> int:
+        return self._counts[0]
+
+    def throttle_count(self) -> int:
+        return self._counts[1]
+
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
+        with self._lock:
+            self._configured = (requests_in_flight, samples_in_flight)
+            r = self._holder[0]
+            if r is not None:
+                self._send(r, ("configure", *self._configured))
+
+    # -- the reader's life -----------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The live reader's pid (None before the first start and after ``close``)."""
+        r = self._holder[0]
+        return r.proc.pid if r is not None else None
+
+    def begin_epoch(self, stats: Stats) -> None:
+        """A new epoch: its restarts are counted in ``stats`` and against a fresh budget; a reader stopped by
+        ``close`` or by the last epoch's ``WorkerError`` is started again (now, to overlap its start-up)."""
+        with self._lock:
+            self._stats, self._deaths, self._fatal = stats, 0, None
+            # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
+            self._suspects, self._alone = 0, False
+            waiters, self._waiters = self._waiters, []
+            if self._holder[0] is None:
+                self._spawn()
+        for loop, w in waiters:
+            _wake(loop, w)
+
+    def close(self) -> None:
+        """Stop the reader (call with no read in flight: the loader closes its epoch first). A later read
+        starts a new one."""
+        with self._lock:
+            holder = [self._holder[0]]
+            self._holder[0] = None
+        _stop_reader(holder, self._timeout)
+
+    def _spawn(self) -> None:
+        """Start a reader (lock held). A forkserver fork: a fraction of a second; its imports and the
+        store's open run in the new process, overlapped with this one's work."""
+        proc, conn = start_child(self._context, _reader_main, (self.inner,), name="asyncload-reader",
+                                 needs_main=self._needs_main)  # fmt: skip
+        r = _Reader(proc, conn)
+        if self._configured is not None:
+            self._send(r, ("configure", *self._configured))
+        self._holder[0] = r
+        self.pids.append(proc.pid)  # type: ignore[arg-type]
+        r.thread = start_thread(self._receive, r, name="asyncload-reader-receive")
+
+    @staticmethod
+    def _send(r: _Reader, msg: object) -> None:
+        try:
+            r.conn.send(msg)
+        except OSError:
+            pass  # it is dying: its receiver thread sees the EOF and settles what it held
+
+    def _receive(self, r: _Reader) -> None:
+        """Receiver thread of reader ``r``: settle each answer's read; at EOF, unless ``r`` was told to stop,
+        handle its death."""
+        while True:
+            try:
+                kind, rid, payload, counts = r.conn.recv()
+            except (EOFError, OSError):
+                break
+            self._counts = counts
+            with self._lock:
+                req = self._inflight.pop(rid, None)
+            if req is not None:
+                failed = kind == "failed"
+                _settle(req, payload.exc if failed else payload, failed)
+        if not r.stopping:
+            self._died(r)
+
+    def _died(self, r: _Reader) -> None:
+        """Reap ``r``; replace it (within the budget) and fail what it held with ``_Died``, or with
+        ``WorkerError`` past the budget."""
+        proc = r.proc
+        proc.join(1.0)
+        if proc.exitcode is None:  # a broken pipe without a death: make it one
+            proc.kill()
+            proc.join()
+        pid, exitcode = proc.pid, proc.exitcode
+        _stop_processes([proc], self._timeout)
+        r.conn.close()
+        with self._lock:
+            if self._holder[0] is r:
+                self._holder[0] = None
+            held = list(self._inflight.values())
+            self._inflight.clear()
+            charged = not self._alone
+            self._deaths += charged
+            rows = sorted(i for req in held for i in req.indices)
+            how = _how_it_ended(exitcode)
+            name = f"reader process (pid {pid}) for {self.url}"
+            error: BaseException
+            if charged and self._deaths > self._max_restarts:
+                budget = self._max_restarts
+                self._fatal = WorkerError(
+                    f"asyncload {name} {how} holding reads of indices {_short(rows)}"
+                    + (f", after {budget} restarts this epoch (max_restarts={budget})" if budget else "")
+                )
+                self._fatal.pid, self._fatal.exitcode, self._fatal.indices = pid, exitcode, rows  # type: ignore[attr-defined]
+                error = self._fatal
+                waiters, self._waiters = self._waiters, []
+            else:
+                self._spawn()
+                if self._stats is not None:
+                    self._stats.worker_restarts += 1
+                if charged:  # a read alone is retried by ``_narrow`` itself, already a suspect
+                    self._suspects += len(held)
+                error, waiters = _Died(pid, exitcode), []
+                log.warning(
+                    "asyncload: %s %s holding reads of %d indices %s%s; a new reader (pid %s) reads them again"
+                    "%s", name, how, len(rows), _short(rows, limit=1024),
+                    "" if charged else " (read alone, to find the row that kills it)", self.pid,
+                    f" (restart {self._deaths} of {self._max_restarts} this epoch)" if charged else "",
+                )  # fmt: skip
+        for req in held:
+            _settle(req, error, True)
+        for loop, w in waiters:
+            _wake(loop, w)
+
+    # -- reads -----------------------------------------------------------------------------------
+    async def read(self, indices: list[int]) -> Columns:
+        cols = stored_bytes.get()
+        try:
+            return await self._ask(indices, cols, alone=False)
+        except _Died as died:
+            try:
+                async with self._alone_gate():
+                    return await self._narrow(indices, cols, died)
+            finally:
+                self._unsuspect()
+
+    async def _narrow(self, indices: list[int], cols: frozenset[str], died: _Died) -> Columns:
+        """Read ``indices`` alone; when that kills the reader too, halve them until one row does (twice)."""
+        for _ in range(2 if len(indices) == 1 else 1):
+            try:
+                return await self._ask(indices, cols, alone=True)
+            except _Died as again:
+                died = again
+        if len(indices) == 1:
+            self._crashers[indices[0]] = died.signal
+            raise self._crash_error(indices[0], died.signal)
+        half = len(indices) // 2
+        first = await self._narrow(indices[:half], cols, died)
+        second = await self._narrow(indices[half:], cols, died)
+        return {c: [*first[c], *second[c]] for c in first}
+
+    async def _ask(self, indices: list[int], cols: frozenset[str], *, alone: bool) -> Any:
+        """Send one read to the live reader and await its answer. A read that is not ``alone`` waits while
+        suspects are being read again, so that those are alone."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._fatal is not None:
+                    raise self._fatal
+                known = [i for i in indices if i in self._crashers]
+                if known:  # never read again (each read would kill a reader), also when found while waiting
+                    raise self._crash_error(known[0], self._crashers[known[0]])
+                if alone or not self._suspects:
+                    r = self._holder[0]
+                    if r is None:  # after ``close()``, or never started
+                        self._spawn()
+                        r = self._holder[0]
+                    assert r is not None
+                    self._rid += 1
+                    fut = loop.create_future()
+                    self._inflight[self._rid] = _Request(fut, loop, indices)
+                    self._alone = alone
+                    self._send(r, ("read", self._rid, indices, cols))
+                    break
+                waiter = loop.create_future()
+                self._waiters.append((loop, waiter))
+            await waiter
+        try:
+            return await fut
+        finally:
+            if alone:
+                with self._lock:
+                    self._alone = False
+
+    def _alone_gate(self) -> asyncio.Lock:
+        """The lock that reads suspects again one at a time (one per loop: each epoch has its own)."""
+        loop = asyncio.get_running_loop()
+        if self._alone_lock is None or self._alone_lock[0] is not loop:
+            self._alone_lock = (loop, asyncio.Lock())
+        return self._alone_lock[1]
+
+    def _unsuspect(self) -> None:
+        with self._lock:
+            self._suspects = max(0, self._suspects - 1)  # 0 already when a new epoch began
+            waiters = []
+            if not self._suspects:
+                waiters, self._waiters = self._waiters, []
+        for loop, w in waiters:
+            _wake(loop, w)
+
+    def _crash_error(self, position: int, sig: str) -> ReaderCrashError:
+        row = self.inner.row_ids([position])[0]
+        return ReaderCrashError(
+            f"reading row {row} of {self.url} killed its reader process ({sig}) each time it was read, alone, "
+            f"in a new reader", source=self.url, indices=[row], signal=sig,
+        )  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"IsolatedSource({self.inner!r})"
+
+
+def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
+    def done() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:
+        pass
+
+
+# -- in the reader process -----------------------------------------------------------------------
+def _reader_main(conn: Connection, source: Source[Any], environ: dict[str, str]) -> None:
+    """Entry point of a reader process (started by reference: a module-level name)."""
+    run_child(environ, _serve_reads, conn, source)
+
+
+async def _read_one(source: Source[Any], indices: list[int], cols: frozenset[str]) -> Columns:
+    stored_bytes.set(cols)  # this task's own context
+    return await source.read(indices)
+
+
+def _answer(out: queue.SimpleQueue[Any], source: Source[Any], rid: int, f: concurrent.futures.Future[Any]) -> None:
+    counts = (source.retry_count(), source.throttle_count())
+    exc = f.exception()
+    out.put(("failed", rid, Failure(exc), counts) if exc is not None else ("done", rid, f.result(), counts))
+
+
+def _send_all(conn: Connection, out: queue.SimpleQueue[Any]) -> None:
+    """The reader's sender thread: pickling and writing answers off the loop and the receiving thread."""
+    while (msg := out.get()) is not None:
+        try:
+            conn.send(msg)
+        except OSError:
+            return
+        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle fails its read, not the reader
+            conn.send(("failed", msg[1], Failure(exc), msg[3]))
+
+
+def _serve_reads(conn: Connection, source: Source[Any]) -> None:
+    """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned."""
+    lt = LoopThread("asyncload-reader-loop", cpu_workers=1)
+    lt.start()
+    out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    sender = start_thread(_send_all, conn, out, name="asyncload-reader-send")
+    pending: set[concurrent.futures.Future[Any]] = set()
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg is None:
+                break
+            if msg[0] == "configure":
+                source.configure(*msg[1:])
+                try:
+                    source.open()  # now rather than at the first read; a failure is each read's to raise
+                except Exception:  # noqa: BLE001
+                    pass
+                continue
+            _, rid, indices, cols = msg
+            f = lt.submit(_read_one(source, indices, cols))
+            pending.add(f)
+            f.add_done_callback(pending.discard)
+            f.add_done_callback(functools.partial(_answer, out, source, rid))
+    finally:
+        concurrent.futures.wait(list(pending), timeout=30)  # never leave a Deep Lake read running
+        lt.stop()
+        source.close()
+        out.put(None)
+        sender.join(5)
