@@ -24,8 +24,9 @@ run: install  ## a dataset on a local S3 server behind emulated WAN latency: syn
 run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo
 
-test: install  ## the test suite (the slow long-run tests are in test-slow)
-	$(PY) -m pytest
+test: install  ## the test suite (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
+	@ulimit -c unlimited 2>/dev/null; $(PY) -m pytest; rc=$$?; \
+	if [ $$rc -gt 128 ]; then $(PY) -m harness.crash_report $$rc $(PY); fi; exit $$rc
 
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow

@@ -35,6 +35,7 @@ import functools
 import logging
 import queue
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -218,7 +219,8 @@ class IsolatedSource(Source[Any]):
             self._send(r, ("configure", *self._configured))
         self._holder[0] = r
         self.pids.append(proc.pid)  # type: ignore[arg-type]
-        r.thread = start_thread(self._receive, r, name="asyncload-reader-receive")
+        # A weak reference: the thread must not keep the source alive (its GC is what stops the reader).
+        r.thread = start_thread(_receive, weakref.ref(self), r, name="asyncload-reader-receive")
 
     @staticmethod
     def _send(r: _Reader, msg: object) -> None:
@@ -227,22 +229,13 @@ class IsolatedSource(Source[Any]):
         except OSError:
             pass  # it is dying: its receiver thread sees the EOF and settles what it held
 
-    def _receive(self, r: _Reader) -> None:
-        """Receiver thread of reader ``r``: settle each answer's read; at EOF, unless ``r`` was told to stop,
-        handle its death."""
-        while True:
-            try:
-                kind, rid, payload, counts = r.conn.recv()
-            except (EOFError, OSError):
-                break
-            self._counts = counts
-            with self._lock:
-                req = self._inflight.pop(rid, None)
-            if req is not None:
-                failed = kind == "failed"
-                _settle(req, payload.exc if failed else payload, failed)
-        if not r.stopping:
-            self._died(r)
+    def _answered(self, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
+        self._counts = counts
+        with self._lock:
+            req = self._inflight.pop(rid, None)
+        if req is not None:
+            failed = kind == "failed"
+            _settle(req, payload.exc if failed else payload, failed)
 
     def _died(self, r: _Reader) -> None:
         """Reap ``r``; replace it (within the budget) and fail what it held with ``_Died``, or with
@@ -378,6 +371,24 @@ class IsolatedSource(Source[Any]):
 
     def __repr__(self) -> str:
         return f"IsolatedSource({self.inner!r})"
+
+
+def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
+    """Receiver thread of reader ``r``: settle each answer's read; at EOF, unless ``r`` was told to stop,
+    handle its death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
+    while True:
+        try:
+            kind, rid, payload, counts = r.conn.recv()
+        except (EOFError, OSError):
+            break
+        src = ref()
+        if src is None:
+            return
+        src._answered(rid, kind, payload, counts)
+        del src
+    src = ref()
+    if src is not None and not r.stopping:
+        src._died(r)
 
 
 def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:

@@ -67,13 +67,14 @@ class AsyncLoader:
       hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
                     first answer wins (None: never hedge). Hedges are counted in ``stats()``
       log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
-      processes     "auto" (default): one reader process for a source whose failing reads can crash
-                    the process that runs them (Deep Lake: ``Source.isolate_reads``), so a crash costs
-                    a restarted reader, never the training run; this process for the others.
+      processes     "auto" (default): a source whose failing reads can crash the process that runs
+                    them (Deep Lake: ``Source.isolate_reads``) is read in one reader process, so a
+                    crash costs a restarted reader, never the training run; only the reads cross
+                    (``isolated``), the batches are made here. Other sources are read here.
                     0: read in this process (turns the isolation off). K: K worker processes, each
                     with its own event loop and store handle, share the epoch (CPU-heavy transforms
-                    scale). Batches come back through shared memory; transform/collate_fn must be
-                    picklable. Inside a DataLoader worker (daemonic) "auto" reads in that worker
+                    scale). Their batches come back through shared memory; transform/collate_fn must
+                    be picklable. Inside a DataLoader worker (daemonic) "auto" reads in that worker
       max_restarts  deaths of reader processes per epoch that are survived (default 3): the dead
                     reader is replaced and what it held is read again; a batch whose read kills a
                     reader again is narrowed down to its rows (``ReaderCrashError``, or skipped with
