@@ -36,6 +36,16 @@ def loop_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("asyncload") and t not in reader_threads()]
 
 
+def live_children() -> list:
+    """Child processes still alive once garbage is collected: a loader dropped in a reference cycle by an
+    earlier test stops its reader only when the cycle is collected."""
+    import gc
+    import multiprocessing
+
+    gc.collect()
+    return multiprocessing.active_children()
+
+
 def reader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "asyncload-reader-receive"]
 

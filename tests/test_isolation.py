@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ from asyncload import (
 )
 from asyncload.sources.subset import RangeSource
 
-from .conftest import ROWS, reader_threads
+from .conftest import ROWS, live_children, reader_threads
 from .sources import CrashingSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +77,7 @@ def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order
     assert len(restarts) == 2, restarts
     assert all(f"killed by signal {sig.name}" in m for m in restarts)
     assert str(expected[40]) in restarts[0]  # the log names the rows the dead reader held
-    assert _gone(pids) and not multiprocessing.active_children()
+    assert _gone(pids) and not live_children()
 
 
 def test_out_of_order_two_readers_and_a_crash_still_give_every_row_once(seg_url, tmp_path) -> None:
@@ -133,7 +132,7 @@ def test_deaths_past_max_restarts_end_the_epoch_with_worker_error(seg_url, tmp_p
         for _ in loader:
             pass
     assert loader._isolated.pid is None and _gone(loader._isolated.pids)
-    assert not multiprocessing.active_children()
+    assert not live_children()
 
 
 def test_max_restarts_0_keeps_the_first_death_fatal(seg_url, tmp_path) -> None:

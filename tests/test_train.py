@@ -23,7 +23,7 @@ from asyncload.synthetic import CLASSES
 from asyncload.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
 from asyncload.train.data import SyncSegmentation, split_augment
 
-from .conftest import wait_no_loop_threads
+from .conftest import live_children, wait_no_loop_threads
 
 REPO = Path(__file__).resolve().parents[1]
 ROWS, SIZE = 64, 32
@@ -294,7 +294,7 @@ def test_processes_2_trains_every_sample_of_each_epoch_once_on_spawn_workers(tin
     orders = [[i for s in steps if s["epoch"] == e for i in s["indices"]] for e in (0, 1)]
     assert all(sorted(order) == list(range(48)) for order in orders) and orders[0] != orders[1]
     assert all(0.0 < r["data_wait"] < 1.0 and r["samples_per_s"] > 0 for r in rows)
-    assert multiprocessing.active_children() == []
+    assert not live_children()
     wait_no_loop_threads()
 
 

@@ -5,6 +5,8 @@
    processes, with the defaults and with ``processes=0``; each process either exits 0 or dies by a signal.
 2. A reader killed mid-epoch (SIGKILL from outside, as the OOM killer sends): seconds from the kill to the
    new reader's first batch, and whether the epoch still yields every row once.
+3. Epochs after the first (``--epochs-data``, local disk): one loader, three shuffled epochs, with the
+   defaults and with ``processes=0``, alternating, each pair in fresh processes; samples/s per epoch.
 
     python benchmarks/suites/isolation.py --rows 2000 --runs 5 --epochs 10
 """
@@ -56,7 +58,7 @@ def restart_time(url: str) -> dict[str, object]:
     loader = AsyncLoader(DeepLakeSource(url), batch_size=32, shuffle=True)
     it = iter(loader)
     seen = [int(i) for i in next(it)["index"]]
-    pid = loader._pool.pids[0]
+    pid = loader._isolated.pid
     killed = {}
     threading.Timer(0.2, lambda: (killed.setdefault("t", time.perf_counter()), os.kill(pid, signal.SIGKILL))).start()
     gap = 0.0
@@ -71,11 +73,41 @@ def restart_time(url: str) -> dict[str, object]:
     return result
 
 
+EPOCH_RATES = r"""
+import json, sys, time
+from asyncload import AsyncLoader, DeepLakeSource
+loader = AsyncLoader(DeepLakeSource(sys.argv[1]), batch_size=32, shuffle=True, processes=eval(sys.argv[2]))
+rates = []
+for e in range(3):
+    loader.set_epoch(e)
+    t0, n = time.perf_counter(), 0
+    for b in loader:
+        n += len(b["index"])
+    rates.append(round(n / (time.perf_counter() - t0), 1))
+loader.close()
+print(json.dumps(rates))
+"""
+
+
+def epoch_rates(url: str, pairs: int) -> dict[str, object]:
+    runs: dict[str, list[list[float]]] = {"defaults": [], "processes=0": []}
+    for _ in range(pairs):
+        for name, processes in (("defaults", '"auto"'), ("processes=0", "0")):
+            p = subprocess.run([sys.executable, "-c", EPOCH_RATES, url, processes], capture_output=True, text=True,
+                               cwd=ROOT, check=True)  # fmt: skip
+            runs[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    med = {k: [sorted(r[e] for r in v)[len(v) // 2] for e in range(3)] for k, v in runs.items()}
+    return {"url": url, "runs": runs, "median_per_epoch": med,
+            "defaults_over_processes0": [round(a / b, 2) for a, b in zip(med["defaults"], med["processes=0"], strict=True)]}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--epochs-data", default=str(ROOT / "data/bench/photos-4000-jpg"))
+    ap.add_argument("--pairs", type=int, default=3)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/isolation/results.json"))
     a = ap.parse_args()
     from asyncload import make_dataset
@@ -94,6 +126,8 @@ def main() -> None:
             "processes=0": crash_runs(f"file://{broken}", "0", a.runs, a.epochs),
             "restart": restart_time(good),
         }
+        if Path(a.epochs_data).is_dir():
+            out["later_epochs_local"] = epoch_rates(f"file://{Path(a.epochs_data).resolve()}", a.pairs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     Path(a.out).write_text(json.dumps(out, indent=1))
