@@ -259,7 +259,7 @@ class _Pool:
             ) from exc
         # Whether a worker must import the user's ``__main__`` to unpickle its spec (a transform defined in
         # the script). Otherwise it does not: a script without the ``if __name__ == "__main__"`` guard would
-        # run again, whole, in every reader process that the default isolation starts.
+        # run again, whole, in every worker (``isolated`` applies the same rule to its reader).
         self._needs_main = b"__main__" in bytes(pickled)
         self.procs: dict[int, _Proc] = {}
         self._pids: dict[int, int] = {}
