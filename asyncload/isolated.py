@@ -40,13 +40,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from multiprocessing.reduction import ForkingPickler
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._loop import LoopThread, Stage, on_exit, start_thread
 from ._protocol import Failure
 from .errors import ReaderCrashError, WorkerError, _short
-from .fanout.pool import _how_it_ended, _signal_name, _stop_processes, start_child
+from .fanout.pool import _how_it_ended, _signal_name, _stop_processes, reap_process, start_child
 from .fanout.worker import run_child
 from .sources.base import Columns, Source, stored_bytes
 from .stats import Stats
@@ -83,19 +82,20 @@ class _Reader:
     thread: threading.Thread | None = field(default=None, repr=False)
 
 
-def _settle(req: _Request, outcome: BaseException | Any, failed: bool) -> None:
-    """From any thread: complete ``req``'s future on its own loop (dropped if that loop is closed)."""
+def _settle(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], outcome: Any, failed: bool = False) -> None:
+    """From any thread: complete ``fut`` on its own loop (dropped if that loop is closed, or if ``fut`` is
+    done: its awaiting task was cancelled when an epoch stopped past its timeout)."""
 
     def done() -> None:
-        if req.fut.done():  # its awaiting task was cancelled (an epoch stopped past its timeout)
+        if fut.done():
             return
         if failed:
-            req.fut.set_exception(outcome)
+            fut.set_exception(outcome)
         else:
-            req.fut.set_result(outcome)
+            fut.set_result(outcome)
 
     try:
-        req.loop.call_soon_threadsafe(done)
+        loop.call_soon_threadsafe(done)
     except RuntimeError:
         pass
 
@@ -118,17 +118,25 @@ def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
 
 class IsolatedSource(Source[Any]):
     """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
-    ``inner`` in this process, which has opened it (length, version, columns, row numbers)."""
+    ``inner`` in this process, which has opened it (length, version, columns, row numbers).
+    ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
+    which the reader must then import (``fanout.pool.start_child``)."""
 
     def __init__(
-        self, inner: Source[Any], *, context: str = "forkserver", max_restarts: int = 3, timeout: float = 10.0
+        self,
+        inner: Source[Any],
+        *,
+        needs_main: bool,
+        context: str = "forkserver",
+        max_restarts: int = 3,
+        timeout: float = 10.0,
     ) -> None:
         super().__init__(inner.url, inner.columns)
         self.inner = inner
         self._context = context
         self._max_restarts = max_restarts
         self._timeout = timeout
-        self._needs_main = b"__main__" in bytes(ForkingPickler.dumps(inner))
+        self._needs_main = needs_main  # the pickled ``inner`` names ``__main__``: the reader must import it
         self._lock = threading.Lock()
         self._holder: list[_Reader | None] = [None]  # the live reader; a list so the finaliser can clear it
         self._rid = 0
@@ -199,7 +207,7 @@ class IsolatedSource(Source[Any]):
             if self._holder[0] is None:
                 self._spawn()
         for loop, w in waiters:
-            _wake(loop, w)
+            _settle(loop, w, None)
 
     def close(self) -> None:
         """Stop the reader (call with no read in flight: the loader closes its epoch first). A later read
@@ -235,18 +243,12 @@ class IsolatedSource(Source[Any]):
             req = self._inflight.pop(rid, None)
         if req is not None:
             failed = kind == "failed"
-            _settle(req, payload.exc if failed else payload, failed)
+            _settle(req.loop, req.fut, payload.exc if failed else payload, failed)
 
     def _died(self, r: _Reader) -> None:
         """Reap ``r``; replace it (within the budget) and fail what it held with ``_Died``, or with
         ``WorkerError`` past the budget."""
-        proc = r.proc
-        proc.join(1.0)
-        if proc.exitcode is None:  # a broken pipe without a death: make it one
-            proc.kill()
-            proc.join()
-        pid, exitcode = proc.pid, proc.exitcode
-        _stop_processes([proc], self._timeout)
+        pid, exitcode = reap_process(r.proc, self._timeout)
         r.conn.close()
         with self._lock:
             if self._holder[0] is r:
@@ -282,9 +284,9 @@ class IsolatedSource(Source[Any]):
                     f" (restart {self._deaths} of {self._max_restarts} this epoch)" if charged else "",
                 )  # fmt: skip
         for req in held:
-            _settle(req, error, True)
+            _settle(req.loop, req.fut, error, True)
         for loop, w in waiters:
-            _wake(loop, w)
+            _settle(loop, w, None)
 
     # -- reads -----------------------------------------------------------------------------------
     async def read(self, indices: list[int]) -> Columns:
@@ -360,7 +362,7 @@ class IsolatedSource(Source[Any]):
             if not self._suspects:
                 waiters, self._waiters = self._waiters, []
         for loop, w in waiters:
-            _wake(loop, w)
+            _settle(loop, w, None)
 
     def _crash_error(self, position: int, sig: str) -> ReaderCrashError:
         row = self.inner.row_ids([position])[0]
@@ -389,17 +391,6 @@ def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
     src = ref()
     if src is not None and not r.stopping:
         src._died(r)
-
-
-def _wake(loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None]) -> None:
-    def done() -> None:
-        if not waiter.done():
-            waiter.set_result(None)
-
-    try:
-        loop.call_soon_threadsafe(done)
-    except RuntimeError:
-        pass
 
 
 # -- in the reader process -----------------------------------------------------------------------

@@ -116,17 +116,19 @@ class AsyncLoader:
         #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
         #: this process (Deep Lake), none otherwise (``LoaderOptions.reader_processes``)
         self.processes = o.reader_processes(source)
-        if self.processes and o.processes == "auto" and not _picklable(source):
+        pickled = _pickled(source) if self.processes and o.processes == "auto" else None
+        if pickled is None and o.processes == "auto":
             self.processes = 0
         self.source = source.open()
         self.shard = shard
         #: ``processes="auto"`` on a source whose reads can crash this process: its reads, and only they,
         #: run in a reader process (``isolated``); the pipeline and the decoding stay here
         self._isolated: IsolatedSource | None = None
-        if self.processes and o.processes == "auto":
+        if pickled is not None:
             self._isolated = IsolatedSource(
-                self.source, context=o.mp_context, max_restarts=o.max_restarts, timeout=o.shutdown_timeout
-            )
+                self.source, needs_main=b"__main__" in pickled, context=o.mp_context, max_restarts=o.max_restarts,
+                timeout=o.shutdown_timeout,
+            )  # fmt: skip
         self._reader = ShardReader(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._reader.read_mode
         self.sampler = self._reader.sampler
@@ -260,14 +262,14 @@ class AsyncLoader:
         )
 
 
-def _picklable(source: Source[Any]) -> bool:
-    """Whether a reader process can be given ``source`` (one with a lambda or a local function in it
-    cannot). Where not, ``processes="auto"`` reads in this process and says so, rather than refusing
-    what works without isolation."""
+def _pickled(source: Source[Any]) -> bytes | None:
+    """``source`` pickled as a reader process will be given it, or None where it cannot be (one with a
+    lambda or a local function in it). Then ``processes="auto"`` reads in this process and says so,
+    rather than refusing what works without isolation."""
     from multiprocessing.reduction import ForkingPickler
 
     try:
-        ForkingPickler.dumps(source)
+        return bytes(ForkingPickler.dumps(source))
     except Exception as exc:  # noqa: BLE001 - pickle raises several types for the same answer
         log.warning(
             "asyncload: %s is read in this process, not in a reader process (processes='auto'): the source cannot "
@@ -275,8 +277,7 @@ def _picklable(source: Source[Any]) -> bool:
             "pass processes=0 to say this is intended",
             source.url, type(exc).__name__, exc,
         )  # fmt: skip
-        return False
-    return True
+        return None
 
 
 __all__ = ["AsyncLoader", "Epoch", "EpochIterator", "LoaderOptions"]

@@ -103,6 +103,18 @@ def _stop_processes(procs: list[BaseProcess], timeout: float) -> None:
         p.close()
 
 
+def reap_process(proc: BaseProcess, timeout: float) -> tuple[int | None, int | None]:
+    """Join a child that died or broke its pipe (killed if it is still alive a second later), release it
+    and any shared memory it left; its ``(pid, exitcode)``."""
+    proc.join(1.0)
+    if proc.exitcode is None:  # a broken pipe without a death: make it one
+        proc.kill()
+        proc.join()
+    pid, exitcode = proc.pid, proc.exitcode
+    _stop_processes([proc], timeout)
+    return pid, exitcode
+
+
 def _unlink_orphaned_shm(pid: int) -> None:
     """Remove the shared-memory files a worker that did not exit cleanly left in ``/dev/shm``.
 
@@ -369,12 +381,5 @@ class _Pool:
         shared memory it left; its ``(pid, exitcode)``."""
         old = self.procs.pop(k)
         old.channel.close()
-        proc = old.process
-        proc.join(1.0)
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join()
-        pid, exitcode = proc.pid, proc.exitcode
-        _stop_processes([proc], self._timeout)  # releases it, and any shared memory it left
         self.busy.discard(k)
-        return pid, exitcode
+        return reap_process(old.process, self._timeout)
