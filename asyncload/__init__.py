@@ -7,13 +7,17 @@ Public API::
     src = DeepLakeSource("file:///data/seg", columns=("images", "masks"))
     for batch in AsyncLoader(src, batch_size=32, shuffle=True, seed=0, concurrency=256):
         batch["images"]  # uint8 [B, H, W, 3], writable
+
+Names are imported on first use (PEP 562): ``import asyncload`` costs no torch import, so that a process
+that needs only a source (an isolated reader, ``asyncload.sources``) starts without it.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .config import load_config
-from .dataset import AsyncIterableDataset
-from .device import DeviceFeed
-from .epoch import Epoch, EpochIterator
 from .errors import (
     AsyncLoadError,
     ColumnNotFoundError,
@@ -25,17 +29,62 @@ from .errors import (
     SourceError,
     WorkerError,
 )
-from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
-from .image.codecs import DecodeError
-from .loader import AsyncLoader
-from .options import LoaderOptions
-from .sampler import EpochSampler, Shard
-from .sources._store import BucketNotFoundError, StoreAccessError, StoreEndpointError
-from .sources.base import Source
-from .sources.deeplake import DeepLakeSource
-from .sources.objectstore import ObjectStoreSource
-from .sources.subset import RangeSource
-from .synthetic import make_dataset
+
+if TYPE_CHECKING:
+    from .config import load_config
+    from .dataset import AsyncIterableDataset
+    from .device import DeviceFeed
+    from .epoch import Epoch, EpochIterator
+    from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
+    from .image.codecs import DecodeError
+    from .loader import AsyncLoader
+    from .options import LoaderOptions
+    from .sampler import EpochSampler, Shard
+    from .sources._store import BucketNotFoundError, StoreAccessError, StoreEndpointError
+    from .sources.base import Source
+    from .sources.deeplake import DeepLakeSource
+    from .sources.objectstore import ObjectStoreSource
+    from .sources.subset import RangeSource
+    from .synthetic import make_dataset
+
+#: where each public name that costs an import is defined
+_LAZY = {
+    "load_config": ".config",
+    "AsyncIterableDataset": ".dataset",
+    "DeviceFeed": ".device",
+    "Epoch": ".epoch",
+    "EpochIterator": ".epoch",
+    "RandomHorizontalFlip": ".image.augment",
+    "RandomResizedCrop": ".image.augment",
+    "Resize": ".image.augment",
+    "DecodeError": ".image.codecs",
+    "AsyncLoader": ".loader",
+    "LoaderOptions": ".options",
+    "EpochSampler": ".sampler",
+    "Shard": ".sampler",
+    "BucketNotFoundError": ".sources._store",
+    "StoreAccessError": ".sources._store",
+    "StoreEndpointError": ".sources._store",
+    "Source": ".sources.base",
+    "DeepLakeSource": ".sources.deeplake",
+    "ObjectStoreSource": ".sources.objectstore",
+    "RangeSource": ".sources.subset",
+    "make_dataset": ".synthetic",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'asyncload' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "BucketNotFoundError",

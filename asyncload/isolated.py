@@ -14,8 +14,7 @@ training process's CPU pool, where it is when nothing is isolated.
          ▲                                                                                    │
          └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ┘
 
-When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once (a fork of
-the forkserver), and fails every read it held with ``_Died``. Those reads, the *suspects*, are read again
+When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails every read it held with ``_Died``. Those reads, the *suspects*, are read again
 one at a time while every other read waits, so that a second death names its request. A request that kills
 the reader while alone is halved until a single row does; a row that kills two fresh readers alone raises
 ``ReaderCrashError`` (``on_error="skip"`` leaves it out) and is remembered, never read again. Deaths with
@@ -43,10 +42,9 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._loop import LoopThread, Stage, on_exit, start_thread
+from ._procs import how_it_ended, reap_process, run_child, signal_name, start_child, stop_processes
 from ._protocol import Failure
 from .errors import ReaderCrashError, WorkerError, _short
-from .fanout.pool import _how_it_ended, _signal_name, _stop_processes, reap_process, start_child
-from .fanout.worker import run_child
 from .sources.base import Columns, Source, stored_bytes
 from .stats import Stats
 
@@ -60,9 +58,9 @@ class _Died(Exception):
     """The reader died with this read in flight (never leaves this module)."""
 
     def __init__(self, pid: int | None, exitcode: int | None) -> None:
-        super().__init__(_how_it_ended(exitcode))
+        super().__init__(how_it_ended(exitcode))
         self.pid = pid
-        self.signal = _signal_name(exitcode) if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+        self.signal = signal_name(exitcode) if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
 
 
 @dataclass
@@ -110,7 +108,7 @@ def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
         r.conn.send(None)
     except OSError:
         pass
-    _stop_processes([r.proc], timeout)  # its exit closes the pipe: the receiver thread ends
+    stop_processes([r.proc], timeout)  # its exit closes the pipe: the receiver thread ends
     if r.thread is not None and r.thread is not threading.current_thread():
         r.thread.join(timeout)
     r.conn.close()
@@ -120,14 +118,14 @@ class IsolatedSource(Source[Any]):
     """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
     ``inner`` in this process, which has opened it (length, version, columns, row numbers).
     ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
-    which the reader must then import (``fanout.pool.start_child``)."""
+    which the reader must then import (``_procs.start_child``)."""
 
     def __init__(
         self,
         inner: Source[Any],
         *,
         needs_main: bool,
-        context: str = "forkserver",
+        context: str = "spawn",
         max_restarts: int = 3,
         timeout: float = 10.0,
     ) -> None:
@@ -196,6 +194,12 @@ class IsolatedSource(Source[Any]):
         r = self._holder[0]
         return r.proc.pid if r is not None else None
 
+    def start(self) -> None:
+        """Start the reader now, if none is live (the loader calls it at construction)."""
+        with self._lock:
+            if self._holder[0] is None:
+                self._spawn()
+
     def begin_epoch(self, stats: Stats) -> None:
         """A new epoch: its restarts are counted in ``stats`` and against a fresh budget; a reader stopped by
         ``close`` or by the last epoch's ``WorkerError`` is started again (now, to overlap its start-up)."""
@@ -218,8 +222,9 @@ class IsolatedSource(Source[Any]):
         _stop_reader(holder, self._timeout)
 
     def _spawn(self) -> None:
-        """Start a reader (lock held). A forkserver fork: a fraction of a second; its imports and the
-        store's open run in the new process, overlapped with this one's work."""
+        """Start a reader (lock held). By spawn: a new interpreter that imports the source and Deep Lake
+        and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
+        torch; its start and the store's open run in the new process, overlapped with this one's work."""
         proc, conn = start_child(self._context, _reader_main, (self.inner,), name="asyncload-reader",
                                  needs_main=self._needs_main)  # fmt: skip
         r = _Reader(proc, conn)
@@ -258,7 +263,7 @@ class IsolatedSource(Source[Any]):
             charged = not self._alone
             self._deaths += charged
             rows = sorted(i for req in held for i in req.indices)
-            how = _how_it_ended(exitcode)
+            how = how_it_ended(exitcode)
             name = f"reader process (pid {pid}) for {self.url}"
             error: BaseException
             if charged and self._deaths > self._max_restarts:

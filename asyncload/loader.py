@@ -79,8 +79,9 @@ class AsyncLoader:
                     reader is replaced and what it held is read again; a batch whose read kills a
                     reader again is narrowed down to its rows (``ReaderCrashError``, or skipped with
                     ``on_error="skip"``); one death more ends the epoch with ``WorkerError``
-      mp_context    "forkserver" (default: a replaced reader starts in a fraction of a second) or
-                    "spawn" for the worker processes
+      mp_context    "forkserver" (default: a worker starts as a fork of a server that imported
+                    torch once) or "spawn", for the ``processes=K`` workers. A reader process always
+                    starts by spawn: it imports the source and Deep Lake, never torch
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
                     the end of the epoch (a failed request is re-read sample by sample first)
@@ -119,16 +120,23 @@ class AsyncLoader:
         pickled = _pickled(source) if self.processes and o.processes == "auto" else None
         if pickled is None and o.processes == "auto":
             self.processes = 0
-        self.source = source.open()
-        self.shard = shard
         #: ``processes="auto"`` on a source whose reads can crash this process: its reads, and only they,
         #: run in a reader process (``isolated``); the pipeline and the decoding stay here
         self._isolated: IsolatedSource | None = None
         if pickled is not None:
             self._isolated = IsolatedSource(
-                self.source, needs_main=b"__main__" in pickled, context=o.mp_context, max_restarts=o.max_restarts,
-                timeout=o.shutdown_timeout,
+                source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
             )  # fmt: skip
+            # Now, not at the first epoch: the reader's start and its open of the store overlap with the
+            # open here and with whatever the training script does before its first batch.
+            self._isolated.start()
+        try:
+            self.source = source.open()
+        except BaseException:
+            if self._isolated is not None:
+                self._isolated.close()
+            raise
+        self.shard = shard
         self._reader = ShardReader(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._reader.read_mode
         self.sampler = self._reader.sampler

@@ -53,6 +53,8 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
         got = _indices(loader)
         reader = loader._isolated.pid
         assert loader._pool is None  # not the fan-out: only the reads cross, the batches are made here
+        # The reader imports the source and Deep Lake, not torch (its start and memory are a fraction).
+        assert "libtorch" not in Path(f"/proc/{reader}/maps").read_text()
     assert sorted(got) == list(range(ROWS)) and reader not in (None, os.getpid()) and _gone([reader])
     assert not reader_threads()  # closing the loader ended its reader's receiver thread too
     assert AsyncLoader(DeepLakeSource(seg_url), 16, processes=0).processes == 0  # the documented way out

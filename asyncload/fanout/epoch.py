@@ -28,6 +28,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._loop import Stage, on_exit
+from .._procs import how_it_ended, signal_name
 from .._protocol import END, Failure
 from ..epoch import Epoch, report_skipped
 from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
@@ -36,7 +37,7 @@ from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
 from ..stats import Stats
-from .pool import _how_it_ended, _Pool, _signal_name
+from .pool import _Pool
 from .wire import (
     _CREDITS,
     Batch,
@@ -83,13 +84,13 @@ class _Died:
 
     @property
     def how(self) -> str:
-        return _how_it_ended(self.exitcode)
+        return how_it_ended(self.exitcode)
 
     @property
     def signal(self) -> str:
         """The signal's name (``SIGSEGV``), or the exit code of a reader that exited."""
         if self.exitcode is not None and self.exitcode < 0:
-            name = _signal_name(self.exitcode)
+            name = signal_name(self.exitcode)
             return name if name.startswith("SIG") else f"signal {name}"
         return f"exit code {self.exitcode}"
 

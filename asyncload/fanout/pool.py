@@ -19,16 +19,10 @@ makes a pool, and a pool makes epochs: with one class in each module, each would
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing
-import multiprocessing.spawn
-import multiprocessing.util
 import os
-import signal
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -36,6 +30,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .._loop import Stage, on_exit
+from .._procs import reap_process, start_child, stop_processes
 from ..errors import ConfigError
 from ..image.decode import decode_stage
 from ..options import LoaderOptions
@@ -65,136 +60,6 @@ class _Proc:
         return self.channel.conn
 
 
-def _signal_name(exitcode: int) -> str:
-    """``SIGSEGV`` for a process killed by signal 11 (exit code -11); the number where it has no name."""
-    try:
-        return signal.Signals(-exitcode).name
-    except ValueError:
-        return str(-exitcode)
-
-
-def _how_it_ended(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "stopped answering"
-    if exitcode < 0:
-        return f"was killed by signal {_signal_name(exitcode)}"
-    return f"exited with code {exitcode}" + (" (its traceback is on stderr)" if exitcode else "")
-
-
-def _stop_processes(procs: list[BaseProcess], timeout: float) -> None:
-    """Join ``procs`` (already asked to stop); SIGTERM the ones still alive after ``timeout``, SIGKILL
-    the ones still alive ``timeout`` later; release every process object."""
-    for step in ("join", "terminate", "kill"):
-        alive = [p for p in procs if p.exitcode is None]
-        if not alive:
-            break
-        if step != "join":
-            log.warning(
-                "asyncload: fan-out workers %s did not stop within %.1fs: %s", [p.pid for p in alive], timeout, step
-            )
-            for p in alive:
-                getattr(p, step)()
-        deadline = time.monotonic() + timeout
-        for p in alive:
-            p.join(None if step == "kill" else max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.exitcode != 0 and p.pid is not None:
-            _unlink_orphaned_shm(p.pid)
-        p.close()
-
-
-def reap_process(proc: BaseProcess, timeout: float) -> tuple[int | None, int | None]:
-    """Join a child that died or broke its pipe (killed if it is still alive a second later), release it
-    and any shared memory it left; its ``(pid, exitcode)``."""
-    proc.join(1.0)
-    if proc.exitcode is None:  # a broken pipe without a death: make it one
-        proc.kill()
-        proc.join()
-    pid, exitcode = proc.pid, proc.exitcode
-    _stop_processes([proc], timeout)
-    return pid, exitcode
-
-
-def _unlink_orphaned_shm(pid: int) -> None:
-    """Remove the shared-memory files a worker that did not exit cleanly left in ``/dev/shm``.
-
-    torch names each file ``torch_<pid>_...`` and unlinks it right after mapping it, but a worker killed
-    between the two (SIGKILL while allocating a batch) leaves the file behind, and nothing else would ever
-    remove it: it holds RAM until reboot. Called only after the worker was joined, so the files are
-    nobody's."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:  # not Linux, or no /dev/shm: torch made no such files
-        return
-    for name in names:
-        if name.startswith(f"torch_{pid}_"):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-            log.warning("asyncload: removed /dev/shm/%s, left by fan-out worker pid %d", name, pid)
-
-
-_prep_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _main_module_left_out(leave_out: bool) -> Iterator[None]:
-    """While a worker starts: with ``leave_out``, the preparation data that spawn and forkserver send a
-    new process omits the main module, so the worker does not import (run) the user's script. There is
-    no switch for it in ``multiprocessing``; its ``Popen`` classes call ``spawn.get_preparation_data``
-    by module attribute, which is wrapped here for the duration of one ``start()``."""
-    if not leave_out:
-        yield
-        return
-    original = multiprocessing.spawn.get_preparation_data
-
-    def without_main(name: str) -> dict[str, Any]:
-        data = original(name)
-        data.pop("init_main_from_path", None)
-        data.pop("init_main_from_name", None)
-        return data
-
-    with _prep_lock:
-        multiprocessing.spawn.get_preparation_data = without_main  # type: ignore[assignment]
-        try:
-            yield
-        finally:
-            multiprocessing.spawn.get_preparation_data = original  # type: ignore[assignment]
-
-
-def start_child(
-    context: str, target: Any, args: tuple[Any, ...], *, name: str, needs_main: bool
-) -> tuple[BaseProcess, Connection]:
-    """Start ``target(conn, *args, environ)`` in a new daemonic process of ``context`` ("forkserver" or
-    "spawn"); the parent's end of their duplex pipe comes back with the process. ``needs_main``: the
-    pickled ``args`` name the user's ``__main__`` (a transform defined in the script), which the child
-    must then import; otherwise it does not (``_main_module_left_out``)."""
-    ctx: Any = multiprocessing.get_context(context)  # SpawnContext or ForkServerContext
-    if context == "forkserver":
-        # The server imports torch once, the bulk of a child's start; then each child (a new one, or one
-        # replacing a dead reader) is a fork of it that imports the rest. Not Deep Lake, whose import
-        # starts its native threads, nor ``__main__`` (the default), which imports it: a fork must not
-        # inherit that runtime. No effect once the server runs.
-        ctx.set_forkserver_preload(["torch"])
-    # Children inherit this process's multiprocessing temp dir (where the sockets that pass file
-    # descriptors live) instead of making their own, which ``os._exit`` would leave behind.
-    multiprocessing.util.get_temp_dir()
-    parent_end, child_end = ctx.Pipe(duplex=True)
-    # The parent's environment as of now: a forkserver's children would otherwise inherit the server's,
-    # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
-    proc = ctx.Process(target=target, args=(child_end, *args, dict(os.environ)), name=name, daemon=True)
-    try:
-        with _main_module_left_out(not needs_main):
-            proc.start()
-    except BaseException:
-        parent_end.close()
-        raise
-    finally:
-        child_end.close()  # the child holds its end now; ours would hide its EOF
-    return proc, parent_end
-
-
 def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
     """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
     live = list(procs.values())
@@ -207,7 +72,7 @@ def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> No
         except OSError:
             pass
         w.channel.close()  # also unblocks a worker stuck sending: it gets EPIPE
-    _stop_processes([w.process for w in live], timeout)
+    stop_processes([w.process for w in live], timeout)
 
 
 class _Pool:

@@ -17,13 +17,8 @@ of this module.
 from __future__ import annotations
 
 import collections
-import multiprocessing.resource_sharer
-import os
 import queue
-import signal
-import sys
 import threading
-import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,6 +26,7 @@ from typing import Any
 import torch
 
 from .._loop import start_thread
+from .._procs import run_child
 from .._protocol import Failure
 from ..collate import set_allocator
 from ..options import LoaderOptions
@@ -229,30 +225,3 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
 def _worker_main(conn: Connection, spec: _WorkerSpec, environ: dict[str, str]) -> None:
     """Entry point of a worker process; ``environ``: the parent's environment when it started this one."""
     run_child(environ, _serve, conn, spec)
-
-
-def run_child(environ: dict[str, str], body: Any, *args: Any) -> None:
-    """How every process asyncload starts runs ``body(*args)`` and leaves: with the parent's environment,
-    deaf to Ctrl-C (it reaches the whole process group; the parent decides when its children stop), its
-    traceback on stderr if it fails, and ``os._exit`` once ``body`` has closed what it opened."""
-    os.environ.clear()
-    os.environ.update(environ)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    code = 0
-    try:
-        body(*args)
-    except BaseException:  # noqa: BLE001 - last resort: say it where a person will look
-        traceback.print_exc()
-        code = 1
-    finally:
-        try:
-            multiprocessing.resource_sharer.stop(timeout=1.0)  # removes its socket file
-        except Exception:  # noqa: BLE001 - best effort on the way out
-            pass
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        # What ``body`` opened is closed (reads in flight awaited): skip interpreter teardown, see the module doc.
-        os._exit(code)
