@@ -14,6 +14,12 @@ training process's CPU pool, where it is when nothing is isolated.
          ▲                                                                                    │
          └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ┘
 
+Requests go down the pipe as ``Connection`` messages. Answers come up the same socket in frames of their
+own (``_write_frame``): pickled with protocol 5, every stored-bytes sample and array out of band, written
+with one gather write and read with one read into one buffer, so that a sample is copied once on each side
+(into the socket, out of it) and arrives as a read-only view of that buffer, which the decoders take as
+they take ``bytes``.
+
 When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails every read it held with ``_Died``. Those reads, the *suspects*, are read again
 one at a time while every other read waits, so that a second death names its request. A request that kills
 the reader while alone is halved until a single row does; a row that kills two fresh readers alone raises
@@ -32,7 +38,10 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
+import os
+import pickle
 import queue
+import struct
 import threading
 import weakref
 from collections.abc import Mapping
@@ -380,12 +389,65 @@ class IsolatedSource(Source[Any]):
         return f"IsolatedSource({self.inner!r})"
 
 
+# -- answers on the wire --------------------------------------------------------------------------
+def _write_frame(fd: int, msg: tuple[Any, ...]) -> None:
+    """Write ``msg`` as one frame: ``u32 n``, ``n`` sizes (``u64``), then the pickle and its ``n - 1``
+    out-of-band buffers. Stored bytes are wrapped as ``PickleBuffer`` (they would be copied into the
+    pickle); numpy arrays go out of band by themselves under protocol 5."""
+    kind, rid, payload, counts = msg
+    if kind == "done":
+        payload = {c: [pickle.PickleBuffer(v) if isinstance(v, bytes) else v for v in vals]
+                   if isinstance(vals, list) else vals for c, vals in payload.items()}  # fmt: skip
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps((kind, rid, payload, counts), protocol=5, buffer_callback=buffers.append)
+    parts = [memoryview(head), *(b.raw() for b in buffers)]
+    sizes = struct.pack(f"<I{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
+    _write_all(fd, [memoryview(sizes), *parts])
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """``os.writev`` until every byte of ``parts`` is written (a socket takes what its buffer holds)."""
+    while parts:
+        n = os.writev(fd, parts[:512])  # under IOV_MAX
+        while n:
+            if n >= parts[0].nbytes:
+                n -= parts.pop(0).nbytes
+            else:
+                parts[0], n = parts[0][n:], 0
+        while parts and not parts[0].nbytes:
+            parts.pop(0)
+
+
+def _read_exact(fd: int, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])  # the GIL is released while it waits
+        if not k:
+            raise EOFError
+        got += k
+    return buf
+
+
+def _read_frame(fd: int) -> Any:
+    """One frame of ``_write_frame``: its message, whose stored bytes are read-only views of one buffer."""
+    (n,) = struct.unpack("<I", _read_exact(fd, 4))
+    sizes = struct.unpack(f"<{n}Q", _read_exact(fd, 8 * n))
+    body = memoryview(_read_exact(fd, sum(sizes)))
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(body[at : at + size])
+        at += size
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
 def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
     """Receiver thread of reader ``r``: settle each answer's read; at EOF, unless ``r`` was told to stop,
     handle its death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
+    fd = r.conn.fileno()
     while True:
         try:
-            kind, rid, payload, counts = r.conn.recv()
+            kind, rid, payload, counts = _read_frame(fd)
         except (EOFError, OSError):
             break
         src = ref()
@@ -417,13 +479,14 @@ def _answer(out: queue.SimpleQueue[Any], source: Source[Any], rid: int, f: concu
 
 def _send_all(conn: Connection, out: queue.SimpleQueue[Any]) -> None:
     """The reader's sender thread: pickling and writing answers off the loop and the receiving thread."""
+    fd = conn.fileno()
     while (msg := out.get()) is not None:
         try:
-            conn.send(msg)
+            _write_frame(fd, msg)
         except OSError:
             return
         except Exception as exc:  # noqa: BLE001 - an answer that does not pickle fails its read, not the reader
-            conn.send(("failed", msg[1], Failure(exc), msg[3]))
+            _write_frame(fd, ("failed", msg[1], Failure(exc), msg[3]))
 
 
 def _serve_reads(conn: Connection, source: Source[Any]) -> None:

@@ -44,7 +44,7 @@ from .errors import ReadError, WorkerError, read_error
 from .hedging import Hedger
 from .image.decode import unpaired
 from .plan import Plan
-from .sources.base import stored_bytes
+from .sources.base import is_stored, stored_bytes
 from .stats import Stats
 from .tuning import Observation
 
@@ -389,7 +389,7 @@ def _nbytes(part: Any) -> int:
         if hasattr(value, "nbytes"):
             total += int(value.nbytes)
         else:
-            total += sum(len(v) if isinstance(v, (bytes, bytearray)) else int(getattr(v, "nbytes", 0)) for v in value)
+            total += sum(len(v) if is_stored(v) else int(getattr(v, "nbytes", 0)) for v in value)
     return total
 
 
@@ -414,7 +414,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
     read = decoded = 0
     for c, values in part.items():
         for v in values:
-            if isinstance(v, (bytes, bytearray)) and c in stage.columns:
+            if is_stored(v) and c in stage.columns:
                 read += len(v)
                 try:
                     h = header(v)
@@ -423,7 +423,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
                 size = stage.augment.out_size if stage.augment and stage.augment.out_size else (h.height, h.width)
                 decoded += size[0] * size[1] * (3 if stage.columns[c].role == "image" else 1)
             else:
-                n = len(v) if isinstance(v, (bytes, bytearray)) else int(getattr(v, "nbytes", 0))
+                n = len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
                 read += n
                 decoded += n
     return max(1.0, decoded / read) if read else 1.0

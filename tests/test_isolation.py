@@ -219,3 +219,39 @@ def test_the_failing_read_reproducer_runs_ten_epochs_with_the_defaults_each_a_na
     for e in errors:  # a plain read error, or a crash narrowed down to its row: always named, never a death
         assert e is not None and f"file://{path}" in e, e
         assert e.startswith(("ReadError", "ReaderCrashError", "WorkerError")), e
+
+
+def test_answers_cross_in_frames_with_stored_bytes_as_views_and_arrays_writable() -> None:
+    """The reader's answer frames, over a real socket pair, bigger than its buffer: every sample arrives
+    equal, stored bytes as read-only views, arrays writable (a transform may change them in place)."""
+    import socket
+    import threading
+
+    import numpy as np
+
+    from asyncload._protocol import Failure
+    from asyncload.isolated import _read_frame, _write_frame
+
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(n) for n in (0, 1, 20_000, 3_000_000)]
+    labels = [np.arange(6, dtype=np.int64).reshape(2, 3), np.zeros((0,), np.uint8)]
+    stacked = rng.integers(0, 255, (4, 64, 64), dtype=np.uint8)
+    a, b = socket.socketpair()
+    sent = [("done", 7, {"images": blobs, "labels": labels, "masks": stacked}, (1, 2)),
+            ("failed", 8, Failure(KeyError("row 3")), (1, 2))]  # fmt: skip
+    writer = threading.Thread(target=lambda: [_write_frame(a.fileno(), m) for m in sent])
+    writer.start()
+    kind, rid, payload, counts = _read_frame(b.fileno())
+    assert (kind, rid, counts) == ("done", 7, (1, 2))
+    assert [bytes(v) for v in payload["images"]] == blobs
+    assert all(isinstance(v, memoryview) and v.readonly for v in payload["images"])
+    for got, want in zip(payload["labels"], labels, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want) and got.flags.writeable
+    assert np.array_equal(payload["masks"], stacked) and payload["masks"].flags.writeable
+    kind, rid, failure, _ = _read_frame(b.fileno())
+    assert (kind, rid) == ("failed", 8) and isinstance(failure.exc, KeyError)
+    writer.join(10)
+    a.close()
+    with pytest.raises(EOFError):  # the reader's death, as the receiver thread sees it
+        _read_frame(b.fileno())
+    b.close()

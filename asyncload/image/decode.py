@@ -29,6 +29,7 @@ import torch
 from .._log import log_once
 from ..collate import CollateError, allocate
 from ..errors import read_error
+from ..sources.base import is_stored
 from .augment import Augment, Draw
 from .codecs import DecodeError, Header, Mode, header, lz4_header, lz4_size
 from .codecs import decode as decode_bytes
@@ -127,7 +128,7 @@ def run(
         hs: list[Header | None] = []
         for k, v in enumerate(values[c]):
             try:
-                if not _stored(v):
+                if not is_stored(v):
                     _as_hw(v, stage.columns[c])
                     hs.append(None)
                 elif c in lz4:  # no shape in its bytes: the paired image's (a bad image fails its row first)
@@ -222,7 +223,7 @@ def _pair_size(
     if h is not None:
         return h.height, h.width
     v = values[pair][k]
-    if _stored(v):
+    if is_stored(v):
         h = header(v)
         return h.height, h.width
     return tuple(np.shape(v)[:2])  # type: ignore[return-value]
@@ -242,10 +243,10 @@ def unpaired(stage: Stage, part: Mapping[str, Sequence[Any]]) -> dict[str, list[
             continue
         bad = []
         for k, (img, m) in enumerate(zip(images, part[c], strict=True)):
-            if not _stored(m):
+            if not is_stored(m):
                 continue
             try:
-                h = header(img) if _stored(img) else None
+                h = header(img) if is_stored(img) else None
                 hw = (h.height, h.width) if h is not None else tuple(np.shape(img)[:2])
             except DecodeError:
                 continue
@@ -276,9 +277,6 @@ def _shape(
     return tuple(_as_hw(values[c][k], col).shape)
 
 
-def _stored(v: Any) -> bool:
-    """Stored bytes (to decode here), not an array a store decoded."""
-    return isinstance(v, (bytes, bytearray, memoryview))
 
 
 def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:

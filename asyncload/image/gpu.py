@@ -26,10 +26,11 @@ import torch
 
 from .._log import log_once
 from ..collate import allocate
+from ..sources.base import is_stored
 from .augment import Draw
 from .codecs import DecodeError, sniff
 from .codecs import decode as decode_bytes
-from .decode import Failures, ImageColumn, Stage, _as_hw, _stored
+from .decode import Failures, ImageColumn, Stage, _as_hw
 from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
@@ -101,7 +102,7 @@ def _decode_column(
     were what bounded the first GPU run (benchmarks/results/gpu_decode/)."""
     out: list[torch.Tensor | None] = [None] * len(values)
     on_gpu = device.type == "cuda" and col.role == "image"
-    gpu_k = [k for k, v in enumerate(values) if on_gpu and _stored(v) and v[:3] == b"\xff\xd8\xff" and v[-2:] == _EOI]
+    gpu_k = [k for k, v in enumerate(values) if on_gpu and is_stored(v) and v[:3] == b"\xff\xd8\xff" and v[-2:] == _EOI]
     if gpu_k:
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -124,7 +125,7 @@ def _decode_column(
         if k in done:
             continue
         try:
-            if _stored(v):
+            if is_stored(v):
                 if col.role == "image":
                     log_once(f"asyncload: column {c!r}: {sniff(v)} images decode on the CPU (nvJPEG takes whole JPEGs)")
                 here[k] = decode_bytes(v, col.mode)
@@ -156,12 +157,12 @@ def _lz4_column(
 
 def _flat(items: Sequence[Any]) -> torch.Tensor:
     """Bytes or arrays, one after another in one new CPU tensor (one copy each, no Python per byte)."""
-    sizes = [len(v) if isinstance(v, (bytes, bytearray, memoryview)) else v.size for v in items]
+    sizes = [len(v) if is_stored(v) else v.size for v in items]
     buf = torch.empty(sum(sizes), dtype=torch.uint8)
     view, at = buf.numpy(), 0
     for v, n in zip(items, sizes, strict=True):
         view[at : at + n] = (
-            np.frombuffer(v, np.uint8) if isinstance(v, (bytes, bytearray, memoryview)) else v.reshape(-1)
+            np.frombuffer(v, np.uint8) if is_stored(v) else v.reshape(-1)
         )
         at += n
     return buf
@@ -204,14 +205,14 @@ def pack(stage: Stage, cols: Sequence[str], values: Mapping[str, Sequence[Any]],
     and ``shapes`` (an array's shape; -1 for stored bytes). Plus the rows, which the draws need."""
     out: dict[str, Any] = {PACKED: [c for c in cols if c in stage.columns], f"{PACKED}_rows": torch.tensor(list(rows))}
     for c in out[PACKED]:
-        blobs = [memoryview(v).cast("B") if _stored(v) else np.ascontiguousarray(v).reshape(-1) for v in values[c]]
+        blobs = [memoryview(v).cast("B") if is_stored(v) else np.ascontiguousarray(v).reshape(-1) for v in values[c]]
         lens = [len(b) for b in blobs]
         data = allocate((sum(lens),), torch.uint8)
         view, at, spans, shapes = data.numpy(), 0, [], []
         for v, b, n in zip(values[c], blobs, lens, strict=True):
-            view[at : at + n] = np.frombuffer(b, np.uint8) if _stored(v) else b.view(np.uint8)
+            view[at : at + n] = np.frombuffer(b, np.uint8) if is_stored(v) else b.view(np.uint8)
             spans.append((at, at + n))
-            shapes.append((-1, -1, -1) if _stored(v) else (*np.shape(v), *([1] * (3 - np.ndim(v))))[:3])
+            shapes.append((-1, -1, -1) if is_stored(v) else (*np.shape(v), *([1] * (3 - np.ndim(v))))[:3])
             at += n
         out[c] = {"data": data, "spans": torch.tensor(spans, dtype=torch.int64).reshape(-1, 2),
                   "shapes": torch.tensor(shapes, dtype=torch.int64).reshape(-1, 3), "ndim": [np.ndim(v) for v in values[c]]}  # fmt: skip
