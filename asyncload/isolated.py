@@ -497,6 +497,12 @@ def _serve_reads(conn: Connection, source: Source[Any]) -> None:
     sender = start_thread(_send_all, conn, out, name="asyncload-reader-send")
     pending: set[concurrent.futures.Future[Any]] = set()
     try:
+        try:
+            # Now, while the training process opens its own handle and starts its epoch, not at the first
+            # read; a failure here is each read's to raise.
+            source.open()
+        except Exception:  # noqa: BLE001
+            pass
         while True:
             try:
                 msg = conn.recv()
@@ -506,10 +512,6 @@ def _serve_reads(conn: Connection, source: Source[Any]) -> None:
                 break
             if msg[0] == "configure":
                 source.configure(*msg[1:])
-                try:
-                    source.open()  # now rather than at the first read; a failure is each read's to raise
-                except Exception:  # noqa: BLE001
-                    pass
                 continue
             _, rid, indices, cols = msg
             f = lt.submit(_read_one(source, indices, cols))

@@ -42,9 +42,10 @@ from ._protocol import END, Failure, Ready
 from .assembly import assemble
 from .errors import ReadError, WorkerError, read_error
 from .hedging import Hedger
+from .image.codecs import is_stored
 from .image.decode import unpaired
 from .plan import Plan
-from .sources.base import is_stored, stored_bytes
+from .sources.base import stored_bytes
 from .stats import Stats
 from .tuning import Observation
 

@@ -54,6 +54,12 @@ class Header:
     depth: int = 8  # a PNG's bits per channel
 
 
+def is_stored(value: object) -> bool:
+    """Whether a read returned ``value`` as stored bytes (to decode), not an array a store decoded:
+    ``bytes``, or a view of a larger buffer, as an isolated reader's answers arrive (``isolated``)."""
+    return isinstance(value, (bytes, bytearray, memoryview))
+
+
 def sniff(data: Buffer) -> Format:
     head = bytes(memoryview(data)[:8])
     if head[:3] == b"\xff\xd8\xff":
@@ -246,4 +252,4 @@ def _finish(got: np.ndarray, mode: Mode, out: np.ndarray | None) -> np.ndarray:
     return region
 
 
-__all__ = ["DecodeError", "Header", "Mode", "decode", "header", "lz4_header", "lz4_size", "sniff"]
+__all__ = ["DecodeError", "Header", "Mode", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff"]

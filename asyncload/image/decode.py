@@ -29,9 +29,8 @@ import torch
 from .._log import log_once
 from ..collate import CollateError, allocate
 from ..errors import read_error
-from ..sources.base import is_stored
 from .augment import Augment, Draw
-from .codecs import DecodeError, Header, Mode, header, lz4_header, lz4_size
+from .codecs import DecodeError, Header, Mode, header, is_stored, lz4_header, lz4_size
 from .codecs import decode as decode_bytes
 
 Role = Literal["image", "mask"]
@@ -275,8 +274,6 @@ def _shape(
     if h is not None:
         return (h.height, h.width, 3) if col.role == "image" else (h.height, h.width)
     return tuple(_as_hw(values[c][k], col).shape)
-
-
 
 
 def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:

@@ -26,9 +26,8 @@ import torch
 
 from .._log import log_once
 from ..collate import allocate
-from ..sources.base import is_stored
 from .augment import Draw
-from .codecs import DecodeError, sniff
+from .codecs import DecodeError, is_stored, sniff
 from .codecs import decode as decode_bytes
 from .decode import Failures, ImageColumn, Stage, _as_hw
 from .normalize import image_columns
@@ -161,9 +160,7 @@ def _flat(items: Sequence[Any]) -> torch.Tensor:
     buf = torch.empty(sum(sizes), dtype=torch.uint8)
     view, at = buf.numpy(), 0
     for v, n in zip(items, sizes, strict=True):
-        view[at : at + n] = (
-            np.frombuffer(v, np.uint8) if is_stored(v) else v.reshape(-1)
-        )
+        view[at : at + n] = np.frombuffer(v, np.uint8) if is_stored(v) else v.reshape(-1)
         at += n
     return buf
 

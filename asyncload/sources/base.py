@@ -32,12 +32,6 @@ H = TypeVar("H")
 #: source that ignores it returns arrays, which the decode stage takes as they are.
 stored_bytes: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stored_bytes", default=frozenset())
 
-def is_stored(value: object) -> bool:
-    """Whether a read returned ``value`` as stored bytes (to decode), not an array: ``bytes``, or a view of
-    a larger buffer, as an isolated reader's answers arrive (``isolated``)."""
-    return isinstance(value, (bytes, bytearray, memoryview))
-
-
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
 #: ndarray stacked on its first axis.
 Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
