@@ -31,7 +31,7 @@ test: install  ## the test suite (the slow long-run tests are in test-slow); a n
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow
 
-bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~15 min on 2 cores
+bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~10 min on 2 cores
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/wan.py --config configs/bench_wan.yaml
