@@ -39,6 +39,15 @@ def signal_name(exitcode: int) -> str:
         return str(-exitcode)
 
 
+def cause_of_death(exitcode: int | None) -> str:
+    """What ended a child, for naming a row that kills it: ``SIGSEGV``, ``signal 99`` where the signal has
+    no name, or ``exit code 1`` for a child that exited."""
+    if exitcode is not None and exitcode < 0:
+        name = signal_name(exitcode)
+        return name if name.startswith("SIG") else f"signal {name}"
+    return f"exit code {exitcode}"
+
+
 def how_it_ended(exitcode: int | None) -> str:
     if exitcode is None:
         return "stopped answering"
@@ -138,8 +147,8 @@ def start_child(
     must then import; otherwise it does not (``_main_module_left_out``)."""
     ctx: Any = multiprocessing.get_context(context)  # SpawnContext or ForkServerContext
     if context == "forkserver":
-        # The server imports torch once, the bulk of a child's start; then each child (a new one, or one
-        # replacing a dead reader) is a fork of it that imports the rest. Not Deep Lake, whose import
+        # The server imports torch once, the bulk of a fan-out worker's start; then each worker (a new
+        # one, or one replacing a dead one) is a fork of it that imports the rest. Not Deep Lake, whose import
         # starts its native threads, nor ``__main__`` (the default), which imports it: a fork must not
         # inherit that runtime. No effect once the server runs.
         ctx.set_forkserver_preload(["torch"])

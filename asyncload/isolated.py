@@ -51,7 +51,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._loop import LoopThread, Stage, on_exit, start_thread
-from ._procs import how_it_ended, reap_process, run_child, signal_name, start_child, stop_processes
+from ._procs import cause_of_death, how_it_ended, reap_process, run_child, start_child, stop_processes
 from ._protocol import Failure
 from .errors import ReaderCrashError, WorkerError, _short
 from .sources.base import Columns, Source, stored_bytes
@@ -69,7 +69,7 @@ class _Died(Exception):
     def __init__(self, pid: int | None, exitcode: int | None) -> None:
         super().__init__(how_it_ended(exitcode))
         self.pid = pid
-        self.signal = signal_name(exitcode) if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
+        self.signal = cause_of_death(exitcode)
 
 
 @dataclass
@@ -206,8 +206,7 @@ class IsolatedSource(Source[Any]):
     def start(self) -> None:
         """Start the reader now, if none is live (the loader calls it at construction)."""
         with self._lock:
-            if self._holder[0] is None:
-                self._spawn()
+            self._live()
 
     def begin_epoch(self, stats: Stats) -> None:
         """A new epoch: its restarts are counted in ``stats`` and against a fresh budget; a reader stopped by
@@ -217,8 +216,7 @@ class IsolatedSource(Source[Any]):
             # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
             self._suspects, self._alone = 0, False
             waiters, self._waiters = self._waiters, []
-            if self._holder[0] is None:
-                self._spawn()
+            self._live()
         for loop, w in waiters:
             _settle(loop, w, None)
 
@@ -229,6 +227,15 @@ class IsolatedSource(Source[Any]):
             holder = [self._holder[0]]
             self._holder[0] = None
         _stop_reader(holder, self._timeout)
+
+    def _live(self) -> _Reader:
+        """The live reader, started if there is none (lock held)."""
+        r = self._holder[0]
+        if r is None:
+            self._spawn()
+            r = self._holder[0]
+            assert r is not None
+        return r
 
     def _spawn(self) -> None:
         """Start a reader (lock held). By spawn: a new interpreter that imports the source and Deep Lake
@@ -341,11 +348,7 @@ class IsolatedSource(Source[Any]):
                 if known:  # never read again (each read would kill a reader), also when found while waiting
                     raise self._crash_error(known[0], self._crashers[known[0]])
                 if alone or not self._suspects:
-                    r = self._holder[0]
-                    if r is None:  # after ``close()``, or never started
-                        self._spawn()
-                        r = self._holder[0]
-                    assert r is not None
+                    r = self._live()  # a new one after ``close()``
                     self._rid += 1
                     fut = loop.create_future()
                     self._inflight[self._rid] = _Request(fut, loop, indices)

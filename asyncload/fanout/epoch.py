@@ -28,7 +28,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._loop import Stage, on_exit
-from .._procs import how_it_ended, signal_name
+from .._procs import cause_of_death, how_it_ended
 from .._protocol import END, Failure
 from ..epoch import Epoch, report_skipped
 from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
@@ -88,11 +88,7 @@ class _Died:
 
     @property
     def signal(self) -> str:
-        """The signal's name (``SIGSEGV``), or the exit code of a reader that exited."""
-        if self.exitcode is not None and self.exitcode < 0:
-            name = signal_name(self.exitcode)
-            return name if name.startswith("SIG") else f"signal {name}"
-        return f"exit code {self.exitcode}"
+        return cause_of_death(self.exitcode)
 
 
 @dataclass
