@@ -134,6 +134,98 @@ def test_decode_cuda_with_workers_refuses_a_transform(photo_url: str) -> None:
         AsyncLoader(DeepLakeSource(photo_url), 8, decode="cuda", processes=2, transform=lambda s: s)
 
 
+# -- the fan-out's device threads, on the CPU -------------------------------------------------------------
+
+
+def device_pool(url: str, processes: int, **opts):  # noqa: ANN201 - a WorkerPool
+    """A fan-out pool whose workers ship packed batches (``decode="cuda"``) and whose training-process
+    stage runs on the CPU: the window of device threads, as on a GPU node, without one."""
+    from asyncload.fanout import WorkerPool
+    from asyncload.sampler import Shard
+
+    kw = {"batch_size": 4, "decode": "cuda", "augment": CROP, "shuffle": True, "seed": 5, **opts}
+    pool = WorkerPool(DeepLakeSource(url), kw, Shard(), processes, context="spawn")
+    pool.gpu_stage = dataclasses.replace(pool.gpu_stage, device="cpu")
+    return pool
+
+
+def one_process(pool, epoch: int) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:  # noqa: ANN001
+    """The epoch's batches as one process's device stage makes them (``gpu.run`` on each batch's rows)."""
+    ds = deeplake.open_read_only(pool.url)
+    stage = pool.gpu_stage.for_epoch(epoch)
+    out = []
+    for rows in pool.sampler.batches(epoch):
+        values = {c: [ds[i].get_bytes(c) for i in rows] for c in ("images", "masks")}
+        got, _, _ = gpu.run(stage, ("images", "masks"), values, rows)
+        out.append((list(rows), got["images"], got["masks"]))
+    return out
+
+
+def device_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("asyncload-device")]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_fanout_device_threads_yield_the_batches_one_process_makes(photo_url: str, processes: int) -> None:
+    pool = device_pool(photo_url, processes)
+    try:
+        for epoch in (0, 1):
+            want = one_process(pool, epoch)
+            with pool.epoch(epoch) as it:
+                got = [next(it)]
+                assert device_threads()  # decoded on the epoch's device threads, not the consumer's
+                got += list(it)
+            assert [b["index"].tolist() for b in got] == [rows for rows, _, _ in want]
+            for b, (_, images, masks) in zip(got, want, strict=True):
+                assert torch.equal(b["images"], images) and torch.equal(b["masks"], masks)
+            assert device_threads() == []  # the epoch's end stopped them
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(180)
+def test_fanout_device_window_marks_a_batch_consumed_only_when_it_is_yielded(photo_url: str) -> None:
+    from asyncload.state import EpochProgress
+
+    pool = device_pool(photo_url, 2)
+    try:
+        n = len(pool.sampler.batches(0))
+        progress = EpochProgress(0, n)
+        it = pool.epoch(0, progress=progress)
+        first = [next(it)["index"].tolist() for _ in range(3)]
+        assert len(it._ahead) >= 1  # batches taken ahead of the consumer...
+        assert (progress.next, progress.extra) == (3, set())  # ...are not counted as consumed
+        it.close()
+        assert device_threads() == []
+        with pool.epoch(0, skip=frozenset(range(3))) as rest:  # resumed as ``AsyncLoader`` resumes it
+            later = [b["index"].tolist() for b in rest]
+        assert first + later == [list(b) for b in pool.sampler.batches(0)]
+    finally:
+        pool.close()
+
+
+@pytest.mark.timeout(180)
+def test_fanout_device_window_raises_a_bad_batch_at_its_turn(tmp_path) -> None:
+    url = make(str(tmp_path / "bad"), 24, image_format="jpg", mask_format="lz4")
+    ds = deeplake.open(url)
+    ds[13]["images"] = ds[13].get_bytes("images")[:-400]  # cut short: no EOI, libjpeg-turbo refuses it
+    ds.commit()
+    pool = device_pool(url, 2, augment=[Resize(32)], shuffle=False)
+    try:
+        with pool.epoch(0) as it:
+            seen = []
+            with pytest.raises(ReadError, match=r"\[13\].*libjpeg-turbo"):
+                for b in it:
+                    seen.append(b["index"].tolist())
+        assert seen == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]  # every batch before it, in order
+        assert device_threads() == []
+    finally:
+        pool.close()
+
+
 # -- on a GPU ----------------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ and ``WorkerPool.epoch()`` makes an epoch, and one module holding both keeps the
 from __future__ import annotations
 
 import bisect
+import concurrent.futures
 import logging
 import math
 import time
@@ -27,11 +28,12 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
 
-from .._loop import Stage, on_exit
+from .._loop import Stage, on_exit, thread_pool
 from .._procs import cause_of_death, how_it_ended
 from .._protocol import END, Failure
 from ..epoch import Epoch, report_skipped
 from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
+from ..image.decode import Stage as DecodeStage
 from ..image.gpu import PACKED, finish
 from ..sampler import Shard
 from ..sources.base import Source
@@ -92,16 +94,36 @@ class _Died:
 
 
 @dataclass
+class _Taken:
+    """A batch taken from the workers and not yet yielded. The progress marks it carries (its own seq, and
+    the seqs left out whole before it) are recorded when it is yielded, not when it arrived, so that a state
+    saved mid-epoch never counts a batch the consumer has not had. A failure is kept to raise at its turn."""
+
+    count: int
+    marks: list[int]
+    batch: Any = None
+    future: concurrent.futures.Future[tuple[Any, list[tuple[int, str]]]] | None = None  # on the device threads
+    error: Exception | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self.future is None or self.future.done()
+
+
+@dataclass
 class _Lease:
-    """What ends an epoch (``FanoutEpoch``'s finaliser; it must not hold the epoch): settle it on a shared
-    pool, or close a pool the epoch owns."""
+    """What ends an epoch (``FanoutEpoch``'s finaliser; it must not hold the epoch): stop its device
+    threads, settle it on a shared pool, or close a pool the epoch owns."""
 
     pool: WorkerPool
     owns_pool: bool
     stats: Stats
     gen: int | None = None  # set when the epoch starts
+    device: concurrent.futures.ThreadPoolExecutor | None = None  # ``decode="cuda"``: ``_finish_ahead``
 
     def end(self) -> None:
+        if self.device is not None:  # batches not begun are dropped; one being decoded is waited for
+            self.device.shutdown(wait=True, cancel_futures=True)
         if self.gen is not None:
             self.pool.settle(self.gen, self.stats)
         if self.owns_pool:
@@ -172,6 +194,9 @@ class FanoutEpoch(Epoch):
         self._stats = Stats()
         self._closed = False
         self._restarts = 0  # deaths this epoch that count against ``max_restarts``
+        self._marks: list[int] = []  # seqs taken (delivered, or left out whole) since the last ``_take``
+        self._ahead: deque[_Taken] = deque()  # ``decode="cuda"``: taken, on the device threads, not yet yielded
+        self._drained = False  # the workers have nothing more for this epoch (or failed): take no more
         self._lease = _Lease(pool, owns_pool, self._stats)
         self._finalizer = on_exit(self, Stage.WORK, self._lease.end)
 
@@ -195,7 +220,7 @@ class FanoutEpoch(Epoch):
             if self._lease.gen is None:
                 st.started = t0
                 self._lease.gen = self._pool.begin(self._epoch, self._skips)
-            count, batch = self._next_in_order() if self._in_order else self._next_ready()
+            count, batch = self._next_batch()
         except BaseException as exc:
             st.waiting_since = None
             if not isinstance(exc, Exception):  # Ctrl-C: stop the workers now rather than settle
@@ -222,6 +247,56 @@ class FanoutEpoch(Epoch):
         self._closed = True
         self._stats.finished = time.perf_counter()
         self._finalizer()
+        self._ahead.clear()
+
+    # -- handing over ----------------------------------------------------------------------------
+    def _next_batch(self) -> tuple[int, Any]:
+        """The next batch to yield, its progress marks recorded now. With a device stage (``decode="cuda"``)
+        it is the oldest of the batches that ``_finish_ahead`` keeps finishing ahead of the consumer."""
+        stage = self._pool.gpu_stage
+        if stage is None:
+            taken = self._take()
+        else:
+            self._finish_ahead(stage)
+            taken = self._ahead.popleft()
+        for j in taken.marks:
+            self._progress.mark(j)
+        if taken.error is not None:
+            raise taken.error
+        if taken.future is None:
+            return taken.count, taken.batch
+        batch, skipped = taken.future.result()
+        self._stats.record_skipped(skipped)
+        return taken.count - len(skipped), batch
+
+    def _take(self) -> _Taken:
+        """The next batch from the workers as they sent it, or the failure that ends the epoch there."""
+        try:
+            count, batch = self._next_in_order() if self._in_order else self._next_ready()
+            taken = _Taken(count, self._marks, batch)
+        except Exception as exc:  # noqa: BLE001 - raised at its turn (Ctrl-C is not kept: it goes now)
+            taken = _Taken(0, self._marks, error=exc)
+        self._marks = []
+        return taken
+
+    def _finish_ahead(self, stage: DecodeStage) -> None:
+        """Keep the workers' packed batches finishing (``gpu.finish``: nvJPEG, masks, geometry) on a pool of
+        device threads, as many as one process decodes with (``cpu_pool``), up to one more batch than threads
+        ahead of the consumer. One receiving thread that finished each batch before taking the next held K
+        workers below one process's rate. Takes from the workers until the window is full, the oldest batch
+        is finished, or the epoch has nothing more; a worker's batch that is not packed passes as it is."""
+        threads = self._pool.options.cpu_pool
+        if self._lease.device is None:
+            self._lease.device = thread_pool(threads, "asyncload-device")
+        stage = stage.for_epoch(self._epoch)
+        while not self._drained and len(self._ahead) <= threads and not (self._ahead and self._ahead[0].ready):
+            taken = self._take()
+            if taken.error is not None or taken.batch is END:
+                self._drained = True
+            elif isinstance(taken.batch, dict) and PACKED in taken.batch:
+                taken.future = self._lease.device.submit(finish, stage, taken.batch, self._pool.with_index)
+                taken.batch = None
+            self._ahead.append(taken)
 
     # -- receiving -------------------------------------------------------------------------------
     def _name(self, t: _Turns) -> str:
@@ -431,13 +506,8 @@ class FanoutEpoch(Epoch):
             t.uncredited -= 1
         else:
             self._pool.send(t.index, Credit(self._lease.gen))
-        self._progress.mark(at)
+        self._marks.append(at)
         self._stats.batches_ready += 1  # received: ``ready_batches`` is what was received and not yet yielded
-        stage = self._pool.gpu_stage
-        if stage is not None and isinstance(msg.batch, dict) and PACKED in msg.batch:
-            batch, skipped = finish(stage.for_epoch(self._epoch), msg.batch, self._pool.with_index)
-            self._stats.record_skipped(skipped)
-            return msg.count - len(skipped), batch
         return msg.count, msg.batch
 
     def _next_in_order(self) -> tuple[int, Any]:
@@ -456,7 +526,7 @@ class FanoutEpoch(Epoch):
             self._pos += 1
             if isinstance(msg, (Batch, Failed)):
                 return self._deliver(t, msg)
-            self._progress.mark(j)  # batch j was left out whole (on_error="skip"): consumed
+            self._marks.append(j)  # batch j was left out whole (on_error="skip"): consumed
             t.ended = t.ended or isinstance(msg, End)  # it sends nothing more: its remaining turns are empty
             t.next = max(t.next, bisect.bisect_right(t.seqs, j))
         return 0, END

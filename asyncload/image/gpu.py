@@ -10,14 +10,14 @@ Geometry matches the CPU stage's draws exactly (the same ``augment.Draw``); pixe
 path by interpolation rounding only: antialiased bilinear here where the CPU averages areas.
 
 With worker processes (``processes=K``), workers must not touch the GPU: they ``pack`` the stage's
-columns as they were read (stored bytes, store-decoded masks) into shared-memory tensors and the training
-process runs ``unpack`` and ``run`` on each batch it receives. The draws depend on (seed, epoch, row) only,
-so the batch is the one a single process would make.
+columns as they were read (stored bytes, store-decoded masks) into shared-memory tensors, and the training
+process runs ``finish`` (``unpack``, then ``run``) on each batch it receives, several batches at once on
+its device threads (``fanout.epoch``). The draws depend on (seed, epoch, row) only, so the batch is the
+one a single process would make.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -35,7 +35,6 @@ from .normalize import image_columns
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
 PACKED = "_asyncload_packed"
 _EOI = b"\xff\xd9"
-_lock = threading.Lock()
 
 
 def run(
@@ -234,10 +233,11 @@ def unpack(batch: dict[str, Any]) -> tuple[list[str], dict[str, list[Any]], list
 def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[str, Any], list[tuple[int, str]]]:
     """A fan-out worker's packed batch made whole in the training process: the stage's columns decoded
     and augmented on the device, the other columns (already collated by the worker) kept for the samples
-    that decoded. Returns the batch and the samples skipped here."""
+        that decoded. Returns the batch and the samples skipped here. Thread-safe: the fan-out's epoch runs it
+    on several device threads at once, as one process runs ``run`` on its CPU pool (``lz4masks`` keeps its
+    staging buffers per thread)."""
     cols, values, rows = unpack(batch)
-    with _lock:  # one batch at a time on the device from this process's receiving thread
-        tensors, keep, skipped = run(stage, cols, values, rows)
+    tensors, keep, skipped = run(stage, cols, values, rows)
     if len(keep) != len(rows):
         for k, v in list(batch.items()):
             if isinstance(v, torch.Tensor) and v.shape[:1] == (len(rows),):

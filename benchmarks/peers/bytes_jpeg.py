@@ -11,6 +11,7 @@ best plain reader there is:
 - ``masks: bytes``: lz4 masks read as stored bytes too and decompressed with python-lz4 on the same pool
   (Deep Lake's lz4 sample is a 4-byte size and one raw LZ4 block; its shape is the image's H×W).
 - ``png: spng``: PNG through libspng (imagecodecs, straight into the slot) instead of OpenCV's libpng.
+- ``request``, ``inflight``: indices per column request (default 64) and requests kept in flight (4).
 """
 
 from __future__ import annotations
@@ -81,5 +82,6 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
         images = await loop.run_in_executor(decoders, decode_into, blobs, png)
         return {"images": torch.from_numpy(images), "masks": torch.from_numpy(np.stack(masks))}
 
+    request, inflight = int(options.get("request", request)), int(options.get("inflight", inflight))
     yield from in_order(fetch, order, request, inflight)
     decoders.shutdown()
