@@ -233,7 +233,7 @@ def unpack(batch: dict[str, Any]) -> tuple[list[str], dict[str, list[Any]], list
 def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[str, Any], list[tuple[int, str]]]:
     """A fan-out worker's packed batch made whole in the training process: the stage's columns decoded
     and augmented on the device, the other columns (already collated by the worker) kept for the samples
-        that decoded. Returns the batch and the samples skipped here. Thread-safe: the fan-out's epoch runs it
+    that decoded. Returns the batch and the samples skipped here. Thread-safe: the fan-out's epoch runs it
     on several device threads at once, as one process runs ``run`` on its CPU pool (``lz4masks`` keeps its
     staging buffers per thread)."""
     cols, values, rows = unpack(batch)
