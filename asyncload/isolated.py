@@ -20,10 +20,11 @@ with one gather write and read with one read into one buffer, so that a sample i
 (into the socket, out of it) and arrives as a read-only view of that buffer, which the decoders take as
 they take ``bytes``.
 
-When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails every read it held with ``_Died``. Those reads, the *suspects*, are read again
-one at a time while every other read waits, so that a second death names its request. A request that kills
-the reader while alone is halved until a single row does; a row that kills two fresh readers alone raises
-``ReaderCrashError`` (``on_error="skip"`` leaves it out) and is remembered, never read again. Deaths with
+When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails
+every read it held with ``_Died``. Those reads, the *suspects*, are read again one at a time while every
+other read waits, so that a second death names its request. A request that kills the reader while alone
+is halved until a single row does; a row that kills two fresh readers alone raises ``ReaderCrashError``
+(``on_error="skip"`` leaves it out) and is remembered, never read again. Deaths with
 more than one read in flight count against ``max_restarts`` per epoch; deaths while narrowing down do not
 (each halves what is left, so they are bounded). One death past the budget raises ``WorkerError``.
 
