@@ -406,25 +406,31 @@ def _batch_bytes(batch: Any) -> int:
 
 def _decoded_ratio(plan: Plan, part: Any) -> float:
     """Decoded bytes per byte read, guessed from the first read before any batch is assembled: the
-    stored images' headers say how big they decode (or the augmentation's output size does)."""
+    stored images' headers say how big they decode, an lz4 mask's first 4 bytes too (or the
+    augmentation's output size does)."""
     stage = plan.stage
     if stage is None or not stage.encoded:
         return 1.0
-    from .image.codecs import DecodeError, header
+    from .image.codecs import DecodeError, header, lz4_size
 
+    out = stage.augment.out_size if stage.augment and stage.augment.out_size else None
     read = decoded = 0
     for c, values in part.items():
+        col = stage.columns.get(c)
         for v in values:
-            if is_stored(v) and c in stage.columns:
-                read += len(v)
+            if col is None or not is_stored(v):
+                n = len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
+                read += n
+                decoded += n
+                continue
+            read += len(v)
+            if col.stored == "lz4":  # no header to read, and not an image format to sniff
+                pixels = out[0] * out[1] if out else max(lz4_size(v), 0)
+            else:
                 try:
                     h = header(v)
                 except DecodeError:
                     continue
-                size = stage.augment.out_size if stage.augment and stage.augment.out_size else (h.height, h.width)
-                decoded += size[0] * size[1] * (3 if stage.columns[c].role == "image" else 1)
-            else:
-                n = len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
-                read += n
-                decoded += n
+                pixels = out[0] * out[1] if out else h.height * h.width
+            decoded += pixels * (3 if col.role == "image" else 1)
     return max(1.0, decoded / read) if read else 1.0

@@ -109,3 +109,27 @@ def test_nvcomp_and_python_lz4_give_deep_lakes_masks_on_the_device(lz4_url: str)
         assert errors == []
         for t, m in zip(got, masks, strict=True):
             assert t is not None and t.is_cuda and np.array_equal(t[0].cpu().numpy(), m)
+
+
+def test_the_budgets_first_guess_counts_lz4_masks_at_their_decoded_size(lz4_url: str) -> None:
+    """The byte budget's decoded-per-read ratio, guessed from the first read, counts each lz4 mask at the
+    H×W its blob declares (it has no image header to read), so the guess equals the true ratio."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from asyncload.pipeline import _decoded_ratio
+    from asyncload.sources.base import stored_bytes
+
+    src = DeepLakeSource(lz4_url).open()
+    stage = decode.decode_stage(src, LoaderOptions())
+    assert stage is not None and stage.encoded == {"images", "masks"}
+
+    async def first_read() -> dict:
+        stored_bytes.set(stage.encoded)
+        return await src.read(list(range(8)))
+
+    part = asyncio.run(first_read())
+    blobs, masks, sizes = rows_of(lz4_url)
+    read = sum(len(v) for c in ("images", "masks") for v in part[c])
+    decoded = sum(4 * h * w for h, w in sizes[:8])  # an RGB image and its one-byte mask per pixel
+    assert _decoded_ratio(SimpleNamespace(stage=stage), part) == pytest.approx(decoded / read)
