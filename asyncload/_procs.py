@@ -7,6 +7,12 @@ to Ctrl-C (it reaches the whole process group; the parent decides when its child
 
 This module imports neither torch nor anything that does: an isolated reader imports only it, the source
 and Deep Lake, so that it starts in a fraction of the time and memory a torch import costs.
+
+A child that does no linear algebra (an isolated reader) starts with ``quiet_blas``: its target and
+arguments travel pickled, and are unpickled (importing numpy) only once ``OPENBLAS_NUM_THREADS`` and
+``MKL_NUM_THREADS`` are 1 in its environment. Otherwise numpy's import starts one OpenBLAS thread per
+core, which spin while they wait: more CPU than the rest of a reader's start together, taken from the
+training process on a small machine (benchmarks/results/isolation).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import multiprocessing.resource_sharer
 import multiprocessing.spawn
 import multiprocessing.util
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -138,13 +145,28 @@ def _main_module_left_out(leave_out: bool) -> Iterator[None]:
             multiprocessing.spawn.get_preparation_data = original  # type: ignore[assignment]
 
 
+#: Thread-count settings of the BLAS libraries numpy may load; read once, when the library loads.
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _quiet_blas_main(conn: Connection, payload: bytes, environ: dict[str, str]) -> None:
+    """A ``quiet_blas`` child's entry: one BLAS thread unless the parent's environment says how many, set
+    before the target and its arguments are unpickled (which imports numpy); then the target."""
+    for var in _BLAS_THREADS:
+        os.environ[var] = environ.get(var, "1")
+    target, args = pickle.loads(payload)
+    target(conn, *args, environ)
+
+
 def start_child(
-    context: str, target: Any, args: tuple[Any, ...], *, name: str, needs_main: bool
+    context: str, target: Any, args: tuple[Any, ...], *, name: str, needs_main: bool, quiet_blas: bool = False
 ) -> tuple[BaseProcess, Connection]:
     """Start ``target(conn, *args, environ)`` in a new daemonic process of ``context`` ("forkserver" or
     "spawn"); the parent's end of their duplex pipe comes back with the process. ``needs_main``: the
     pickled ``args`` name the user's ``__main__`` (a transform defined in the script), which the child
-    must then import; otherwise it does not (``_main_module_left_out``)."""
+    must then import; otherwise it does not (``_main_module_left_out``). ``quiet_blas``: numpy in the
+    child gets one BLAS thread (see the module doc); ``args`` must then pickle without multiprocessing's
+    own reducers (no connections, no file descriptors)."""
     ctx: Any = multiprocessing.get_context(context)  # SpawnContext or ForkServerContext
     if context == "forkserver":
         # The server imports torch once, the bulk of a fan-out worker's start; then each worker (a new
@@ -158,7 +180,12 @@ def start_child(
     parent_end, child_end = ctx.Pipe(duplex=True)
     # The parent's environment as of now: a forkserver's children would otherwise inherit the server's,
     # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
-    proc = ctx.Process(target=target, args=(child_end, *args, dict(os.environ)), name=name, daemon=True)
+    environ = dict(os.environ)
+    if quiet_blas:
+        payload = pickle.dumps((target, args), protocol=pickle.HIGHEST_PROTOCOL)
+        proc = ctx.Process(target=_quiet_blas_main, args=(child_end, payload, environ), name=name, daemon=True)
+    else:
+        proc = ctx.Process(target=target, args=(child_end, *args, environ), name=name, daemon=True)
     try:
         with _main_module_left_out(not needs_main):
             proc.start()

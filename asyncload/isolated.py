@@ -243,7 +243,7 @@ class IsolatedSource(Source[Any]):
         and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
         torch; its start and the store's open run in the new process, overlapped with this one's work."""
         proc, conn = start_child(self._context, _reader_main, (self.inner,), name="asyncload-reader",
-                                 needs_main=self._needs_main)  # fmt: skip
+                                 needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
         r = _Reader(proc, conn)
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))

@@ -221,6 +221,34 @@ def test_the_failing_read_reproducer_runs_ten_epochs_with_the_defaults_each_a_na
         assert e.startswith(("ReadError", "ReaderCrashError", "WorkerError")), e
 
 
+@pytest.mark.parametrize("told", [None, "2"])
+def test_a_reader_process_starts_numpy_with_one_blas_thread_unless_the_environment_says(told, monkeypatch) -> None:
+    """numpy's import starts one OpenBLAS thread per core, which spin while they wait: a reader, which does
+    no linear algebra, gets one; a count the user set is kept. Without ``quiet_blas`` a child on a machine
+    of several cores runs more."""
+    from asyncload._procs import start_child
+
+    from .numpy_child import count_threads
+
+    if told is None:
+        monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OPENBLAS_NUM_THREADS", told)
+
+    def threads(quiet: bool) -> int:
+        proc, conn = start_child("spawn", count_threads, (), name="blas-test", needs_main=False, quiet_blas=quiet)
+        try:
+            assert conn.poll(60), "the child sent nothing"
+            return conn.recv()
+        finally:
+            proc.join(30)
+            conn.close()
+
+    assert threads(True) == int(told or 1)
+    if told is None and len(os.sched_getaffinity(0)) > 1:
+        assert threads(False) == len(os.sched_getaffinity(0))
+
+
 def test_answers_cross_in_frames_with_stored_bytes_as_views_and_arrays_writable() -> None:
     """The reader's answer frames, over a real socket pair, bigger than its buffer: every sample arrives
     equal, stored bytes as read-only views, arrays writable (a transform may change them in place)."""
