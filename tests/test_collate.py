@@ -79,3 +79,21 @@ def test_unequal_shapes_without_a_policy_say_what_to_pass(mixed_url: str) -> Non
 def test_a_bad_policy_is_refused(mixed_url: str, bad) -> None:
     with pytest.raises(ConfigError, match=r"ragged=.* is not allowed: None, 'list', 'pad' or a dict of column"):
         first_batch(mixed_url, ragged=bad)
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+              torch.float64, torch.bool, torch.bfloat16],
+)  # fmt: skip
+def test_the_default_allocator_gives_every_dtype_a_writable_contiguous_batch_tensor(dtype: torch.dtype) -> None:
+    """Batch tensors come through numpy where it has the dtype, each mapped to numpy's own, and through
+    torch where numpy has none (bfloat16): either way a writable, contiguous tensor of that dtype and
+    shape."""
+    from asyncload.collate import heap_empty
+
+    t = heap_empty((3, 4, 5), dtype)
+    assert t.dtype == dtype and t.shape == (3, 4, 5) and t.is_contiguous() and t.device.type == "cpu"
+    t.fill_(1)
+    t[1] = 0
+    assert t.sum().item() == 40
+    assert heap_empty((0, 4), dtype).numel() == 0
