@@ -128,14 +128,18 @@ class AsyncLoader:
                 source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
             )  # fmt: skip
             # Now, not at the first epoch: the reader's start and its open of the store overlap with the
-            # open here and with whatever the training script does before its first batch.
-            self._isolated.start()
+            # open here and with whatever the training script does before its first batch. A source whose
+            # open draws its rows starts its reader once opened here, so that the reader reads those rows.
+            if source.opens_alike:
+                self._isolated.start()
         try:
             self.source = source.open()
         except BaseException:
             if self._isolated is not None:
                 self._isolated.close()
             raise
+        if self._isolated is not None:
+            self._isolated.start()  # (started already, unless the open above drew the rows)
         self.shard = shard
         self._reader = ShardReader(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._reader.read_mode

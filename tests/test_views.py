@@ -90,6 +90,25 @@ def test_a_sampled_query_is_the_same_rows_in_every_worker(versioned: dict[str, s
         assert Counter(got) == Counter(rows), f"epoch {e}"
 
 
+def test_a_sampled_query_read_in_a_reader_process_gives_the_rows_the_loader_names(versioned: dict[str, str]) -> None:
+    """With the default isolation, the reader process reads the rows the training process drew, not rows
+    of a query it ran again: each batch's pixels are those of the rows its ``"index"`` names."""
+    query = "SELECT * SAMPLE BY MAX_WEIGHT(label == 1: 1, label != 1: 0) REPLACE True LIMIT 40"
+    loader = AsyncLoader(DeepLakeSource(versioned["url"], query=query), batch_size=8, concurrency=8)
+    assert loader.processes == 1 and loader._isolated is not None
+    rows = loader.source.row_ids(list(range(len(loader.source))))
+    head = deeplake.open_read_only(versioned["url"])
+    got = []
+    for e in range(2):
+        loader.set_epoch(e)
+        for b in loader:
+            for j, i in enumerate(b["index"].tolist()):
+                assert np.array_equal(b["images"][j].numpy(), np.asarray(head[i]["images"])), f"row {i}"
+                got.append(i)
+    loader.close()
+    assert Counter(got) == Counter(rows * 2)
+
+
 def test_resume_over_a_query_is_exact_and_bound_to_its_rows(versioned: dict[str, str]) -> None:
     url = versioned["url"]
     check_resume(

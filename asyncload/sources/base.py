@@ -131,6 +131,14 @@ class Source(abc.ABC, Generic[H]):
     #: ``processes="auto"`` the loader then reads in a process of its own (``LoaderOptions.reader_processes``).
     isolate_reads: bool = False
 
+    @property
+    def opens_alike(self) -> bool:
+        """Whether a process that opens this source unopened reads the same rows as this process will.
+        Then a reader process (``isolated``) starts before this process opens it, so that the two opens
+        overlap. False where an open draws its rows (a query, which may sample at random): the reader then
+        starts from the opened source, whose pickle carries them."""
+        return True
+
     def row_ids(self, positions: list[int]) -> list[int]:
         """The store's own row numbers of loader positions (what a batch's ``"index"`` names); a source
         over a subset or a query result maps them, every other source returns them as they are."""

@@ -215,6 +215,12 @@ class DeepLakeSource(Source[Any]):
             raise SourceError(f"query {self._query_text!r} selects no rows of Deep Lake dataset {self.url}")
         return rows
 
+    @property
+    def opens_alike(self) -> bool:
+        """Not with a query: its rows (a ``SAMPLE BY`` draws them at random) come from this process's open,
+        and a reader that ran the query again would read other rows than the loader names."""
+        return self.query is None or self._rows is not None
+
     def _length(self, handle: Any) -> int:
         return len(handle) if self._rows is None else len(self._rows)
 
