@@ -118,19 +118,23 @@ def index_order(rows: int, order: str, seed: int = 0) -> list[int]:
     return [int(i) for i in np.random.default_rng(seed).permutation(rows)]
 
 
-def stages(total_s: float, threads: dict[str, float], stats: dict[str, Any], harness_s: float) -> dict[str, float]:
+def stages(
+    total_s: float, children_s: float, threads: dict[str, float], stats: dict[str, Any], harness_s: float
+) -> dict[str, float]:
     """asyncload's CPU by stage, in seconds: decode (decode, crop, resize, flip) and collate (collation and a
-    ``transform=`` callable) from its ``stats()``, the consumer from
-    the main thread, the harness's RSS sampler apart, and fetch as everything else in the process tree
-    (the event loop, Deep Lake's storage threads, TLS/HTTP, workers)."""
+    ``transform=`` callable) from its ``stats()``, the consumer from the main thread, the harness's RSS
+    sampler apart, child processes (an isolated reader, fan-out workers: start-up, their Deep Lake reads
+    and what they send) as ``children_s``, and fetch as everything else in the training process (the
+    event loop, Deep Lake's storage threads or the thread receiving a reader's answers, HTTP)."""
     decode = float(stats.get("cpu_decode_s") or 0.0)
     collate = float(stats.get("cpu_collate_s") or 0.0)
     consumer = threads.get("MainThread", 0.0)
     return {
-        "fetch": max(total_s - decode - collate - consumer - harness_s, 0.0),
+        "fetch": max(total_s - children_s - decode - collate - consumer - harness_s, 0.0),
         "decode": decode,
         "collate": collate,
         "consumer": consumer,
+        "children": children_s,
     }
 
 
@@ -148,7 +152,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     # every 0.1 s, not PeakRSS's default 20 ms: walking /proc for a process with Deep Lake's ~70 threads
     # 50 times a second took ~5% of a core, charged to every reader on a CPU-bound machine
     rss = PeakRSS(every_s=0.1)
-    net0, thr0, c0 = net_counters(), thread_cpu_s(), tree_cpu_s(os.getpid())
+    net0, thr0, c0, own0 = net_counters(), thread_cpu_s(), tree_cpu_s(os.getpid()), proc_cpu_s(os.getpid())
     t_start = time.perf_counter()
     it = batches(spec, order)
     seen = s_first = 0
@@ -162,7 +166,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
             if seen >= n or now - t_first >= spec["epoch_s"]:
                 break
     finally:
-        t1, c1, wall1 = time.perf_counter(), tree_cpu_s(os.getpid()), time.time()
+        t1, c1, own1, wall1 = time.perf_counter(), tree_cpu_s(os.getpid()), proc_cpu_s(os.getpid()), time.time()
         net1, thr1 = net_counters(), thread_cpu_s()
         stats = LIVE["stats"]() if "stats" in LIVE else {}
         close = getattr(it, "close", None)
@@ -194,7 +198,8 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         **{f"asyncload_{k}": stats[k] for k in ASYNCLOAD_STATS if k in stats},
     }
     if spec["reader"] == "asyncload":
-        parts = stages(c1 - c0, threads, stats, threads.get("peak-rss", 0.0))
+        children = max((c1 - c0) - (own1 - own0), 0.0)
+        parts = stages(c1 - c0, children, threads, stats, threads.get("peak-rss", 0.0))
         out["stage_cpu_ms_per_sample"] = {k: round(v * per, 3) for k, v in parts.items()}
         out["stage_cpu_from_stats"] = "cpu_decode_s" in stats
     return out

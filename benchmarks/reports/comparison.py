@@ -129,16 +129,18 @@ def _stages(med: dict[Key, dict[str, Any]], key: tuple[int, int | None, str], re
         "",
         "asyncload's client CPU ms/sample by stage: decode (decode, crop, resize, flip) and collate (collation "
         "and a `transform=` callable) are the thread CPU its `loader.stats()` counts, consumer the training "
-        "thread, fetch the rest of the process (event loop, Deep Lake's storage threads, HTTP); bytes held: "
+        "thread, reader processes the CPU of its child processes (an isolated reader's start-up, Deep Lake reads and "
+        "answers; fan-out workers), fetch the rest of the training process (event loop, Deep Lake's storage "
+        "threads or the thread receiving a reader's answers, HTTP); bytes held: "
         "the peak of read and decoded bytes the pipeline held against its `memory_budget`.",
         "",
-        "| reader | fetch | decode | collate | consumer | total | bytes held peak MB / budget MB |",
-        "|---|---|---|---|---|---|---|",
+        "| reader | reader processes | fetch | decode | collate | consumer | total | bytes held peak MB / budget MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, m in ours:
         st = m["stage_cpu_ms_per_sample"]
         out.append(
-            f"| {name} | {st['fetch']:.2f} | {st['decode']:.2f} | {st['collate']:.2f} | {st['consumer']:.2f} | "
+            f"| {name} | {_f(st.get('children'), 2)} | {st['fetch']:.2f} | {st['decode']:.2f} | {st['collate']:.2f} | {st['consumer']:.2f} | "
             f"{m['cpu_ms_per_sample']:.2f} | {_mb(m.get('asyncload_bytes_held_peak'))} / {_mb(m.get('asyncload_memory_budget'))} |"
         )
     return out
