@@ -11,8 +11,8 @@ and Deep Lake, so that it starts in a fraction of the time and memory a torch im
 A child that does no linear algebra (an isolated reader) starts with ``quiet_blas``: its target and
 arguments travel pickled, and are unpickled (importing numpy) only once ``OPENBLAS_NUM_THREADS`` and
 ``MKL_NUM_THREADS`` are 1 in its environment. Otherwise numpy's import starts one OpenBLAS thread per
-core, which spin while they wait: more CPU than the rest of a reader's start together, taken from the
-training process on a small machine (benchmarks/results/isolation).
+core, which spin while they wait: a large part of a reader's start, in CPU taken from the training
+process on a small machine (benchmarks/results/first_epoch).
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def heap_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     A batch tensor is a few MB, allocated on a decode thread, written once, freed by the consumer. Through
     ``torch.empty`` such a block comes back in fresh pages, and the decode that writes it takes a page
     fault every few KB; numpy's allocator reuses freed blocks and asks the kernel for transparent huge
-    pages on large ones, so the same writes fault a tenth as often (benchmarks/results/first_epoch).
+    pages on large ones, so the same writes fault far less often (benchmarks/results/first_epoch).
     The tensor shares the array's memory; unlike ``torch.empty``'s, its storage cannot be resized."""
     np_dtype = _NUMPY_DTYPES.get(dtype)
     if np_dtype is None:
