@@ -33,6 +33,7 @@ import traceback
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 log = logging.getLogger("asyncload")
@@ -165,8 +166,9 @@ def start_child(
     "spawn"); the parent's end of their duplex pipe comes back with the process. ``needs_main``: the
     pickled ``args`` name the user's ``__main__`` (a transform defined in the script), which the child
     must then import; otherwise it does not (``_main_module_left_out``). ``quiet_blas``: numpy in the
-    child gets one BLAS thread (see the module doc); ``args`` must then pickle without multiprocessing's
-    own reducers (no connections, no file descriptors)."""
+    child gets one BLAS thread (see the module doc); ``args`` are then pickled here, by the pickler
+    ``multiprocessing`` uses (the one the loader tries a source with), so they must not hold what only
+    pickles while a process starts (connections, file descriptors)."""
     ctx: Any = multiprocessing.get_context(context)  # SpawnContext or ForkServerContext
     if context == "forkserver":
         # The server imports torch once, the bulk of a fan-out worker's start; then each worker (a new
@@ -182,7 +184,7 @@ def start_child(
     # as of when it started (credentials set since, such as ``AWS_*``, would never reach them).
     environ = dict(os.environ)
     if quiet_blas:
-        payload = pickle.dumps((target, args), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = bytes(ForkingPickler.dumps((target, args)))
         proc = ctx.Process(target=_quiet_blas_main, args=(child_end, payload, environ), name=name, daemon=True)
     else:
         proc = ctx.Process(target=target, args=(child_end, *args, environ), name=name, daemon=True)
