@@ -242,7 +242,7 @@ class IsolatedSource(Source[Any]):
         """Start a reader (lock held). By spawn: a new interpreter that imports the source and Deep Lake
         and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
         torch; its start and the store's open run in the new process, overlapped with this one's work."""
-        proc, conn = start_child(self._context, _reader_main, (self.inner,), name="asyncload-reader",
+        proc, conn = start_child(self._context, _reader_main, (self.inner.reader_copy(),), name="asyncload-reader",
                                  needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
         r = _Reader(proc, conn)
         if self._configured is not None:
@@ -283,17 +283,21 @@ class IsolatedSource(Source[Any]):
             how = how_it_ended(exitcode)
             name = f"reader process (pid {pid}) for {self.url}"
             error: BaseException
+            fatal: str | None = None  # why the epoch ends here, if it does
             if charged and self._deaths > self._max_restarts:
                 budget = self._max_restarts
-                self._fatal = WorkerError(
-                    f"asyncload {name} {how} holding reads of indices {_short(rows)}"
-                    + (f", after {budget} restarts this epoch (max_restarts={budget})" if budget else "")
-                )
+                fatal = f", after {budget} restarts this epoch (max_restarts={budget})" if budget else ""
+            else:
+                try:
+                    self._spawn()
+                except Exception as exc:  # noqa: BLE001 - e.g. a credential chain that no longer renews
+                    fatal = f"; no reader could replace it: {type(exc).__name__}: {exc}"
+            if fatal is not None:
+                self._fatal = WorkerError(f"asyncload {name} {how} holding reads of indices {_short(rows)}{fatal}")
                 self._fatal.pid, self._fatal.exitcode, self._fatal.indices = pid, exitcode, rows  # type: ignore[attr-defined]
                 error = self._fatal
                 waiters, self._waiters = self._waiters, []
             else:
-                self._spawn()
                 if self._stats is not None:
                     self._stats.worker_restarts += 1
                 if charged:  # a read alone is retried by ``_narrow`` itself, already a suspect

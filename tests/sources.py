@@ -8,7 +8,7 @@ import resource
 import signal
 from collections.abc import Callable
 
-from asyncload import DeepLakeSource
+from asyncload import DeepLakeSource, SourceError
 from asyncload.sources.base import Columns
 
 
@@ -145,3 +145,16 @@ class CrashingSource(DeepLakeSource):
             os.kill(os.getpid(), self.sig)
             await asyncio.sleep(30)  # the signal ends the process before this does
         return await super().read(indices)
+
+
+class ExpiringSource(CrashingSource):
+    """A ``CrashingSource`` whose access can be handed to one reader process only: the next
+    ``reader_copy`` fails, as a credential chain that can no longer renew its keys does."""
+
+    copies = 0
+
+    def reader_copy(self) -> DeepLakeSource:
+        self.copies += 1
+        if self.copies > 1:
+            raise SourceError(f"cannot renew the credentials for {self.url}")
+        return super().reader_copy()

@@ -94,6 +94,29 @@ def test_deeplake_source_reads_with_a_profile_and_with_the_chain(
     assert "rejected the credentials" in str(e.value) and WRONG_SECRET not in full_text(e.value)
 
 
+def test_a_reader_process_opens_s3_with_what_was_checked_here_and_no_http_client_of_its_own(
+    remote_data: RemoteData, aws_files: Path
+) -> None:
+    """The training process probes the bucket and resolves the profile once; its reader process is handed
+    the keys and opens Deep Lake with them, without a probe, a credential chain or aiohttp of its own (whose
+    import was the largest part of a reader's start). A probe that fails starts no reader at all."""
+    from asyncload import DeepLakeSource
+
+    from .conftest import live_children
+
+    with AsyncLoader(
+        DeepLakeSource(remote_data.deeplake_url, profile=PROFILE), batch_size=16, concurrency=16
+    ) as loader:
+        got = sorted(i for b in loader for i in b["index"].tolist())
+        maps = Path(f"/proc/{loader._isolated.pid}/maps").read_text()
+    assert got == list(range(remote_data.rows))
+    assert "_deeplake" in maps and "aiohttp" not in maps  # its C parts: the parser, the masks
+    before = {p.pid for p in live_children()}
+    with pytest.raises(S3AccessError, match="rejected the credentials"):
+        AsyncLoader(DeepLakeSource(remote_data.deeplake_url, profile="wrong"))
+    assert {p.pid for p in live_children()} <= before
+
+
 def test_wrong_secret_in_a_profile_fails_fast_naming_profile_endpoint_and_bucket(
     remote_data: RemoteData, aws_files: Path
 ) -> None:

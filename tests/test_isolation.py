@@ -27,7 +27,7 @@ from asyncload import (
 from asyncload.sources.subset import RangeSource
 
 from .conftest import ROWS, live_children, reader_threads
-from .sources import CrashingSource
+from .sources import CrashingSource, ExpiringSource
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(180)
@@ -135,6 +135,18 @@ def test_deaths_past_max_restarts_end_the_epoch_with_worker_error(seg_url, tmp_p
             pass
     assert loader._isolated.pid is None and _gone(loader._isolated.pids)
     assert not live_children()
+
+
+def test_a_reader_that_cannot_be_replaced_ends_the_epoch_naming_why(seg_url, tmp_path) -> None:
+    """The access handed to a reader comes from this process at each start: when it fails there, the dead
+    reader's reads end the epoch with that reason, and nothing waits for a reader that never comes."""
+    src = ExpiringSource(seg_url, {100}, sig=signal.SIGKILL, once_dir=str(tmp_path))
+    loader = AsyncLoader(src, 8, concurrency=8)
+    with pytest.raises(WorkerError, match=r"killed by signal SIGKILL holding reads of indices .*; no reader could "
+                       r"replace it: SourceError: cannot renew the credentials for file://"):  # fmt: skip
+        for _ in loader:
+            pass
+    assert loader._isolated.pid is None and _gone(loader._isolated.pids) and not live_children()
 
 
 def test_max_restarts_0_keeps_the_first_death_fatal(seg_url, tmp_path) -> None:

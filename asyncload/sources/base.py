@@ -139,6 +139,12 @@ class Source(abc.ABC, Generic[H]):
         starts from the opened source, whose pickle carries them."""
         return True
 
+    def reader_copy(self) -> Source[H]:
+        """This source as a reader process (``isolated``) is given it: a source whose open checks what the
+        training process has checked already (a bucket probe, a credential chain) returns a copy that
+        skips it; every other source returns itself."""
+        return self
+
     def row_ids(self, positions: list[int]) -> list[int]:
         """The store's own row numbers of loader positions (what a batch's ``"index"`` names); a source
         over a subset or a query result maps them, every other source returns them as they are."""

@@ -144,6 +144,8 @@ class DeepLakeSource(Source[Any]):
         self._query_text = query
         self._rows: np.ndarray | None = None  # dataset rows of the query's result, in its order
         self._branch: str | None = None
+        self._s3: tuple[int, Any] | None = None  # (pid, S3Endpoint) of this process's probe: ``_open_kwargs``
+        self._checked = False  # a reader's copy: its parent probed and resolved (``reader_copy``)
 
     #: Deep Lake's runtime (storage threads, caches) does not survive a fork of a process that used it.
     fork_safe = False
@@ -153,20 +155,7 @@ class DeepLakeSource(Source[Any]):
     def dataset(self) -> Any:
         """The read-only Deep Lake dataset at this source's version, opened now (no column check): for
         tools such as ``asyncload inspect`` that look at a dataset before choosing columns."""
-        creds = self._creds
-        if self.url.startswith("s3://"):
-            # Fail in seconds with the setting that is wrong, not after Deep Lake's ~42 s of retries; and
-            # resolve the standard credential chain (profile, SSO, instance role...) Deep Lake does not.
-            from .s3probe import probe_s3_url
-
-            s3 = probe_s3_url(self.url, creds, profile=self.profile, enabled=self.probe)
-            if self.profile is not None or not (creds or {}).get("aws_access_key_id"):
-                creds = {**s3.as_creds(), **(creds or {})}  # keys as of now: Deep Lake does not renew them
-        kwargs: dict[str, Any] = {}
-        if creds:
-            kwargs["creds"] = creds
-        if self._token:
-            kwargs["token"] = self._token
+        kwargs = self._open_kwargs()
         self._size_storage_pool()
         try:
             ds = deeplake.open_read_only(self.url, **kwargs)
@@ -177,6 +166,44 @@ class DeepLakeSource(Source[Any]):
         if self.version_spec is not None:
             ds = self._open_version(ds, kwargs)
         return ds
+
+    def _open_kwargs(self) -> dict[str, Any]:
+        """Deep Lake's ``creds`` and ``token`` for an open in this process. For ``s3://``, the bucket is
+        probed first, to fail in seconds naming the setting that is wrong rather than after Deep Lake's
+        ~42 s of retries, and the standard credential chain (profile, SSO, instance role...), which Deep
+        Lake does not ask, is resolved; both once per process (``_s3``), and not at all in a copy whose
+        process was handed what its parent checked (``reader_copy``)."""
+        creds = self._creds
+        chain = self.profile is not None or not (creds or {}).get("aws_access_key_id")
+        if self.url.startswith("s3://") and not self._checked and (self.probe or chain):
+            if self._s3 is None or self._s3[0] != os.getpid():
+                from .s3probe import probe_s3_url  # imports aiohttp: only where a probe or the chain runs
+
+                self._s3 = (os.getpid(), probe_s3_url(self.url, creds, profile=self.profile, enabled=self.probe))
+            if chain:
+                creds = {**self._s3[1].as_creds(), **(creds or {})}  # keys as of now: Deep Lake does not renew them
+        kwargs: dict[str, Any] = {}
+        if creds:
+            kwargs["creds"] = creds
+        if self._token:
+            kwargs["token"] = self._token
+        return kwargs
+
+    def reader_copy(self) -> DeepLakeSource:
+        """This source as a reader process opens it: with the credentials this process resolved and its
+        bucket probed here (once), so that the reader imports no HTTP client and makes no round trip of
+        its own before Deep Lake's open. The keys are taken now, at each reader's start: a chain's
+        temporary keys are renewed here, not frozen into every later reader."""
+        kwargs = self._open_kwargs()
+        copy = object.__new__(type(self))
+        copy.__setstate__(self.__getstate__())
+        copy._creds, copy._checked = kwargs.get("creds"), True
+        return copy
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_s3"] = None  # this process's probe and chain: each process checks for itself
+        return state
 
     def _open(self) -> Any:
         ds = self.dataset()

@@ -150,7 +150,7 @@ class S3Endpoint:
         """Deep Lake-style ``creds`` for what was resolved (keys as of now, region, endpoint), for handing
         a chain's result and the bucket's region to a client that reads ``creds`` only. Holds the secret."""
         out = {"endpoint_url": self.endpoint_url, "aws_region": self.region}
-        c = self.credentials
+        c = self._renewing.get_blocking() if self._renewing is not None else self.credentials
         if c is not None:
             out |= {"aws_access_key_id": c.access_key, "aws_secret_access_key": c.secret_key}
             if c.session_token:
