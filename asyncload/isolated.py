@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import importlib
 import logging
 import os
 import pickle
@@ -239,12 +240,19 @@ class IsolatedSource(Source[Any]):
         return r
 
     def _spawn(self) -> None:
-        """Start a reader (lock held). By spawn: a new interpreter that imports the source and Deep Lake
-        and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
-        torch; its start and the store's open run in the new process, overlapped with this one's work."""
-        proc, conn = start_child(self._context, _reader_main, (self.inner.reader_copy(),), name="asyncload-reader",
+        """Start a reader (lock held). By spawn: a new interpreter that imports the source's module and Deep
+        Lake and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
+        torch. The source follows as its first message, once ``reader_copy`` has checked here what the
+        reader need not check again (a bucket probe): that check overlaps the reader's imports, and the
+        store's open overlaps this process's work. A failed check stops the reader it started."""
+        proc, conn = start_child(self._context, _reader_main, (type(self.inner).__module__,), name="asyncload-reader",
                                  needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
         r = _Reader(proc, conn)
+        try:
+            r.conn.send(self.inner.reader_copy())
+        except BaseException:
+            _stop_reader([r], self._timeout)
+            raise
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))
         self._holder[0] = r
@@ -469,9 +477,9 @@ def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
 
 
 # -- in the reader process -----------------------------------------------------------------------
-def _reader_main(conn: Connection, source: Source[Any], environ: dict[str, str]) -> None:
+def _reader_main(conn: Connection, module: str, environ: dict[str, str]) -> None:
     """Entry point of a reader process (started by reference: a module-level name)."""
-    run_child(environ, _serve_reads, conn, source)
+    run_child(environ, _serve_reads, conn, module)
 
 
 async def _read_one(source: Source[Any], indices: list[int], cols: frozenset[str]) -> Columns:
@@ -497,8 +505,17 @@ def _send_all(conn: Connection, out: queue.SimpleQueue[Any]) -> None:
             _write_frame(fd, ("failed", msg[1], Failure(exc), msg[3]))
 
 
-def _serve_reads(conn: Connection, source: Source[Any]) -> None:
-    """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned."""
+def _serve_reads(conn: Connection, module: str) -> None:
+    """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned. The
+    source's module (Deep Lake) is imported before the source arrives, while the parent checks its access."""
+    if module != "__main__":  # the user's script is imported by the preparation data, when it is needed
+        importlib.import_module(module)
+    try:
+        source = conn.recv()
+    except (EOFError, OSError):
+        return
+    if source is None:  # the parent's check failed: nothing was opened
+        return
     lt = LoopThread("asyncload-reader-loop", cpu_workers=1)
     lt.start()
     out: queue.SimpleQueue[Any] = queue.SimpleQueue()
