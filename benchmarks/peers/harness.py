@@ -73,16 +73,18 @@ def _thread_group(name: str) -> str:
     return re.sub(r"[-_]?\d+$", "", name) or name
 
 
-def thread_cpu_s() -> dict[str, float]:
+def thread_cpu_s(pid: int | None = None) -> dict[str, float]:
     """CPU seconds of this process's live threads by group: Python threads by their ``threading`` name
-    (the consumer is ``MainThread``), native ones by their kernel name (Deep Lake's pool is ``B_<n>``)."""
-    py_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    (the consumer is ``MainThread``), native ones by their kernel name (Deep Lake's pool is ``B_<n>``).
+    Another process's (``pid``) by kernel name only (Python 3.11 gives its threads none of their own)."""
+    py_names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None} if pid is None else {}
     out: dict[str, float] = {}
-    for tid in os.listdir("/proc/self/task"):
+    task = f"/proc/{pid or 'self'}/task"
+    for tid in os.listdir(task):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
+            with open(f"{task}/{tid}/comm") as f:
                 comm = f.read().strip()
-            cpu = _stat_cpu_s(f"/proc/self/task/{tid}/stat")
+            cpu = _stat_cpu_s(f"{task}/{tid}/stat")
         except OSError:
             continue
         name = py_names.get(int(tid))
