@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -67,7 +68,8 @@ def main() -> None:
     ap.add_argument("--fmt", default="jpg")
     ap.add_argument("--rtt-ms", type=float, default=50)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--what", default="phases", choices=["phases", "epoch", "epoch0"])
+    ap.add_argument("--what", default="phases", choices=["phases", "epoch", "epoch0", "ab"])
+    ap.add_argument("--trees", nargs="*", default=[], help="with --what ab: checkouts to compare, interleaved")
     a = ap.parse_args()
     from benchmarks.peers.harness import Runner
     from benchmarks.testbeds.world import DatasetSpec, world
@@ -77,10 +79,15 @@ def main() -> None:
         w.set_rtt(a.rtt_ms)
         run = Runner(120, enter=w.net.enter_client)
         for _ in range(a.reps):
-            fn, extra = ("epoch", (0,)) if a.what == "epoch0" else (a.what, ())
-            spec = {"call": ("benchmarks.results.open_once.phases", fn, (w.url("ds", False), w.creds, *extra))}
-            out = run(spec)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}), flush=True)
+            if a.what == "ab":
+                calls = [("epoch_of", (t,)) for t in a.trees]
+            else:
+                calls = [("epoch", (0,)) if a.what == "epoch0" else (a.what, ())]
+            for fn, extra in calls:
+                spec = {"call": ("benchmarks.results.open_once.phases", fn, (w.url("ds", False), w.creds, *extra))}
+                out = run(spec)
+                out = {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+                print(json.dumps({"run": [fn, *extra], **out}), flush=True)
 
 
 if __name__ == "__main__":
@@ -112,3 +119,36 @@ def epoch(url: str, creds: dict[str, str], processes: Any = "auto") -> dict[str,
     out["parent_threads"] = {k: round(v, 3) for k, v in thread_cpu_s().items()}
     loader.close()
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in out.items()}
+
+
+_EPOCH_CHILD = """
+import json, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from asyncload import AsyncLoader, DeepLakeSource
+from benchmarks.peers.harness import tree_cpu_s
+import os
+creds = json.loads(sys.argv[3])
+t0 = time.perf_counter(); c0 = tree_cpu_s(os.getpid())
+loader = AsyncLoader(DeepLakeSource(sys.argv[2], creds=creds), 32, shuffle=True)
+n = 0; first = None
+for b in loader:
+    n += len(b["index"])
+    first = first or time.perf_counter() - t0
+s = time.perf_counter() - t0
+print(json.dumps({"samples_per_s": n / s, "first_batch_s": first, "cpu_ms_per_sample": (tree_cpu_s(os.getpid()) - c0) * 1e3 / n}))
+os._exit(0)
+"""
+
+
+def epoch_of(url: str, creds: dict[str, str], tree: str) -> dict[str, Any]:
+    """``epoch`` with the defaults, in a fresh interpreter whose asyncload is the checkout at ``tree``
+    (an A/B of two commits in one world, interleaved): opening to the last sample, the process tree's CPU."""
+    import subprocess
+
+    out = subprocess.run(
+        [sys.executable, "-c", _EPOCH_CHILD, tree, url, json.dumps(creds)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": tree},
+    )  # fmt: skip
+    if out.returncode:
+        return {"error": out.stderr[-2000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
