@@ -164,6 +164,8 @@ def test_lz4_bytes_decode_into_the_row_and_bad_ones_raise_with_lz4s_message(odd_
     row = np.zeros((64, 64), np.uint8)
     got = codecs.decode(blob, "gray", row, head=codecs.lz4_header(blob, 64, 64))
     assert np.shares_memory(got, row) and np.array_equal(row, want)
+    alone = codecs.decode(blob, "gray", head=codecs.Header("lz4", 64, 64))  # no row: an array of its own
+    assert alone.flags.writeable and np.array_equal(alone, want)
     with pytest.raises(codecs.DecodeError, match=r"^lz4 mask of 4096 bytes, but its image is 64x32 \(2048 pixels\)$"):
         codecs.lz4_header(blob, 64, 32)
     with pytest.raises(codecs.DecodeError, match=r"^lz4 blob cut short \(3 bytes\)$"):

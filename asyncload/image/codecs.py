@@ -204,10 +204,14 @@ def _lz4(data: Buffer, out: np.ndarray | None, head: Header) -> np.ndarray:
 
     lz4_header(data, head.height, head.width)  # the declared size is the pair's: else raise, decode nothing
     try:
-        raw = lz4.block.decompress(data, return_bytearray=True)  # writable: a row of its own if no ``out``
+        # As ``bytes``: ``return_bytearray=True`` cost more than the rest of a mask's decode together (a
+        # copy inside python-lz4), and a mask is copied into its batch row anyway.
+        raw = lz4.block.decompress(data)
     except lz4.block.LZ4BlockError as exc:
         raise DecodeError(f"lz4: {exc}") from None
     got = np.frombuffer(raw, np.uint8).reshape(head.height, head.width)
+    if out is None:
+        return got.copy()  # writable: a row of its own
     return _finish(got, "gray", out)
 
 
