@@ -12,6 +12,7 @@ Why it reads the way it does (Deep Lake 4.7.4; the figures are in benchmarks/res
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import re
@@ -195,10 +196,9 @@ class DeepLakeSource(Source[Any]):
         its own before Deep Lake's open. The keys are taken now, at each reader's start: a chain's
         temporary keys are renewed here, not frozen into every later reader."""
         kwargs = self._open_kwargs()
-        copy = object.__new__(type(self))
-        copy.__setstate__(self.__getstate__())
-        copy._creds, copy._checked = kwargs.get("creds"), True
-        return copy
+        checked = copy.copy(self)  # through ``__getstate__``: no handle, no probe of this process
+        checked._creds, checked._checked = kwargs.get("creds"), True
+        return checked
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
