@@ -249,10 +249,11 @@ class IsolatedSource(Source[Any]):
                                  needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
         r = _Reader(proc, conn)
         try:
-            r.conn.send(self.inner.reader_copy())
+            checked = self.inner.reader_copy()
         except BaseException:
             _stop_reader([r], self._timeout)
             raise
+        self._send(r, checked)  # a reader that died meanwhile is handled as any death, by its receiver thread
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))
         self._holder[0] = r
