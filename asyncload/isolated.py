@@ -245,7 +245,7 @@ class IsolatedSource(Source[Any]):
         torch. The source follows as its first message, once ``reader_copy`` has checked here what the
         reader need not check again (a bucket probe): that check overlaps the reader's imports, and the
         store's open overlaps this process's work. A failed check stops the reader it started."""
-        proc, conn = start_child(self._context, _reader_main, (type(self.inner).__module__,), name="asyncload-reader",
+        proc, conn = start_child(self._context, _reader_main, (self.inner.reader_module,), name="asyncload-reader",
                                  needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
         r = _Reader(proc, conn)
         try:

@@ -61,6 +61,26 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
     assert AsyncLoader(RangeSource(DeepLakeSource(seg_url), 0, 10), 4, processes=3).processes == 3
 
 
+def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_loses_nothing(
+    seg_url, tmp_path
+) -> None:
+    # What ``asyncload train`` reads: a row range of the dataset. Its reads must be isolated like the
+    # dataset's own; the crash below would end this test's process if they were not.
+    inner = CrashingSource(seg_url, {20, 33}, sig=signal.SIGSEGV, once_dir=str(tmp_path))
+    split = RangeSource(inner, 16, 48)
+    assert split.isolate_reads and split.opens_alike and split.reader_module == "tests.sources"
+    copied = split.reader_copy()
+    assert isinstance(copied, RangeSource) and copied.inner is not inner and copied.inner._checked
+    assert (copied.start, copied.stop) == (16, 48) and not inner._checked
+    with AsyncLoader(split, 8, shuffle=True, seed=1, concurrency=4) as loader:
+        assert loader.processes == 1
+        got = _indices(loader)
+        assert loader.stats()["worker_restarts"] == 2
+        pids = loader._isolated.pids
+    assert sorted(got) == list(range(16, 48))  # the dataset's own row numbers, each once
+    assert _gone(pids) and not live_children()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGFPE, signal.SIGKILL])
 def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order(
     seg_url, tmp_path, caplog, sig

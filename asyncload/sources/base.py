@@ -139,6 +139,12 @@ class Source(abc.ABC, Generic[H]):
         starts from the opened source, whose pickle carries them."""
         return True
 
+    @property
+    def reader_module(self) -> str:
+        """The module a reader process (``isolated``) imports while it waits for this source: the one that
+        imports the native library, so that its import overlaps this process's checks."""
+        return type(self).__module__
+
     def reader_copy(self) -> Source[H]:
         """This source as a reader process (``isolated``) is given it: a source whose open checks what the
         training process has checked already (a bucket probe, a credential chain) returns a copy that

@@ -6,6 +6,7 @@ and each batch's ``"index"`` use the real row numbers of the dataset underneath.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Literal
 
 from .base import Columns, Source
@@ -20,7 +21,8 @@ class RangeSource(Source[Any]):
         if not 0 <= start <= stop <= len(inner):
             raise ValueError(f"RangeSource: [{start}, {stop}) is not within the {len(inner)} rows of {inner.url}")
         self.inner, self.start, self.stop = inner, start, stop
-        self.fork_safe = inner.fork_safe
+        # A split of a store whose reads can crash is read in a reader process like the store itself.
+        self.fork_safe, self.isolate_reads = inner.fork_safe, inner.isolate_reads
 
     def _open(self) -> Any:
         return self.inner.handle()
@@ -34,6 +36,19 @@ class RangeSource(Source[Any]):
 
     def row_ids(self, positions: list[int]) -> list[int]:
         return self.inner.row_ids([self.start + i for i in positions])
+
+    @property
+    def opens_alike(self) -> bool:
+        return self.inner.opens_alike
+
+    @property
+    def reader_module(self) -> str:
+        return self.inner.reader_module
+
+    def reader_copy(self) -> RangeSource:
+        checked = copy.copy(self)  # through ``__getstate__``: no handle; the range is checked already
+        checked.inner = self.inner.reader_copy()
+        return checked
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:

@@ -150,7 +150,8 @@ class Split:
                 how.update(normalize=UNet.NORMALIZE, layout="NCHW", dtype=image_dtype)
             if cfg.processes and train:
                 # K persistent worker processes, started by the first epoch and kept across epochs; the
-                # held-out split is small and read once per epoch, in this process.
+                # held-out split is small and read once per epoch by this process's pipeline (its Deep
+                # Lake reads in a reader process, as every loader's by default).
                 loader = AsyncLoader(source, processes=cfg.processes, rank=rank, world_size=world, **how)
                 self.dataset = self.loader = TrainedPrefix(loader)
             else:
