@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import io
 import struct
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
@@ -41,10 +40,10 @@ class DecodeError(ValueError):
     """Bytes that do not decode as the image they claim to be; the message is the decoder's."""
 
 
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """What the first bytes say: the format and the stored size (``height``, ``width``). For lz4, whose
-    bytes hold no shape, the caller makes it (``lz4_header``)."""
+    bytes hold no shape, the caller makes it (``lz4_header``). A tuple: one is made per sample and
+    column, and a frozen dataclass costs several times as much to build."""
 
     format: Format
     height: int
@@ -61,7 +60,7 @@ def is_stored(value: object) -> bool:
 
 
 def sniff(data: Buffer) -> Format:
-    head = bytes(memoryview(data)[:8])
+    head = bytes(data[:8])
     if head[:3] == b"\xff\xd8\xff":
         return "jpeg"
     if head == b"\x89PNG\r\n\x1a\n":
@@ -71,48 +70,47 @@ def sniff(data: Buffer) -> Format:
 
 def header(data: Buffer) -> Header:
     """The format and size of an encoded image, from its header alone (microseconds)."""
-    view = memoryview(data)
-    if len(view) == 0:
+    if len(data) == 0:
         raise DecodeError("empty sample (0 bytes)")
-    fmt = sniff(view)
+    fmt = sniff(data)
     if fmt == "jpeg":
-        import simplejpeg
-
         try:
-            h, w, _, _ = simplejpeg.decode_jpeg_header(view)
+            h, w, _, _ = _simplejpeg().decode_jpeg_header(data)
         except ValueError as exc:
             raise DecodeError(f"libjpeg-turbo: {exc}") from None
         return Header("jpeg", h, w)
     if fmt == "png":
-        if len(view) < 33 or bytes(view[12:16]) != b"IHDR":
-            raise DecodeError(f"PNG header cut short ({len(view)} bytes)")
-        w, h, depth, colour = struct.unpack(">IIBB", view[16:26])
+        if len(data) < 33 or bytes(data[12:16]) != b"IHDR":
+            raise DecodeError(f"PNG header cut short ({len(data)} bytes)")
+        w, h, depth, colour = struct.unpack_from(">IIBB", data, 16)
         return Header("png", h, w, palette=colour == 3, colour=colour, depth=depth)
     try:
         from PIL import Image
 
-        with Image.open(io.BytesIO(view)) as im:
+        with Image.open(io.BytesIO(data)) as im:
             return Header("other", im.height, im.width, palette=im.mode == "P")
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for bad bytes
-        raise DecodeError(f"not an image Pillow can open ({len(view)} bytes): {exc}") from None
+        raise DecodeError(f"not an image Pillow can open ({len(data)} bytes): {exc}") from None
 
 
 def lz4_header(data: Buffer, height: int, width: int) -> Header:
     """The header of an lz4 mask that is ``height``×``width`` (its paired image's size): raises where the
     blob's own size (its first 4 bytes, little-endian) says otherwise, or where it is cut short."""
-    view = memoryview(data)
-    if len(view) < 4:
-        raise DecodeError(f"lz4 blob cut short ({len(view)} bytes)")
-    n = int.from_bytes(view[:4], "little")
+    _check_lz4(data, height, width)
+    return Header("lz4", height, width)
+
+
+def _check_lz4(data: Buffer, height: int, width: int) -> None:
+    n = lz4_size(data)
+    if n < 0:
+        raise DecodeError(f"lz4 blob cut short ({len(data)} bytes)")
     if n != height * width:
         raise DecodeError(f"lz4 mask of {n} bytes, but its image is {height}x{width} ({height * width} pixels)")
-    return Header("lz4", height, width)
 
 
 def lz4_size(data: Buffer) -> int:
     """The uncompressed size an lz4 blob declares (its first 4 bytes, little-endian), -1 if cut short."""
-    view = memoryview(data)
-    return int.from_bytes(view[:4], "little") if len(view) >= 4 else -1
+    return int.from_bytes(data[:4], "little") if len(data) >= 4 else -1
 
 
 def decode(
@@ -134,9 +132,21 @@ def decode(
     return _pillow(data, mode, out)
 
 
-def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce: int) -> np.ndarray:
-    import simplejpeg
+def _simplejpeg() -> Any:
+    """simplejpeg, imported on first use (a reader process that only reads bytes never imports it)."""
+    global _SIMPLEJPEG
+    if _SIMPLEJPEG is None:
+        import simplejpeg
 
+        _SIMPLEJPEG = simplejpeg
+    return _SIMPLEJPEG
+
+
+_SIMPLEJPEG: Any = None
+
+
+def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce: int) -> np.ndarray:
+    simplejpeg = _simplejpeg()
     kw = {}
     if reduce > 1:  # the smallest size that keeps at least 1/reduce of each side
         kw = {"min_height": -(-head.height // reduce), "min_width": -(-head.width // reduce), "min_factor": 1}
@@ -202,7 +212,7 @@ def _lz4(data: Buffer, out: np.ndarray | None, head: Header) -> np.ndarray:
     """One raw LZ4 block after a 4-byte size (Deep Lake's lz4 sample), as ``head``'s height×width."""
     import lz4.block
 
-    lz4_header(data, head.height, head.width)  # the declared size is the pair's: else raise, decode nothing
+    _check_lz4(data, head.height, head.width)  # the declared size is the pair's: else raise, decode nothing
     try:
         # As ``bytes``: ``return_bytearray=True`` cost more than the rest of a mask's decode together (a
         # copy inside python-lz4), and a mask is copied into its batch row anyway.
@@ -212,6 +222,9 @@ def _lz4(data: Buffer, out: np.ndarray | None, head: Header) -> np.ndarray:
     got = np.frombuffer(raw, np.uint8).reshape(head.height, head.width)
     if out is None:
         return got.copy()  # writable: a row of its own
+    if out.shape == got.shape:
+        out[...] = got
+        return out
     return _finish(got, "gray", out)
 
 
