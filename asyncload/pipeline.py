@@ -91,6 +91,7 @@ class _Batch:
     indices: list[int]
     pending: int
     parts: dict[int, tuple[list[int], Any]] = field(default_factory=dict)
+    held: int = 0  # bytes of ``parts``, counted in ``Stats.bytes_held`` until the batch is assembled
     skipped: list[tuple[int, str]] = field(default_factory=list)
     failed: bool = False
 
@@ -256,7 +257,8 @@ class Pipeline:
         self._slots.release()
 
     # -- fetch -----------------------------------------------------------------------------------
-    async def _read(self, idx: list[int]) -> Any:
+    async def _read(self, idx: list[int]) -> tuple[Any, int]:
+        """The columns read for ``idx``, and their bytes (now held against the budget)."""
         stats = self.stats
         await self._gate.acquire()
         stats.requests += 1
@@ -285,7 +287,7 @@ class Pipeline:
         if first:
             self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
             self._budget_changed()
-        return part
+        return part, nbytes
 
     async def _store_decode_unpaired(self, idx: list[int], part: Any) -> Any:
         """lz4 masks whose size is not their image's cannot be decoded from their bytes (which hold no
@@ -315,7 +317,9 @@ class Pipeline:
                 continue
             idx = batch.indices[start:end]
             try:
-                batch.parts[start] = (idx, await self._read(idx))
+                part, nbytes = await self._read(idx)
+                batch.parts[start] = (idx, part)
+                batch.held += nbytes
             except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
                 if self.plan.on_error == "raise" or isinstance(exc, WorkerError):  # no sample's fault
                     self._fail(batch, exc)
@@ -336,14 +340,15 @@ class Pipeline:
             if self.stopping:
                 return
             try:
-                batch.parts[start + k] = ([i], await self._read([i]))
+                part, nbytes = await self._read([i])
+                batch.parts[start + k] = ([i], part)
+                batch.held += nbytes
             except Exception as one:  # noqa: BLE001 - recorded
                 batch.skipped.append((i, f"{type(one).__name__}: {one}"))
 
     # -- assemble and deliver --------------------------------------------------------------------
     async def _finish(self, batch: _Batch) -> None:
         ordered = [batch.parts[s] for s in sorted(batch.parts)]
-        read = sum(_nbytes(p) for _, p in ordered)
         try:
             done = await self.lt.run_cpu(assemble, self.plan, ordered)
         except Exception as exc:  # noqa: BLE001 - delivered to the consumer
@@ -354,7 +359,7 @@ class Pipeline:
             return
         finally:
             batch.parts.clear()
-            self.stats.bytes_held -= read
+            self.stats.bytes_held -= batch.held
         st = self.stats
         st.cpu_decode_s += done.decode_s
         st.cpu_collate_s += done.collate_s
@@ -390,7 +395,8 @@ def _nbytes(part: Any) -> int:
         if hasattr(value, "nbytes"):
             total += int(value.nbytes)
         else:
-            total += sum(len(v) if is_stored(v) else int(getattr(v, "nbytes", 0)) for v in value)
+            for v in value:  # stored bytes (or views of a reader's answer), else arrays
+                total += len(v) if type(v) is bytes else int(getattr(v, "nbytes", 0) if not is_stored(v) else len(v))
     return total
 
 

@@ -183,6 +183,7 @@ def test_the_byte_budget_bounds_what_the_pipeline_holds(large_url: str, decode: 
     got, st = peak(memory_budget=budget)
     assert got == list(range(48)) and st["memory_budget"] == budget
     assert 0 < st["bytes_held_peak"] <= budget + batch  # (estimates are per sample: one batch of slack)
+    assert st["bytes_held"] == 0  # every byte counted in, read or decoded, was counted out
     got, unbounded = peak()
     assert got == list(range(48))
     assert unbounded["bytes_held_peak"] >= 4 * batch  # the bound above is the budget's doing
