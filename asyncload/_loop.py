@@ -25,6 +25,7 @@ import asyncio
 import concurrent.futures
 import enum
 import gc
+import inspect
 import logging
 import os
 import threading
@@ -136,6 +137,12 @@ def _register_exit_hook() -> None:
     import atexit
 
     atexit.register(_run_exits)
+
+
+def _close_unstarted(coro: Coroutine[Any, Any, Any]) -> None:
+    """Close ``coro`` if no task has started it (on the loop thread: a task's first step comes after)."""
+    if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+        coro.close()
 
 
 def start_thread(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
@@ -300,7 +307,21 @@ class LoopThread:
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("refusing to submit to the asyncload loop from its own thread (it would deadlock)")
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop)
+        except BaseException:
+            # Not handed over, or handed over and interrupted (a Ctrl-C lands between any two bytecodes)
+            # before its future came back: nothing will wait for it. Closed on the loop thread, after the
+            # hand-over if there was one, so that a coroutine no task started is not reported "never
+            # awaited" at exit, and one a task is running is never touched from this thread.
+            run = self._mine()
+            try:
+                if run is None or not run.thread.is_alive():
+                    raise RuntimeError("no loop")
+                run.loop.call_soon_threadsafe(_close_unstarted, coro)
+            except RuntimeError:  # no loop to run it: nothing else holds it
+                coro.close()
+            raise
 
     def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the loop thread soon; silently dropped once the loop is closed."""
