@@ -314,24 +314,21 @@ class LoopThread:
             # before its future came back: nothing will wait for it. Closed on the loop thread, after the
             # hand-over if there was one, so that a coroutine no task started is not reported "never
             # awaited" at exit, and one a task is running is never touched from this thread.
-            run = self._mine()
-            try:
-                if run is None or not run.thread.is_alive():
-                    raise RuntimeError("no loop")
-                run.loop.call_soon_threadsafe(_close_unstarted, coro)
-            except RuntimeError:  # no loop to run it: nothing else holds it
+            if not self.call_soon(_close_unstarted, coro):  # no loop to run it: nothing else holds it
                 coro.close()
             raise
 
-    def call_soon(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the loop thread soon; silently dropped once the loop is closed."""
+    def call_soon(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` on the loop thread soon; dropped once the loop is closed. Returns whether the
+        call was scheduled."""
         run = self._mine()
         if run is None or run.loop.is_closed():
-            return
+            return False
         try:
             run.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:
-            pass
+            return False
+        return True
 
     async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
         """Await ``fn(*args)`` run on the CPU pool, keeping the loop thread free (call from the loop)."""

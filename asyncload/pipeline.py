@@ -395,9 +395,13 @@ def _nbytes(part: Any) -> int:
         if hasattr(value, "nbytes"):
             total += int(value.nbytes)
         else:
-            for v in value:  # stored bytes (or views of a reader's answer), else arrays
-                total += len(v) if type(v) is bytes else int(getattr(v, "nbytes", 0) if not is_stored(v) else len(v))
+            total += sum(map(_sample_bytes, value))
     return total
+
+
+def _sample_bytes(v: Any) -> int:
+    """Bytes of one sample as read: stored bytes (or a view of a reader's answer), else an array."""
+    return len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
 
 
 def _batch_bytes(batch: Any) -> int:
@@ -425,7 +429,7 @@ def _decoded_ratio(plan: Plan, part: Any) -> float:
         col = stage.columns.get(c)
         for v in values:
             if col is None or not is_stored(v):
-                n = len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
+                n = _sample_bytes(v)
                 read += n
                 decoded += n
                 continue

@@ -74,8 +74,10 @@ def header(data: Buffer) -> Header:
         raise DecodeError("empty sample (0 bytes)")
     fmt = sniff(data)
     if fmt == "jpeg":
+        import simplejpeg
+
         try:
-            h, w, _, _ = _simplejpeg().decode_jpeg_header(data)
+            h, w, _, _ = simplejpeg.decode_jpeg_header(data)
         except ValueError as exc:
             raise DecodeError(f"libjpeg-turbo: {exc}") from None
         return Header("jpeg", h, w)
@@ -132,21 +134,9 @@ def decode(
     return _pillow(data, mode, out)
 
 
-def _simplejpeg() -> Any:
-    """simplejpeg, imported on first use (a reader process that only reads bytes never imports it)."""
-    global _SIMPLEJPEG
-    if _SIMPLEJPEG is None:
-        import simplejpeg
-
-        _SIMPLEJPEG = simplejpeg
-    return _SIMPLEJPEG
-
-
-_SIMPLEJPEG: Any = None
-
-
 def _jpeg(data: Buffer, mode: Mode, out: np.ndarray | None, head: Header, reduce: int) -> np.ndarray:
-    simplejpeg = _simplejpeg()
+    import simplejpeg
+
     kw = {}
     if reduce > 1:  # the smallest size that keeps at least 1/reduce of each side
         kw = {"min_height": -(-head.height // reduce), "min_width": -(-head.width // reduce), "min_factor": 1}
