@@ -82,6 +82,9 @@ class AsyncLoader:
       mp_context    "forkserver" (default: a worker starts as a fork of a server that imported
                     torch once) or "spawn", for the ``processes=K`` workers. A reader process always
                     starts by spawn: it imports the source and Deep Lake, never torch
+      stall_timeout seconds an epoch waits for a store that does not answer (default 120): within it
+                    an outage is ridden out (reads retried, a stuck reader process replaced); past it
+                    the epoch raises a ``ReadError`` naming the store, the wait and the rows in flight
       on_error      "raise" (default): a failed read or transform raises in the consumer;
                     "skip": the bad samples are left out, counted in ``stats()`` and reported at
                     the end of the epoch (a failed request is re-read sample by sample first)

@@ -74,6 +74,7 @@ class LoaderOptions:
     cpu_workers: int | None = setting(None, "an int >= 1", lambda v: v is None or v >= 1)
     loop: LoopKind = setting("auto", "'auto', 'uvloop' or 'asyncio'")
     shutdown_timeout: float = setting(10.0, "a number of seconds > 0", lambda v: v > 0)
+    stall_timeout: float = setting(120.0, "a number of seconds > 0", lambda v: v > 0)
     log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
     hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
     decode: str = setting("auto", "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'", _decode_ok)
