@@ -23,10 +23,12 @@ from .errors import (
     ColumnNotFoundError,
     ConfigError,
     DatasetNotFoundError,
+    LoaderClosedError,
     ReaderCrashError,
     ReadError,
     RemoteError,
     SourceError,
+    StallError,
     WorkerError,
 )
 
@@ -115,6 +117,8 @@ __all__ = [
     "Source",
     "SourceError",
     "ReaderCrashError",
+    "StallError",
+    "LoaderClosedError",
     "WorkerError",
     "load_config",
     "make_dataset",

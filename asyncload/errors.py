@@ -115,6 +115,22 @@ class ReadError(AsyncLoadError):
         self.indices = list(indices)
 
 
+class StallError(ReadError):
+    """The store gave no answer for longer than ``stall_timeout``: the epoch stopped waiting. ``waited_s``
+    says how long it waited; ``indices`` are the rows that were in flight."""
+
+    def __init__(
+        self, message: str, *, source: str = "", indices: Sequence[int] = (), waited_s: float = 0.0
+    ) -> None:
+        super().__init__(message, source=source, indices=indices)
+        self.waited_s = waited_s
+
+
+class LoaderClosedError(AsyncLoadError):
+    """``close()`` was called (from another thread) while this epoch was still being read: the epoch did
+    not end, it was stopped. ``StopIteration`` only ever means that every batch of the epoch was yielded."""
+
+
 class WorkerError(AsyncLoadError):
     """A worker (thread or process) of the loader died; the message names it and what it held."""
 

@@ -34,6 +34,8 @@ class Stats:
     hedges: int = 0  # second requests sent for stragglers
     hedges_won: int = 0  # ... that answered first
     skipped: int = 0
+    stalls: int = 0  # outages of the store ridden out (silent or unreachable, then answering again)
+    stall_wait_s: float = 0.0  # seconds spent waiting on them
     worker_restarts: int = 0  # reader processes that died and were replaced (fan-out, or the default isolation)
     memory_budget: int = 0  # the byte budget of batches alive (read, decoded, ready)
     bytes_held: int = 0  # bytes read and decoded that the pipeline holds now (ready batches included)
@@ -71,6 +73,8 @@ class Stats:
             "consumer_wait_s": self.wait_s,
             "skipped": self.skipped,
             "worker_restarts": self.worker_restarts,
+            "stalls": self.stalls,
+            "stall_wait_s": self.stall_wait_s,
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,
