@@ -86,6 +86,26 @@ def stop_processes(procs: list[BaseProcess], timeout: float) -> None:
         p.close()
 
 
+def kill_processes(procs: list[BaseProcess], grace: float) -> None:
+    """End ``procs`` (already asked to stop) now: join them for up to ``grace`` seconds, SIGKILL the ones
+    still alive, join those, and release every process object (and any shared memory one left).
+
+    For the processes asyncload starts to read (fan-out workers, Deep Lake readers): they hold nothing of
+    the user's, so a stop never waits on them (a reader stuck in a read of a silent store would otherwise
+    hold a Ctrl-C or a ``close()`` for ``shutdown_timeout``). An idle one exits in the grace by itself."""
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+    for p in procs:
+        p.join()
+        if p.exitcode != 0 and p.pid is not None:
+            _unlink_orphaned_shm(p.pid)
+        p.close()
+
+
 def reap_process(proc: BaseProcess, timeout: float) -> tuple[int | None, int | None]:
     """Join a child that died or broke its pipe (killed if it is still alive a second later), release it
     and any shared memory it left; its ``(pid, exitcode)``."""

@@ -22,11 +22,14 @@ they take ``bytes``.
 
 When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails
 every read it held with ``_Died``. Those reads, the *suspects*, are read again one at a time while every
-other read waits, so that a second death names its request. A request that kills the reader while alone
-is halved until a single row does; a row that kills two fresh readers alone raises ``ReaderCrashError``
-(``on_error="skip"`` leaves it out) and is remembered, never read again. Deaths with
-more than one read in flight count against ``max_restarts`` per epoch; deaths while narrowing down do not
-(each halves what is left, so they are bounded). One death past the budget raises ``WorkerError``.
+other read waits, so that a second death names its request; a request that kills the reader while alone
+is narrowed down by halves (``recovery.narrow``) until the rows that kill two fresh readers alone are
+found: ``ReaderCrashError`` names them all (``on_error="skip"`` leaves them out), and they are never read
+again. When the reader stops answering (a store that accepts connections and goes silent: Deep Lake sets
+no deadline and its reads cannot be cancelled), the receiver thread, which wakes every tick while it
+waits, kills it once its oldest read has had no answer for the policy's limit, and its reads are sent
+again to the new reader as they were. What each costs (``max_restarts`` for deaths, ``stall_timeout``
+for one outage), the backoff between replacements, and the errors: ``recovery``, shared with the fan-out.
 
 Every piece of state is behind one lock: reads come from an epoch's loop thread, deaths from a receiver
 thread, ``close`` from the consumer. Futures belong to the loop that made them and are settled with
@@ -43,19 +46,22 @@ import logging
 import os
 import pickle
 import queue
+import select
 import struct
 import threading
+import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any, Literal
 
 from ._loop import LoopThread, Stage, on_exit, start_thread
-from ._procs import cause_of_death, how_it_ended, reap_process, run_child, start_child, stop_processes
+from ._procs import kill_processes, reap_process, run_child, start_child
 from ._protocol import Failure
-from .errors import ReaderCrashError, WorkerError, _short
+from .errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
+from .recovery import Ended, Recovery, narrow
 from .sources.base import Columns, Source, stored_bytes
 from .stats import Stats
 
@@ -66,12 +72,11 @@ log = logging.getLogger("asyncload")
 
 
 class _Died(Exception):
-    """The reader died with this read in flight (never leaves this module)."""
+    """The reader ended (died, or was killed stuck) with this read in flight (never leaves this module)."""
 
-    def __init__(self, pid: int | None, exitcode: int | None) -> None:
-        super().__init__(how_it_ended(exitcode))
-        self.pid = pid
-        self.signal = cause_of_death(exitcode)
+    def __init__(self, ended: Ended) -> None:
+        super().__init__(ended.how)
+        self.ended = ended
 
 
 @dataclass
@@ -79,6 +84,7 @@ class _Request:
     fut: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
     indices: list[int]
+    sent: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -89,6 +95,16 @@ class _Reader:
     conn: Connection
     stopping: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None  # when it said it had imported what it reads with (its store not yet asked)
+    stuck_since: float | None = None  # set when it was killed for not answering: the store silent since then
+
+
+#: Seconds a new reader may take to import Deep Lake and say it is ready before its reads' clock runs
+#: anyway (a start is this machine's work, not the store's; it is not meant to take this long).
+_START_ALLOWANCE = 30.0
+#: Seconds an idle reader asked to stop may take to exit before it is killed (see ``_procs.kill_processes``).
+_STOP_GRACE = 0.5
 
 
 def _settle(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], outcome: Any, failed: bool = False) -> None:
@@ -110,7 +126,9 @@ def _settle(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], outcome: 
 
 
 def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
-    """The finaliser (it must not hold the source): ask the live reader to exit, then join it."""
+    """The finaliser (it must not hold the source): ask the live reader to exit, kill it if it has not
+    within ``_STOP_GRACE`` (it holds nothing of the user's; a reader stuck in a read of a silent store
+    never would), and join its receiver thread."""
     r, holder[0] = holder[0], None
     if r is None:
         return
@@ -119,7 +137,7 @@ def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
         r.conn.send(None)
     except OSError:
         pass
-    stop_processes([r.proc], timeout)  # its exit closes the pipe: the receiver thread ends
+    kill_processes([r.proc], _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
     if r.thread is not None and r.thread is not threading.current_thread():
         r.thread.join(timeout)
     r.conn.close()
@@ -129,7 +147,8 @@ class IsolatedSource(Source[Any]):
     """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
     ``inner`` in this process, which has opened it (length, version, columns, row numbers).
     ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
-    which the reader must then import (``_procs.start_child``)."""
+    which the reader must then import (``_procs.start_child``). ``max_restarts``: deaths per epoch that are
+    survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``)."""
 
     def __init__(
         self,
@@ -139,11 +158,13 @@ class IsolatedSource(Source[Any]):
         context: str = "spawn",
         max_restarts: int = 3,
         timeout: float = 10.0,
+        stall_timeout: float = 120.0,
     ) -> None:
         super().__init__(inner.url, inner.columns)
         self.inner = inner
         self._context = context
         self._max_restarts = max_restarts
+        self._stall_timeout = stall_timeout
         self._timeout = timeout
         self._needs_main = needs_main  # the pickled ``inner`` names ``__main__``: the reader must import it
         self._lock = threading.Lock()
@@ -154,10 +175,11 @@ class IsolatedSource(Source[Any]):
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # until no suspects
         self._alone = False  # a read is in flight alone: its reader's death is not charged
         self._alone_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
-        self._deaths = 0  # charged deaths this epoch
-        self._fatal: WorkerError | None = None
+        self._policy = Recovery(self.url, max_restarts=max_restarts, stall_timeout=stall_timeout)
+        self._last_answer = 0.0  # monotonic time of the last answer of any reader
+        self._fatal: WorkerError | StallError | None = None
         self._stats: Stats | None = None
-        self._crashers: dict[int, str] = {}  # position → the signal of the row that killed two readers alone
+        self._crashers: dict[int, Ended] = {}  # position → how the readers it killed alone ended
         self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
         self._configured: tuple[int, int | None] | None = None
         #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
@@ -211,10 +233,14 @@ class IsolatedSource(Source[Any]):
             self._live()
 
     def begin_epoch(self, stats: Stats) -> None:
-        """A new epoch: its restarts are counted in ``stats`` and against a fresh budget; a reader stopped by
-        ``close`` or by the last epoch's ``WorkerError`` is started again (now, to overlap its start-up)."""
+        """A new epoch: its restarts and stalls are counted in ``stats`` and against a fresh budget; a
+        reader stopped by ``close`` or by the last epoch's fatal error is started again (now, to overlap its
+        start-up)."""
         with self._lock:
-            self._stats, self._deaths, self._fatal = stats, 0, None
+            self._stats, self._fatal = stats, None
+            self._policy = Recovery(
+                self.url, max_restarts=self._max_restarts, stall_timeout=self._stall_timeout, stats=stats
+            )
             # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
             self._suspects, self._alone = 0, False
             waiters, self._waiters = self._waiters, []
@@ -223,12 +249,17 @@ class IsolatedSource(Source[Any]):
             _settle(loop, w, None)
 
     def close(self) -> None:
-        """Stop the reader (call with no read in flight: the loader closes its epoch first). A later read
-        starts a new one."""
+        """Stop the reader now (killed if it does not exit at once: it holds nothing of the user's). Reads
+        still in flight fail with ``LoaderClosedError``. A later read starts a new one."""
         with self._lock:
             holder = [self._holder[0]]
             self._holder[0] = None
+            held = list(self._inflight.values())
+            self._inflight.clear()
         _stop_reader(holder, self._timeout)
+        closed = LoaderClosedError(f"asyncload: the reader process for {self.url} was stopped by close()")
+        for req in held:
+            _settle(req.loop, req.fut, closed, True)
 
     def _live(self) -> _Reader:
         """The live reader, started if there is none (lock held)."""
@@ -268,56 +299,84 @@ class IsolatedSource(Source[Any]):
         except OSError:
             pass  # it is dying: its receiver thread sees the EOF and settles what it held
 
-    def _answered(self, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
+    def _tick(self) -> float:
+        """How often the receiver thread looks for a stuck reader while it waits for answers."""
+        return max(0.05, min(1.0, self._policy.base_limit / 10))
+
+    def _answered(self, r: _Reader, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
+        now = time.monotonic()
+        if kind == "ready":
+            r.ready_at = now
+            return
         self._counts = counts
         with self._lock:
+            self._last_answer = now
+            self._policy.answered(now)
             req = self._inflight.pop(rid, None)
         if req is not None:
             failed = kind == "failed"
             _settle(req.loop, req.fut, payload.exc if failed else payload, failed)
 
+    def _watch(self, r: _Reader) -> None:
+        """The receiver thread heard nothing for a tick: kill ``r`` if it is stuck (``recovery``): its
+        oldest read (or its start, or the last answer, whichever came last) is older than the policy's
+        limit. Its receiver then sees the EOF and ``_died`` replaces it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._holder[0] is not r or r.stopping or r.stuck_since is not None or not self._inflight:
+                return
+            oldest = min(req.sent for req in self._inflight.values())
+            if r.ready_at is None:  # still starting: its imports are not the store's silence
+                since = max(oldest, r.started)
+                if now - since < _START_ALLOWANCE + self._policy.limit(since):
+                    return
+            else:
+                since = max(oldest, r.ready_at)
+                if not self._policy.stuck(since, now):
+                    return
+            r.stuck_since = max(oldest, self._last_answer)
+        r.proc.kill()
+
     def _died(self, r: _Reader) -> None:
-        """Reap ``r``; replace it (within the budget) and fail what it held with ``_Died``, or with
-        ``WorkerError`` past the budget."""
+        """Reap ``r``; replace it (a crash within the budget, or a stall within its deadline) and fail what
+        it held with ``_Died``, or with the error that ends the epoch (``recovery``)."""
         pid, exitcode = reap_process(r.proc, self._timeout)
         r.conn.close()
+        now = time.monotonic()
         with self._lock:
             if self._holder[0] is r:
                 self._holder[0] = None
             held = list(self._inflight.values())
             self._inflight.clear()
-            charged = not self._alone
-            self._deaths += charged
             rows = sorted(i for req in held for i in req.indices)
-            how = how_it_ended(exitcode)
             name = f"reader process (pid {pid}) for {self.url}"
-            error: BaseException
-            fatal: str | None = None  # why the epoch ends here, if it does
-            if charged and self._deaths > self._max_restarts:
-                budget = self._max_restarts
-                fatal = f", after {budget} restarts this epoch (max_restarts={budget})" if budget else ""
+            what = "reads of indices"
+            policy = self._policy
+            stalled = r.stuck_since is not None
+            if r.stuck_since is not None:
+                ended = Ended(pid, exitcode, stalled=True, silent_s=now - r.stuck_since)
+                charged = False
+                fatal: WorkerError | StallError | None = policy.stalled(r.stuck_since, rows, now)
             else:
+                ended = Ended(pid, exitcode)
+                charged = not self._alone
+                fatal = policy.charge(name, ended, rows, what) if charged else None
+            if fatal is None:
                 try:
                     self._spawn()
                 except Exception as exc:  # noqa: BLE001 - e.g. a credential chain that no longer renews
-                    fatal = f"; no reader could replace it: {type(exc).__name__}: {exc}"
+                    fatal = policy.fatal(name, ended, rows, what, f"; no reader could replace it: {type(exc).__name__}: {exc}")
+            error: BaseException
             if fatal is not None:
-                self._fatal = WorkerError(f"asyncload {name} {how} holding reads of indices {_short(rows)}{fatal}")
-                self._fatal.pid, self._fatal.exitcode, self._fatal.indices = pid, exitcode, rows  # type: ignore[attr-defined]
-                error = self._fatal
+                self._fatal = error = fatal
                 waiters, self._waiters = self._waiters, []
             else:
                 if self._stats is not None:
                     self._stats.worker_restarts += 1
-                if charged:  # a read alone is retried by ``_narrow`` itself, already a suspect
+                if charged:  # a read alone is retried by ``_read_alone`` itself, already a suspect
                     self._suspects += len(held)
-                error, waiters = _Died(pid, exitcode), []
-                log.warning(
-                    "asyncload: %s %s holding reads of %d indices %s%s; a new reader (pid %s) reads them again"
-                    "%s", name, how, len(rows), _short(rows, limit=1024),
-                    "" if charged else " (read alone, to find the row that kills it)", self.pid,
-                    f" (restart {self._deaths} of {self._max_restarts} this epoch)" if charged else "",
-                )  # fmt: skip
+                error, waiters = _Died(ended), []
+                policy.log_restart(name, ended, rows, what, self.pid, charged=charged or stalled)
         for req in held:
             _settle(req.loop, req.fut, error, True)
         for loop, w in waiters:
@@ -326,29 +385,63 @@ class IsolatedSource(Source[Any]):
     # -- reads -----------------------------------------------------------------------------------
     async def read(self, indices: list[int]) -> Columns:
         cols = stored_bytes.get()
-        try:
-            return await self._ask(indices, cols, alone=False)
-        except _Died as died:
+        while True:
             try:
-                async with self._alone_gate():
-                    return await self._narrow(indices, cols, died)
-            finally:
-                self._unsuspect()
+                return await self._ask(indices, cols, alone=False)
+            except _Died as died:
+                if not died.ended.stalled:
+                    break  # read again below, alone; a stuck reader's reads are sent again as they were
+        try:
+            async with self._alone_gate():
+                return await self._read_alone(indices, cols)
+        finally:
+            self._unsuspect()
 
-    async def _narrow(self, indices: list[int], cols: frozenset[str], died: _Died) -> Columns:
-        """Read ``indices`` alone; when that kills the reader too, halve them until one row does (twice)."""
-        for _ in range(2 if len(indices) == 1 else 1):
+    async def _read_alone(self, indices: list[int], cols: frozenset[str]) -> Columns:
+        """Read ``indices`` with nothing else in flight; when that kills the reader, find the rows that do
+        (``recovery.narrow``) and raise ``ReaderCrashError`` naming them all. A death whose rows kill no
+        reader when read again (it came and went) costs one restart, and the read is tried again."""
+        while True:
+            outcome = await self._alone_once(indices, cols)
+            if not isinstance(outcome, Ended):
+                return outcome
+            found = await self._search(narrow(indices, outcome), cols)
+            if found:
+                with self._lock:
+                    self._crashers.update(found)
+                raise self._crash_error([i for i, _ in found])
+            with self._lock:
+                name = f"reader process (pid {outcome.pid}) for {self.url}"
+                err = self._policy.charge(name, outcome, indices, "reads of indices")
+            if err is not None:
+                raise err
+
+    async def _alone_once(self, indices: list[int], cols: frozenset[str]) -> Any:
+        """One read of ``indices`` alone: its answer, or how the reader it killed ended (a reader stuck in it
+        is no answer: it is read again in the new one)."""
+        while True:
             try:
                 return await self._ask(indices, cols, alone=True)
-            except _Died as again:
-                died = again
-        if len(indices) == 1:
-            self._crashers[indices[0]] = died.signal
-            raise self._crash_error(indices[0], died.signal)
-        half = len(indices) // 2
-        first = await self._narrow(indices[:half], cols, died)
-        second = await self._narrow(indices[half:], cols, died)
-        return {c: [*first[c], *second[c]] for c in first}
+            except _Died as died:
+                if not died.ended.stalled:
+                    return died.ended
+
+    async def _search(self, search: Generator[list[int], Ended | None, list[tuple[int, Ended]]],
+                      cols: frozenset[str]) -> list[tuple[int, Ended]]:  # fmt: skip
+        """Drive ``recovery.narrow``: each part it names is read alone; a read that answers (even with an
+        error) did not kill its reader."""
+        try:
+            part = next(search)
+            while True:
+                try:
+                    outcome = await self._alone_once(part, cols)
+                except (WorkerError, StallError, LoaderClosedError):
+                    raise
+                except Exception:  # noqa: BLE001 - an answer: the reader lived
+                    outcome = None
+                part = search.send(outcome if isinstance(outcome, Ended) else None)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
 
     async def _ask(self, indices: list[int], cols: frozenset[str], *, alone: bool) -> Any:
         """Send one read to the live reader and await its answer. A read that is not ``alone`` waits while
@@ -360,7 +453,7 @@ class IsolatedSource(Source[Any]):
                     raise self._fatal
                 known = [i for i in indices if i in self._crashers]
                 if known:  # never read again (each read would kill a reader), also when found while waiting
-                    raise self._crash_error(known[0], self._crashers[known[0]])
+                    raise self._crash_error(known)
                 if alone or not self._suspects:
                     r = self._live()  # a new one after ``close()``
                     self._rid += 1
@@ -395,12 +488,9 @@ class IsolatedSource(Source[Any]):
         for loop, w in waiters:
             _settle(loop, w, None)
 
-    def _crash_error(self, position: int, sig: str) -> ReaderCrashError:
-        row = self.inner.row_ids([position])[0]
-        return ReaderCrashError(
-            f"reading row {row} of {self.url} killed its reader process ({sig}) each time it was read, alone, "
-            f"in a new reader", source=self.url, indices=[row], signal=sig,
-        )  # fmt: skip
+    def _crash_error(self, positions: list[int]) -> ReaderCrashError:
+        rows = self.inner.row_ids(sorted(positions))
+        return self._policy.crash_error(rows, [self._crashers[p] for p in sorted(positions)])
 
     def __repr__(self) -> str:
         return f"IsolatedSource({self.inner!r})"
@@ -459,10 +549,27 @@ def _read_frame(fd: int) -> Any:
 
 
 def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
-    """Receiver thread of reader ``r``: settle each answer's read; at EOF, unless ``r`` was told to stop,
-    handle its death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
+    """Receiver thread of reader ``r``: settle each answer's read; while none comes, look every tick for a
+    reader stuck in its reads (``IsolatedSource._watch``, which kills it); at EOF, unless ``r`` was told to
+    stop, handle its death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
     fd = r.conn.fileno()
     while True:
+        src = ref()
+        if src is None:
+            return
+        tick = src._tick()
+        del src
+        try:
+            readable, _, _ = select.select([fd], [], [], tick)
+        except (OSError, ValueError):  # closed under us: the reader is being stopped
+            break
+        if not readable:
+            src = ref()
+            if src is None:
+                return
+            src._watch(r)
+            del src
+            continue
         try:
             kind, rid, payload, counts = _read_frame(fd)
         except (EOFError, OSError):
@@ -470,7 +577,7 @@ def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
         src = ref()
         if src is None:
             return
-        src._answered(rid, kind, payload, counts)
+        src._answered(r, rid, kind, payload, counts)
         del src
     src = ref()
     if src is not None and not r.stopping:
@@ -521,6 +628,7 @@ def _serve_reads(conn: Connection, module: str) -> None:
     lt.start()
     out: queue.SimpleQueue[Any] = queue.SimpleQueue()
     sender = start_thread(_send_all, conn, out, name="asyncload-reader-send")
+    out.put(("ready", 0, None, (0, 0)))  # imports done: from now on a silence is the store's (``_watch``)
     pending: set[concurrent.futures.Future[Any]] = set()
     try:
         try:
