@@ -129,6 +129,7 @@ class AsyncLoader:
         if pickled is not None:
             self._isolated = IsolatedSource(
                 source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
+                stall_timeout=o.stall_timeout,
             )  # fmt: skip
             # Now, not at the first epoch: the reader's start and its open of the store overlap with the
             # open here and with whatever the training script does before its first batch. A source whose
