@@ -1,0 +1,112 @@
+"""A Deep Lake store that stops answering, through the reader process and through fan-out workers.
+
+The store is a real SeaweedFS S3 server stopped with SIGSTOP (its connections stay open, nothing answers)
+and resumed with SIGCONT, as a load balancer that keeps the connection and goes silent does. Deep Lake
+keeps what it fetched, so every stall here begins before the first batch, in readers that have fetched
+nothing yet. ``stall_timeout`` is small so that each case takes seconds: a reader is found stuck after a
+quarter of it (``recovery.read_limit``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from asyncload import AsyncLoader, DeepLakeSource, StallError
+
+from .conftest import live_children, reader_threads
+from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
+
+FIXTURES = (remote_data, running_seaweed, seaweed)
+
+
+def _gone(pids) -> bool:
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def silent(server, for_s: float | None = None) -> Iterator[None]:
+    """The server stopped (SIGSTOP to its process group) for ``for_s`` seconds (then resumed by a timer),
+    or for the whole block; resumed at the end of the block whatever happens."""
+    pgid = server.pid
+    assert pgid is not None
+    os.killpg(pgid, signal.SIGSTOP)
+    timer = threading.Timer(for_s, os.killpg, (pgid, signal.SIGCONT)) if for_s is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
+        os.killpg(pgid, signal.SIGCONT)
+
+
+def _source(data: RemoteData) -> DeepLakeSource:
+    return DeepLakeSource(data.deeplake_url, creds=data.creds())
+
+
+@pytest.mark.timeout(90)
+def test_a_stall_before_the_first_batch_is_ridden_out_by_replacing_the_stuck_reader(
+    remote_data: RemoteData, running_seaweed, caplog
+) -> None:
+    # max_restarts=0: a single charged death would end the epoch, so a stall must not be one.
+    with caplog.at_level(logging.INFO, logger="asyncload"):
+        with AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=10, max_restarts=0) as loader:
+            time.sleep(1.0)  # the reader is starting or opening the dataset: nothing of it fetched yet
+            t0 = time.monotonic()
+            with silent(running_seaweed, for_s=6.0):
+                seen = read_epoch(iter(loader), remote_data)
+                took = time.monotonic() - t0
+            stats = loader.stats()
+            pids = list(loader._isolated.pids)
+    assert sorted(seen) == list(range(remote_data.rows))  # every row exactly once, pixels checked
+    assert 6.0 <= took < 10.0, took
+    assert stats["stalls"] >= 1 and stats["stall_wait_s"] >= 2.5, stats
+    assert stats["worker_restarts"] >= 1 and len(pids) >= 2  # the stuck reader was replaced
+    text = caplog.text
+    assert f"no answer from {remote_data.deeplake_url} for " in text and "waiting up to 10 s" in text
+    assert text.count("no answer from") == 1  # once per outage
+    assert f"{remote_data.deeplake_url} answered again after" in text
+    assert _gone(pids) and not live_children() and not reader_threads()
+
+
+@pytest.mark.timeout(90)
+def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadline(
+    remote_data: RemoteData, running_seaweed
+) -> None:
+    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=6)
+    time.sleep(1.0)
+    got: list[int] = []
+    with silent(running_seaweed):
+        t0 = time.monotonic()
+        with pytest.raises(StallError) as info:
+            for b in loader:
+                got += b["index"].tolist()
+        took = time.monotonic() - t0
+    err = info.value
+    assert 5.5 <= took < 10.0, took
+    assert not got
+    assert f"no answer from {remote_data.deeplake_url} for " in str(err) and "stall_timeout=6 s" in str(err)
+    assert err.source == remote_data.deeplake_url and 5.5 <= err.waited_s <= took + 0.5
+    assert err.indices and set(err.indices) <= set(range(remote_data.rows)) and "rows in flight" in str(err)
+    pids = list(loader._isolated.pids)
+    # The store answers again: the same loader reads the next epoch whole (a new reader).
+    loader.set_epoch(1)
+    assert sorted(read_epoch(iter(loader), remote_data)) == list(range(remote_data.rows))
+    pids = list(loader._isolated.pids)
+    loader.close()
+    assert _gone(pids) and not live_children() and not reader_threads()
