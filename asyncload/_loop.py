@@ -104,10 +104,21 @@ def on_exit(owner: object, stage: Stage, stop: Callable[..., Any], *args: Any) -
     return fin
 
 
+_exiting = False
+
+
+def exiting() -> bool:
+    """True once the interpreter-exit hook runs: stops then abandon reads that do not answer at once
+    (a Ctrl-C must end the process within seconds, not wait ``shutdown_timeout`` for a silent store)."""
+    return _exiting
+
+
 def _run_exits() -> None:
     """The interpreter-exit hook: every registered stop still pending, stage by stage."""
+    global _exiting
     if _exits_pid != os.getpid():
         return
+    _exiting = True
     for stage in Stage:
         with _exits_lock:
             pending = [f for f in _exits[stage] if f.alive]
@@ -183,13 +194,19 @@ class _Running:
     loop: asyncio.AbstractEventLoop
     pool: concurrent.futures.ThreadPoolExecutor
     stopped: bool = False
+    lingering: bool = False  # abandoned reads that cannot be cancelled: the loop stops itself after them
 
     def stop(self, timeout: float) -> bool:
-        """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``."""
+        """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``.
+        A lingering loop (``LoopThread.linger``) is left to stop itself: True at once."""
         if self.stopped or self.pid != os.getpid():  # done, or a forked copy: the thread is not ours
             return True
         if threading.current_thread() is self.thread:
             raise RuntimeError("LoopThread.stop() called from its own loop thread")
+        if self.lingering:
+            self.stopped = True
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return True
         if not self.loop.is_closed():
             try:
                 self.loop.call_soon_threadsafe(self.loop.stop)
@@ -289,6 +306,28 @@ class LoopThread:
                 if self._finalizer is not None:
                     self._finalizer.detach()
             return ok
+
+    def linger(self, reads: set[asyncio.Future[Any]]) -> None:
+        """Leave this loop running until ``reads`` are done, then let it stop and close by itself (call on
+        the loop thread). For abandoned reads that cannot be cancelled (a Deep Lake future hangs for ever
+        once cancelled, and a read completing into a closed loop aborts the process): a later ``stop()``
+        returns at once and the daemon thread ends when the last of them answers, if ever."""
+        run = self._mine()
+        if run is None:
+            return
+        pending = {r for r in reads if not r.done()}
+        if not pending:
+            return
+        run.lingering = True
+        loop = run.loop
+
+        def one_done(fut: asyncio.Future[Any]) -> None:
+            pending.discard(fut)
+            if not pending:
+                loop.stop()
+
+        for r in pending:
+            r.add_done_callback(one_done)
 
     # -- calls into the loop ---------------------------------------------------------------------
     @property

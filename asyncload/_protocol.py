@@ -28,6 +28,9 @@ class Sentinel:
 
 #: The epoch ended: every batch of the plan was delivered (or the pipeline was told to stop).
 END = Sentinel("END")
+#: ``close()`` was called while the epoch was being read: the consumer raises ``LoaderClosedError``, never
+#: ``StopIteration`` (which only ever means that every batch of the epoch was delivered).
+CLOSED = Sentinel("CLOSED")
 #: Every sample of a batch was skipped (``on_error="skip"``): the consumer records the batch as taken.
 EMPTY = Sentinel("EMPTY")
 
@@ -69,4 +72,4 @@ def _arrived(pickled: bytes, type_name: str, message: str, tb: str) -> Failure:
     return Failure(unpack(pickled, type_name, message), tb)
 
 
-__all__ = ["EMPTY", "END", "Failure", "Ready", "Sentinel"]
+__all__ = ["CLOSED", "EMPTY", "END", "Failure", "Ready", "Sentinel"]

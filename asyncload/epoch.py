@@ -5,9 +5,10 @@ loop thread), the fan-out's epoch (read by worker processes) and what the torch 
 DataLoader worker. The contract is what a consumer, a checkpoint and a test may rely on:
 
 - ``next()`` blocks until the next batch (no spinning), raises the epoch's error at its place in the
-  order, and ``StopIteration`` at the end;
+  order, and ``StopIteration`` at the end, and only there: every batch of the epoch was yielded;
 - ``close()`` stops whatever reads the epoch, idempotently; so do ``with``, ``break`` + garbage
-  collection and interpreter exit;
+  collection and interpreter exit. A consumer waiting in ``next()`` on another thread, or calling it
+  after, gets ``LoaderClosedError`` (an epoch stopped is not an epoch ended);
 - ``state()`` is the ``EpochProgress`` of the batches the consumer took (the one resume-state type);
 - ``stats()`` are the epoch's figures, summed over every process that read it.
 
@@ -25,15 +26,27 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ._loop import LoopKind, LoopThread, Stage, on_exit, start_thread
-from ._protocol import EMPTY, END, Failure
-from .errors import WorkerError
+from ._loop import LoopKind, LoopThread, Stage, exiting, on_exit, start_thread
+from ._protocol import CLOSED, EMPTY, END, Failure
+from .errors import LoaderClosedError, WorkerError
 from .pipeline import Pipeline
 from .plan import Plan
 from .state import EpochProgress
 from .stats import Stats
 
 log = logging.getLogger("asyncload")
+
+#: Seconds a stop at interpreter exit (Ctrl-C) waits for reads in flight that cannot be cancelled before
+#: abandoning them: healthy reads end in milliseconds, and a silent store must not hold up the exit.
+EXIT_GRACE_S = 1.0
+
+
+def closed_error(url: str, taken: int, total: int) -> LoaderClosedError:
+    """What a consumer gets from ``next()`` on an epoch that ``close()`` stopped before its end."""
+    return LoaderClosedError(
+        f"the loader of {url} was closed while this epoch was being read ({taken} of {total} batches yielded): "
+        "the epoch was stopped, not finished"
+    )
 
 
 class Epoch(Iterator[Any], abc.ABC):
@@ -95,31 +108,40 @@ class _Run:
         self.stopped = False  # the loop thread is joined
 
     def stop(self) -> None:
-        """Stop issuing reads, wait (bounded) for those in flight, stop and join the loop thread.
+        """Stop issuing reads, cancel those in flight (or, where the source forbids it, wait for them up
+        to ``timeout``, then abandon them), stop and join the loop thread.
 
+        At interpreter exit (Ctrl-C) the wait is ``EXIT_GRACE_S``: a silent store must not hold up the
+        exit. Abandoned reads that cannot be cancelled keep the loop thread, a daemon, until they end
+        (``LoopThread.linger``): closing the loop under them would abort the process (Deep Lake).
         Idempotent, and safe to call again when a first call was interrupted (Ctrl-C while waiting for
-        reads in flight): the stop counts as done only once the loop thread is joined.
+        reads in flight): the stop counts as done only once the loop thread is joined or left lingering.
         """
         if self.stopped:
             return
         if self.lt.in_loop_thread():  # a garbage-collection pass on the loop thread: it cannot wait for itself
             start_thread(self.stop, name="asyncload-stop")
             return
+        timeout = EXIT_GRACE_S if exiting() else self.timeout
         if self.future is not None and self.lt.running:
             self.lt.call_soon(self.pipeline.stop)
             try:
-                self.future.result(self.timeout)
+                self.future.result(timeout)
             except concurrent.futures.TimeoutError:
-                # Reads are still in flight: closing the loop now would let the store complete a future
-                # into a closed loop (Deep Lake aborts the process). Leave the daemon thread to finish.
                 log.warning(
-                    "asyncload: reads from %s still in flight after %.1fs; leaving the loop thread to finish them",
-                    self.url, self.timeout,
+                    "asyncload: reads from %s still in flight after %.1f s; abandoning them (they cannot be "
+                    "cancelled: the loop thread stays until they end)", self.url, timeout,
                 )  # fmt: skip
-                return
+                self.lt.call_soon(self.pipeline.abandon)
+                try:
+                    self.future.result(timeout)
+                except concurrent.futures.TimeoutError:
+                    return  # the loop thread itself is stuck: leave the daemon
+                except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
+                    pass
             except Exception:  # noqa: BLE001 - errors were delivered to the consumer already
                 pass
-        self.stopped = self.lt.stop(self.timeout)
+        self.stopped = self.lt.stop(timeout)
 
 
 class EpochIterator(Epoch):
@@ -140,6 +162,8 @@ class EpochIterator(Epoch):
         self._run = _Run(lt, self._pipeline, plan.source.url, shutdown_timeout)
         self._finalizer = on_exit(self, Stage.WORK, self._run.stop)
         self._closed = False  # no more batches for the consumer
+        self._ended = False  # every batch of the epoch was yielded: only then StopIteration
+        self._error: BaseException | None = None  # the epoch's error, raised again by a later next()
 
     def _start(self) -> None:
         """Start the loop thread and the pipeline: on the first ``next()``, in the process that iterates."""
@@ -155,7 +179,11 @@ class EpochIterator(Epoch):
 
     def __next__(self) -> Any:
         if self._closed:
-            raise StopIteration
+            if self._ended:
+                raise StopIteration
+            if self._error is not None:
+                raise self._error
+            raise closed_error(self._plan.source.url, self._stats.batches_yielded, len(self._plan.batches))
         if self._run.future is None:
             self._start()
         future = self._run.future
@@ -169,14 +197,20 @@ class EpochIterator(Epoch):
                 if future.done() or not self._run.lt.running:
                     self._die()
                 continue
-            if item is END:
+            if item is END:  # the pipeline's: every batch before it was taken, so the epoch is complete
                 st.wait_s += time.perf_counter() - t0
                 st.waiting_since = None
+                self._ended = True
                 self._report_skipped()
                 self.close()
                 raise StopIteration
+            if item is CLOSED or self._closed:  # close() from another thread: stopped, not finished
+                st.wait_s += time.perf_counter() - t0
+                st.waiting_since = None
+                raise closed_error(self._plan.source.url, st.batches_yielded, len(self._plan.batches))
             if isinstance(item, Failure):
                 st.waiting_since = None
+                self._error = item.exc
                 self.close()
                 raise item.exc
             self._run.lt.call_soon(self._pipeline.release_slot)
@@ -211,7 +245,7 @@ class EpochIterator(Epoch):
         if not self._closed:
             self._closed = True
             self._stats.finished = time.perf_counter()
-            self._out.put(END)  # wakes a consumer blocked in next() on another thread (a pin thread)
+            self._out.put(CLOSED)  # wakes a consumer blocked in next() on another thread: LoaderClosedError
         self._run.stop()
         if self._run.stopped:
             self._finalizer.detach()

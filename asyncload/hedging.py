@@ -106,6 +106,11 @@ class Hedger:
         assert error is not None
         raise error
 
+    def cancel(self) -> None:
+        """Cancel the reads lost to a hedge (only for a source whose reads may be cancelled)."""
+        for t in self._stragglers:
+            t.cancel()
+
     async def drain(self) -> None:
         """Wait for reads lost to a hedge: they must end before the loop may close."""
         while busy := [t for t in self._stragglers if not t.done()]:  # done ones: see Pipeline.run

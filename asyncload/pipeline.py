@@ -16,8 +16,15 @@ parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to 
   (the loader's ``concurrency``) are being read.
 - The first batch's requests go out alone; the rest follow once the first read has answered. Issued all
   at once, the first batch queued behind everyone else's transfers and decoding on a busy client.
-- Reads are never cancelled (a cancelled Deep Lake future hangs forever): ``stop()`` drains the work
-  queue and lets the requests in flight finish.
+- Stopping: ``stop()`` drains the work queue; reads in flight are cancelled where the source says that is
+  safe (``Source.cancel_safe``: HTTP requests, a reader process's answers) and awaited otherwise (a
+  cancelled Deep Lake future hangs for ever). ``abandon()`` gives up on those too: the fetchers stop
+  waiting and the reads are left to end on a loop kept running for them (``LoopThread.linger``).
+- A deadline for a silent store (``plan.stall_timeout``): a watchdog notes the last time any read
+  answered. Reads in flight with none answering for a while is a stall: warned once past
+  ``min(30 s, stall_timeout / 4)``, counted in ``stats.stalls`` when the store answers again, and past
+  ``stall_timeout`` the consumer gets ``StallError`` (naming the store, the wait, the rows in flight)
+  and the reads are abandoned. The watchdog costs the read path one clock read per request.
 - With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
   left out; each is recorded (index and cause) in the stats.
 - Memory is bounded in bytes too (``plan.budget``): a new batch takes a slot only while the batches alive
@@ -40,7 +47,7 @@ from typing import Any
 from ._loop import LoopThread
 from ._protocol import END, Failure, Ready
 from .assembly import assemble
-from .errors import ReadError, WorkerError, read_error
+from .errors import ReadError, StallError, WorkerError, read_error
 from .hedging import Hedger
 from .image.codecs import is_stored
 from .image.decode import unpaired
@@ -50,6 +57,11 @@ from .stats import Stats
 from .tuning import Observation
 
 log = logging.getLogger("asyncload")
+
+#: A silence shorter than this (or than a quarter of ``stall_timeout``) is not counted as a stall.
+STALL_NOTICE_S = 5.0
+#: A silence longer than this (or than a quarter of ``stall_timeout``) is logged as a warning, once.
+STALL_WARN_S = 30.0
 
 
 class _RequestGate:
@@ -110,7 +122,15 @@ class Pipeline:
         self._reorder: dict[int, Any] = {}
         self._assembling: set[asyncio.Task[None]] = set()
         self._issued_all = False  # the producer has issued every batch of the epoch
-        self._hedger = Hedger(plan.source.read, stats, plan.hedge, plan.hedge_min_s)
+        self._cancel_safe = plan.source.cancel_safe
+        # Reads that cannot be cancelled run as tasks of their own, shielded, so that giving up on them
+        # (``abandon``) stops the waiting without touching the read.
+        self._uncancellable: set[asyncio.Future[Any]] = set()
+        self._hedger = Hedger(plan.source.read if self._cancel_safe else self._shielded, stats, plan.hedge, plan.hedge_min_s)
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._reading: dict[int, list[int]] = {}  # the rows of each request in flight (for a stall's message)
+        self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
+        self._abandoned = False
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
         self._slots = asyncio.Semaphore(plan.slots(plan.requests))
@@ -134,8 +154,9 @@ class Pipeline:
         cpu0 = time.thread_time()  # this is the loop thread: its CPU is the fetch side's share
         if plan.stage is not None:  # the fetchers' reads return these columns' stored bytes
             stored_bytes.set(plan.stage.encoded)
-        fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
+        self._fetchers = fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
         watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
+        watchdog = asyncio.create_task(self._watchdog())
         for pos, (seq, indices) in enumerate(plan.batches):
             await self._budget_room()
             await self._slots.acquire()
@@ -149,15 +170,21 @@ class Pipeline:
         self._issued_all = True
         for _ in fetchers:
             self._work.put_nowait(None)
-        await asyncio.gather(*fetchers)
+        for done in await asyncio.gather(*fetchers, return_exceptions=True):  # cancelled by stop/abandon
+            if isinstance(done, BaseException) and not isinstance(done, asyncio.CancelledError):
+                raise done
         # Wait on tasks not yet done: from Python 3.12 ``gather`` of finished futures returns without
         # letting the loop run, so a finished task whose discard callback is still queued would keep
         # ``while self._assembling`` spinning forever (seen under Ctrl-C on a 16-core machine).
         while busy := [t for t in self._assembling if not t.done()]:
-            await asyncio.gather(*busy)
-        await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
+            await asyncio.gather(*busy, return_exceptions=self.stopping)
+        if not self._abandoned:
+            await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
+        watchdog.cancel()
         if watcher is not None:
             watcher.cancel()  # it only sleeps and reads counters: safe to cancel
+        if self._abandoned:
+            self.lt.linger(self._uncancellable)  # reads that could not be cancelled end on this loop
         self.stats.cpu_loop_s = time.thread_time() - cpu0
         if not self.stopping:
             self.out.put(END)
@@ -245,7 +272,8 @@ class Pipeline:
         self._slots.release()
 
     def stop(self) -> None:
-        """Issue no more reads; let the ones in flight finish; wake the producer so it can exit."""
+        """Issue no more reads; cancel those in flight where that is safe, else let them finish; wake the
+        producer so it can exit."""
         if self.stopping:
             return
         self.stopping = True
@@ -255,6 +283,85 @@ class Pipeline:
         for _ in range(self.plan.fetchers):  # the drain may have taken the producer's end markers
             self._work.put_nowait(None)
         self._slots.release()
+        if self._cancel_safe:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Stop waiting for the reads in flight: cancel the fetchers (a read that cannot be cancelled runs
+        on, shielded, and the loop lingers for it), the batches being assembled and the hedged-away reads
+        (where cancelling is safe). For a silent store, Ctrl-C, or a stop past ``shutdown_timeout``."""
+        self.stop()
+        if self._abandoned:
+            return
+        self._abandoned = True
+        for task in (*self._fetchers, *self._assembling):
+            task.cancel()
+        if self._cancel_safe:
+            self._hedger.cancel()
+
+    async def _shielded(self, idx: list[int]) -> Any:
+        """``source.read(idx)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
+        task = asyncio.ensure_future(self.plan.source.read(idx))
+        self._uncancellable.add(task)
+        task.add_done_callback(self._uncancellable.discard)
+        return await asyncio.shield(task)
+
+    # -- the deadline for a silent store ---------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Give up on a store that has not answered for ``stall_timeout`` while reads were in flight;
+        warn once it has been silent a while; count the stalls it came back from (module docstring)."""
+        plan, st = self.plan, self.stats
+        limit = plan.stall_timeout
+        notice, warn = min(STALL_NOTICE_S, limit / 4), min(STALL_WARN_S, limit / 4)
+        tick = min(0.25, limit / 20)
+        st.stall_timeout = limit
+        quiet_from = time.perf_counter()  # reads have been in flight since (or the last answer, if later)
+        warned = False
+        while True:
+            await asyncio.sleep(tick)
+            now = time.perf_counter()
+            answered = self._last_answer
+            if st.stall_since is not None and answered > st.stall_since:  # the store answered again
+                waited = answered - st.stall_since
+                st.stalls += 1
+                st.stall_wait_s += waited
+                st.stall_since = None
+                if warned:
+                    log.info("asyncload: %s answered again after %.1f s without an answer", plan.source.url, waited)
+                    warned = False
+            if not st.in_flight:
+                quiet_from = now
+                continue
+            since = max(answered, quiet_from)
+            silent = now - since
+            if silent >= notice and st.stall_since is None:
+                st.stall_since = since
+            if silent >= warn and not warned:
+                warned = True
+                log.warning(
+                    "asyncload: no answer from %s for %.0f s (%d rows in flight); waiting up to %.0f s (stall_timeout)",
+                    plan.source.url, silent, st.in_flight, limit,
+                )  # fmt: skip
+            if silent >= limit:
+                self._give_up(silent)
+                return
+
+    def _give_up(self, silent: float) -> None:
+        """``stall_timeout`` passed without an answer: the consumer gets ``StallError`` now (ahead of any
+        batch still waiting for its turn) and the reads in flight are abandoned."""
+        url, limit = self.plan.source.url, self.plan.stall_timeout
+        rows = sorted(i for idx in self._reading.values() for i in idx)
+        shown = ", ".join(map(str, rows[:16])) + (", ..." if len(rows) > 16 else "")
+        where = "" if self._cancel_safe else "; those reads cannot be cancelled and are left to end on their own"
+        err = StallError(
+            f"no answer from {url} for {silent:.1f} s (stall_timeout={limit:g} s): the store stopped answering with "
+            f"{len(rows)} rows in flight [{shown}]{where}. Raise stall_timeout to wait longer for this store",
+            source=url, indices=rows, waited_s=silent,
+        )  # fmt: skip
+        log.error("asyncload: %s", err)
+        self.stats.stall_since = None
+        self.out.put(Failure(err))
+        self.abandon()  # (stops: no batch is delivered after this error)
 
     # -- fetch -----------------------------------------------------------------------------------
     async def _read(self, idx: list[int]) -> tuple[Any, int]:
@@ -263,6 +370,8 @@ class Pipeline:
         await self._gate.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
+        key = id(idx)
+        self._reading[key] = idx
         try:
             part, seconds = await self._hedger.read(idx)
         except (ReadError, WorkerError):  # WorkerError: the reader process died past its restart budget
@@ -270,6 +379,8 @@ class Pipeline:
         except Exception as exc:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
+            self._last_answer = time.perf_counter()  # (cancelled: no answer, but nothing waits any more)
+            del self._reading[key]
             stats.in_flight -= len(idx)
             self._gate.release()
             if self._held is not None:  # the first read has answered: the rest may go

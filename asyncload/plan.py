@@ -40,6 +40,7 @@ class Plan:
     ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
     stage: Stage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
     budget: int = 1 << 30  # bytes of batches alive (read, decoded, ready) the pipeline aims to stay within
+    stall_timeout: float = 120.0  # seconds with reads in flight and none answering before the epoch gives up
 
     def slots(self, requests: int) -> int:
         """Batches alive at once for ``requests`` in flight: prefetch + those being read + 1."""

@@ -68,6 +68,7 @@ class ShardReader:
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
             collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
             log_every=o.log_every, hedge=o.hedge, ragged=o.ragged, stage=stage, budget=o.budget_bytes,
+            stall_timeout=o.stall_timeout,
         )  # fmt: skip
 
     def epoch(

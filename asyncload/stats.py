@@ -36,6 +36,8 @@ class Stats:
     skipped: int = 0
     stalls: int = 0  # outages of the store ridden out (silent or unreachable, then answering again)
     stall_wait_s: float = 0.0  # seconds spent waiting on them
+    stall_since: float | None = None  # while a stall lasts: when the store last answered (perf_counter)
+    stall_timeout: float | None = None  # the deadline the epoch gives a silent store
     worker_restarts: int = 0  # reader processes that died and were replaced (fan-out, or the default isolation)
     memory_budget: int = 0  # the byte budget of batches alive (read, decoded, ready)
     bytes_held: int = 0  # bytes read and decoded that the pipeline holds now (ready batches included)
@@ -75,6 +77,8 @@ class Stats:
             "worker_restarts": self.worker_restarts,
             "stalls": self.stalls,
             "stall_wait_s": self.stall_wait_s,
+            "stalled_s": (time.perf_counter() - self.stall_since) if self.stall_since is not None else None,
+            "stall_timeout": self.stall_timeout,
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,

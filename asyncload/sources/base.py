@@ -172,6 +172,17 @@ class Source(abc.ABC, Generic[H]):
         """Hint from the loader: how many read requests, covering how many samples, it will keep in
         flight at most (size connection and thread pools from it)."""
 
+    #: Whether a read in flight may be cancelled (``Task.cancel``) when an epoch stops or gives up on a
+    #: silent store: True for coroutines that clean up when cancelled (HTTP requests, a reader process's
+    #: answer). False where cancelling hangs or breaks the store (a Deep Lake future): such reads are
+    #: abandoned instead, left to end on a loop kept running for them (``_loop.LoopThread.linger``).
+    cancel_safe: bool = True
+
+    def set_stall_timeout(self, seconds: float) -> None:
+        """Hint from the loader: its epochs give up on a store that has not answered for ``seconds``
+        (``stall_timeout``). A source that waits out outages itself (``ObjectStoreSource``'s breaker)
+        bounds that wait by it."""
+
     def throttle_count(self) -> int:
         """Throttling answers (503 SlowDown, 429) seen so far in this process; the concurrency tuner
         backs off when it grows. Sources that cannot see them return 0."""

@@ -301,6 +301,9 @@ class DeepLakeSource(Source[Any]):
             found[c] = ImageColumn(role, codec)  # type: ignore[arg-type]
         return found
 
+    #: A Deep Lake future hangs for ever once cancelled: a read given up on is abandoned, never cancelled.
+    cancel_safe = False
+
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         """Nothing to do once the handle is open: Deep Lake sizes a dataset's connections when it opens
         it (see ``_size_storage_pool``), so raising the pool afterwards adds threads, not connections."""

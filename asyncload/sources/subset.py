@@ -60,6 +60,13 @@ class RangeSource(Source[Any]):
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         self.inner.configure(requests_in_flight, samples_in_flight)
 
+    @property
+    def cancel_safe(self) -> bool:  # type: ignore[override]
+        return self.inner.cancel_safe
+
+    def set_stall_timeout(self, seconds: float) -> None:
+        self.inner.set_stall_timeout(seconds)
+
     def throttle_count(self) -> int:
         return self.inner.throttle_count()
 
