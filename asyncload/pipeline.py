@@ -353,9 +353,14 @@ class Pipeline:
         rows = sorted(i for idx in self._reading.values() for i in idx)
         shown = ", ".join(map(str, rows[:16])) + (", ..." if len(rows) > 16 else "")
         where = "" if self._cancel_safe else "; those reads cannot be cancelled and are left to end on their own"
+        try:
+            why = self.plan.source.outage()
+        except Exception:  # noqa: BLE001 - only a message
+            why = None
+        why = f" ({why})" if why else ""
         err = StallError(
-            f"no answer from {url} for {silent:.1f} s (stall_timeout={limit:g} s): the store stopped answering with "
-            f"{len(rows)} rows in flight [{shown}]{where}. Raise stall_timeout to wait longer for this store",
+            f"no answer from {url} for {silent:.1f} s (stall_timeout={limit:g} s): the store stopped answering{why} "
+            f"with {len(rows)} rows in flight [{shown}]{where}. Raise stall_timeout to wait longer for this store",
             source=url, indices=rows, waited_s=silent,
         )  # fmt: skip
         log.error("asyncload: %s", err)

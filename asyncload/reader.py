@@ -58,6 +58,7 @@ class ShardReader:
             tuner = self._tuner
         requests = max(1, tuner.samples // size) if tuner else fetchers
         self.source.configure(fetchers, fetchers * size)
+        self.source.set_stall_timeout(o.stall_timeout)
         if only is None:
             batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
         else:

@@ -183,6 +183,11 @@ class Source(abc.ABC, Generic[H]):
         (``stall_timeout``). A source that waits out outages itself (``ObjectStoreSource``'s breaker)
         bounds that wait by it."""
 
+    def outage(self) -> str | None:
+        """While the store is known to be away (its reads waiting for it), what the last attempt met, for a
+        ``StallError``'s message; None otherwise, or where the source cannot tell."""
+        return None
+
     def throttle_count(self) -> int:
         """Throttling answers (503 SlowDown, 429) seen so far in this process; the concurrency tuner
         backs off when it grows. Sources that cannot see them return 0."""

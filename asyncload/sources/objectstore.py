@@ -26,6 +26,10 @@ Design, and why:
 - **Retries by policy** (:mod:`asyncload.retry`): transient failures are retried with full-jitter
   backoff within per-request attempts and a per-source-per-process budget; 403/404 fail at once with the
   key named. ``retry_stats()`` shows what it took.
+- **One outage, one event** (:class:`asyncload.retry.Breaker`, per source and process): when the store
+  stops answering (restart, partition, a silent server), the reads in flight wait for it together while
+  one probes it, uncharged to the budget, and resume when it answers; past the loader's
+  ``stall_timeout`` (``set_stall_timeout``) they end in ``StallError``.
 - **Fast, clear open.** A bucket or container is probed first (:func:`._store.probe_store`; ``probe=False``
   skips it): a down endpoint, wrong credentials or a missing bucket fail in seconds with a ``SourceError``
   naming endpoint and bucket; on S3 the probe also learns the bucket's region when none is configured.
@@ -36,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,9 +50,9 @@ import aiohttp
 import numpy as np
 
 from .._loop import LoopLocal, run_blocking, thread_pool
-from ..errors import ConfigError, DatasetNotFoundError, SourceError, read_error
+from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, read_error
 from ..image.files import DecodeMode, decode_image, decode_modes, default_workers
-from ..retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
+from ..retry import Breaker, GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
 from ._store import HTTPStore, Store, probe_store
 from .azure import resolve_azure, split_az_url
@@ -163,6 +168,7 @@ class ObjectStoreSource(Source[_Index]):
                 raise ConfigError(f"url={url!r}: {exc}") from None
         self._requests_in_flight = 64
         self._indices_per_read = 1  # the most indices one read has asked for: sizes the pool
+        self._stall_timeout = 120.0  # the loader's stall_timeout: bounds the wait for a store that is away
         self._init_process_state()
 
     # -- per-process state (never pickled, reset after fork) -----------------------------------------
@@ -171,6 +177,8 @@ class ObjectStoreSource(Source[_Index]):
         self._store: Store | None = None  # resolved at open, in this process (a live credential chain)
         self._budget: RetryBudget = self.retry.new_budget()
         self._stats = RetryStats()
+        # (a little past the deadline: the loader's watchdog, which names every row in flight, ends it first)
+        self._breaker = Breaker(self.url, self.retry, self._stats, self._stall_timeout + 5.0)
         self._loops: LoopLocal[_LoopState] = LoopLocal(
             self._new_loop_state, _close_state, "asyncload-objectstore-session"
         )
@@ -182,7 +190,7 @@ class ObjectStoreSource(Source[_Index]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for k in ("_budget", "_stats", "_loops", "_state_pid", "_store"):
+        for k in ("_budget", "_stats", "_loops", "_state_pid", "_store", "_breaker"):
             state.pop(k, None)
         return state
 
@@ -213,6 +221,20 @@ class ObjectStoreSource(Source[_Index]):
 
     def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
         self._requests_in_flight = max(1, int(requests_in_flight))
+
+    def outage(self) -> str | None:
+        """The breaker is open: the last failure that met no answer (refused, reset, timed out)."""
+        self._process_state()
+        b = self._breaker
+        if not b.is_open or b.last is None:
+            return None
+        return f"the store is away since {time.monotonic() - b.opened_at:.1f} s ago; last attempt: {describe(b.last)}"
+
+    def set_stall_timeout(self, seconds: float) -> None:
+        """Reads wait for a store that is away (the breaker open) up to ``seconds`` and a little more."""
+        self._stall_timeout = float(seconds)
+        self._process_state()
+        self._breaker.max_outage = self._stall_timeout + 5.0
 
     def _version(self, handle: _Index) -> str | None:
         """A digest of every row's keys, in row order: another listing or manifest is another version."""
@@ -287,6 +309,8 @@ class ObjectStoreSource(Source[_Index]):
         budget: RetryBudget,
         stats: RetryStats,
         store: Store | None = None,
+        *,
+        breaker: Breaker | None = None,
     ) -> bytes:
         store = store or self._store
         assert store is not None
@@ -295,7 +319,7 @@ class ObjectStoreSource(Source[_Index]):
             headers = await store.headers("GET", url)
             return await request_bytes(session, "GET", url, headers, allow_redirects=not store.signed)
 
-        return await self.retry.call(attempt, what=what, budget=budget, stats=stats)
+        return await self.retry.call(attempt, what=what, budget=budget, stats=stats, breaker=breaker)
 
     async def _list(
         self, session: aiohttp.ClientSession, prefix: str, budget: RetryBudget, stats: RetryStats
@@ -408,8 +432,13 @@ class ObjectStoreSource(Source[_Index]):
         url = self._store.object_url(self._full_key(rel))
         where = f"{self.url}/{rel}"
         try:
-            data = await self._get(state.session, url, f"GET {where}", budget, stats)
+            data = await self._get(state.session, url, f"GET {where}", budget, stats, breaker=self._breaker)
         except GiveUp as g:
+            if g.outage_s is not None:  # the store was away past the deadline (outside a loader's watchdog)
+                raise StallError(
+                    f"no answer from {self.url} for {g.outage_s:.1f} s (stall_timeout): {g}",
+                    source=self.url, indices=[i], waited_s=g.outage_s,
+                ) from g.last
             raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
         if col in stored_bytes.get():  # the loader's decode stage decodes it, into the batch
             return data

@@ -67,6 +67,9 @@ class RangeSource(Source[Any]):
     def set_stall_timeout(self, seconds: float) -> None:
         self.inner.set_stall_timeout(seconds)
 
+    def outage(self) -> str | None:
+        return self.inner.outage()
+
     def throttle_count(self) -> int:
         return self.inner.throttle_count()
 
