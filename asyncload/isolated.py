@@ -61,7 +61,7 @@ from ._loop import LoopThread, Stage, on_exit, start_thread
 from ._procs import kill_processes, reap_process, run_child, start_child
 from ._protocol import Failure
 from .errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
-from .recovery import Ended, Recovery, narrow
+from .recovery import Ended, Recovery, beat_interval, narrow
 from .sources.base import Columns, Source, stored_bytes
 from .stats import Stats
 
@@ -238,9 +238,12 @@ class IsolatedSource(Source[Any]):
         start-up)."""
         with self._lock:
             self._stats, self._fatal = stats, None
+            # The epoch's pipeline says and counts the stalls it sees itself where it watches its reads
+            # (``Stats.stall_since``); then the policy here only replaces stuck readers.
             self._policy = Recovery(
-                self.url, max_restarts=self._max_restarts, stall_timeout=self._stall_timeout, stats=stats
-            )
+                self.url, max_restarts=self._max_restarts, stall_timeout=self._stall_timeout, stats=stats,
+                report=not hasattr(stats, "stall_since"),
+            )  # fmt: skip
             # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
             self._suspects, self._alone = 0, False
             waiters, self._waiters = self._waiters, []
@@ -301,7 +304,7 @@ class IsolatedSource(Source[Any]):
 
     def _tick(self) -> float:
         """How often the receiver thread looks for a stuck reader while it waits for answers."""
-        return max(0.05, min(1.0, self._policy.base_limit / 10))
+        return beat_interval(self._stall_timeout)
 
     def _answered(self, r: _Reader, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
         now = time.monotonic()

@@ -59,6 +59,12 @@ def read_limit(stall_timeout: float) -> float:
     return min(MAX_READ_LIMIT, stall_timeout / 4)
 
 
+def beat_interval(stall_timeout: float) -> float:
+    """How often a stuck reader is looked for (and a fan-out worker says how its reads go): a tenth of the
+    read limit, between 50 ms and 1 s."""
+    return max(0.05, min(1.0, read_limit(stall_timeout) / 10))
+
+
 @dataclass(frozen=True)
 class Ended:
     """How a reading process ended: ``exitcode`` as ``multiprocessing`` gives it; ``stalled``: it was
@@ -103,8 +109,13 @@ class Recovery:
     epoch ends, and what is said. Not thread-safe: each caller holds it under its own lock (``isolated``)
     or uses it from the consumer's thread only (``fanout``)."""
 
-    def __init__(self, url: str, *, max_restarts: int, stall_timeout: float, stats: Stats | None = None) -> None:
+    def __init__(
+        self, url: str, *, max_restarts: int, stall_timeout: float, stats: Stats | None = None, report: bool = True
+    ) -> None:
         self.url = url
+        #: say and count the outages (the warning, the line when the store answers, ``stats.stalls``); off
+        #: where the epoch's own pipeline watches the same reads and says so itself
+        self.report = report
         self.max_restarts = max_restarts
         self.stall_timeout = stall_timeout
         self.base_limit = read_limit(stall_timeout)
@@ -181,6 +192,7 @@ class Recovery:
         now = time.monotonic() if now is None else now
         if self.outage_since is None:
             self.outage_since = silent_since
+        if self.replaced == 0 and self.report:
             log.warning(
                 "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it, "
                 "replacing readers stuck in their reads", self.url, now - silent_since, self.stall_timeout,
@@ -205,6 +217,8 @@ class Recovery:
         now = time.monotonic() if now is None else now
         waited = now - self.outage_since
         self.outage_since, self.replaced = None, 0
+        if not self.report:
+            return
         if self.stats is not None:
             self.stats.stalls += 1
             self.stats.stall_wait_s += waited

@@ -29,7 +29,7 @@ import torch
 
 from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, ReadError, Shard, WorkerError
 from asyncload._protocol import Failure
-from asyncload.errors import read_error
+from asyncload.errors import LoaderClosedError, read_error
 from asyncload.fanout import FanoutEpoch, sub_shard
 
 from .conftest import ROWS, live_children, loop_threads, wait_no_loop_threads
@@ -453,7 +453,7 @@ def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reac
     next(first)
     loader.set_epoch(2)
     second = iter(loader)  # a new epoch closes the open one
-    with pytest.raises(StopIteration):
+    with pytest.raises(LoaderClosedError):  # stopped, not finished: never StopIteration
         next(first)
     assert index_lists(list(second)) == ref[2] and second.pids == pids
     loader.close()
@@ -548,7 +548,7 @@ def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_mem
     next(it)
     pids = it.pids
     loader.close()  # with an epoch open
-    with pytest.raises(StopIteration):
+    with pytest.raises(LoaderClosedError, match=r"was closed while this epoch was being read \(1 of 13 batches"):
         next(it)
     assert_gone(pids.values())
     _, pids = epoch_of(loader, 1)  # a closed loader starts new workers when iterated again

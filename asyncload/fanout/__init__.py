@@ -17,14 +17,17 @@ Why the batch sequence is unchanged: the sampler deals a shard's batches to its 
 therefore yields the same batches, in the same order, as one ``AsyncLoader`` with the same shard.
 
 Lifetimes: ``WorkerPool.close()``, garbage collection of the pool, interpreter exit, a dead worker and
-Ctrl-C in the consumer stop every worker (asked, then SIGTERM, then SIGKILL) and join them.
+Ctrl-C in the consumer stop every worker (asked, then killed half a second later) and join them.
 ``AsyncLoader(processes=K)`` owns one pool; a ``FanoutEpoch`` built on its own (``FanoutEpoch(source,
 ...)``) owns a private pool that it closes. An epoch abandoned mid-way is settled before the pool serves
 another, and none of its batches reaches the next.
 
 Failures: an exception in a worker is re-raised in the parent (at its place in the order when
-``in_order``) and the workers stay usable; a worker that dies ends the epoch with ``WorkerError`` naming
-it and the dataset indices it had not delivered, and closes the pool.
+``in_order``) and the workers stay usable. A worker that dies, or stops answering (stuck in a read of a
+silent store), is replaced and what it owed is read again, as ``asyncload.recovery`` decides for the Deep
+Lake reader process too: deaths within ``max_restarts``, one outage within ``stall_timeout``; past those,
+``WorkerError`` or ``StallError`` naming it and the dataset indices it had not delivered, and the pool is
+closed.
 
 Modules, one concept each; each imports only those above it:
 - ``shares``: which batches worker ``k`` serves (``sub_shard``), with which options;

@@ -8,8 +8,13 @@ dataset indices of the batches it had not delivered.
 
 An exception in a worker is re-raised here with its type, its message and a note naming the worker and
 carrying its traceback (at its place in the order when ``in_order``); the workers stay usable. A worker
-that dies (SIGKILL, SIGSEGV on a corrupt chunk, SIGFPE on an empty one...) ends the epoch with
-``WorkerError`` and closes the pool.
+that dies (SIGKILL, SIGSEGV on a corrupt chunk, SIGFPE on an empty one...) or stops answering (its beats,
+``wire.Beat``, say its reads have had no answer past the limit: stuck in a read of a silent store) is
+replaced, as ``recovery`` decides: after a death, the batches it may have been reading are read again
+alone and narrowed down to the rows that kill a reader; after a stall, its stream starts again where it
+was. Past ``max_restarts`` deaths, or one outage past ``stall_timeout``, the epoch ends with
+``WorkerError`` or ``StallError`` and the pool is closed. ``close()`` from another thread while the
+consumer waits in ``next()`` wakes it with ``LoaderClosedError`` and stops the workers at once.
 
 ``WorkerPool`` lives here rather than in ``fanout.pool``: ``FanoutEpoch(source, ...)`` makes a private pool
 and ``WorkerPool.epoch()`` makes an epoch, and one module holding both keeps the import graph one-way.
@@ -21,6 +26,8 @@ import bisect
 import concurrent.futures
 import logging
 import math
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -29,12 +36,12 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._loop import Stage, on_exit, thread_pool
-from .._procs import cause_of_death, how_it_ended
 from .._protocol import END, Failure
 from ..epoch import Epoch, report_skipped
-from ..errors import ConfigError, ReaderCrashError, WorkerError, _short
+from ..errors import ConfigError, LoaderClosedError, StallError, WorkerError
 from ..image.decode import Stage as DecodeStage
 from ..image.gpu import PACKED, finish
+from ..recovery import Ended, Recovery, beat_interval, narrow
 from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
@@ -43,6 +50,7 @@ from .pool import _Pool
 from .wire import (
     _CREDITS,
     Batch,
+    Beat,
     Cancelled,
     Credit,
     Done,
@@ -71,26 +79,22 @@ class _Turns:
     stash: deque[Batch | Failed | End] = field(default_factory=deque)
     settled: set[int] = field(default_factory=set)  # seqs the stash (or a left-out batch) answered
     uncredited: int = 0  # stash batches handed out: the new reader's stream never sent them
+    #: when the parent last heard from it, or gave it reason to speak (a credit, a command): ``time.monotonic()``
+    heard: float = field(default_factory=time.monotonic)
+    silent_since: float | None = None  # its last ``Beat``: its reads have had no answer since then
 
     @property
     def owes(self) -> bool:
         return self.next < len(self.seqs)
 
 
-@dataclass(frozen=True)
-class _Died:
-    """A reader died while reading alone (``_FanoutEpoch._ask``): how it ended."""
+#: Seconds past the policy's limit that a worker may send nothing at all, not even a beat, before it is
+#: taken for stuck (a process that cannot run its beat thread: stopped, or a native call holding the GIL).
+_FROZEN_ALLOWANCE = 30.0
 
-    pid: int | None
-    exitcode: int | None
 
-    @property
-    def how(self) -> str:
-        return how_it_ended(self.exitcode)
-
-    @property
-    def signal(self) -> str:
-        return cause_of_death(self.exitcode)
+class _Interrupted(BaseException):
+    """``close()`` from another thread woke the consumer waiting for the workers (never leaves here)."""
 
 
 @dataclass
@@ -121,13 +125,22 @@ class _Lease:
     gen: int | None = None  # set when the epoch starts
     device: concurrent.futures.ThreadPoolExecutor | None = None  # ``decode="cuda"``: ``_finish_ahead``
 
+    wake: tuple[int, int] | None = None  # a pipe that ``close()`` from another thread writes to
+    kill: bool = False  # stop the workers rather than settle (Ctrl-C, close() during a wait, a stall)
+
     def end(self) -> None:
         if self.device is not None:  # batches not begun are dropped; one being decoded is waited for
             self.device.shutdown(wait=True, cancel_futures=True)
+        if self.kill:
+            self.pool.close()  # they hold nothing of the user's: killed now, not waited for
         if self.gen is not None:
             self.pool.settle(self.gen, self.stats)
         if self.owns_pool:
             self.pool.close()
+        if self.wake is not None:
+            for fd in self.wake:
+                os.close(fd)
+            self.wake = None
 
 
 class FanoutEpoch(Epoch):
@@ -193,11 +206,18 @@ class FanoutEpoch(Epoch):
         self._progress = progress if progress is not None else EpochProgress(epoch, len(self._batches), extra=set(skip))
         self._stats = Stats()
         self._closed = False
-        self._restarts = 0  # deaths this epoch that count against ``max_restarts``
+        o = pool.options
+        self._policy = Recovery(pool.url, max_restarts=o.max_restarts, stall_timeout=o.stall_timeout, stats=self._stats)
+        self._tick = beat_interval(o.stall_timeout)
+        self._ended = False  # every batch was yielded (StopIteration), as opposed to stopped
+        self._consumer: int | None = None  # the thread inside ``__next__``, if any
+        self._left = threading.Event()  # set when no thread is inside ``__next__``
+        self._left.set()
+        self._interrupted = False  # ``close()`` from another thread stopped the wait
         self._marks: list[int] = []  # seqs taken (delivered, or left out whole) since the last ``_take``
         self._ahead: deque[_Taken] = deque()  # ``decode="cuda"``: taken, on the device threads, not yet yielded
         self._drained = False  # the workers have nothing more for this epoch (or failed): take no more
-        self._lease = _Lease(pool, owns_pool, self._stats)
+        self._lease = _Lease(pool, owns_pool, self._stats, wake=os.pipe())
         self._finalizer = on_exit(self, Stage.WORK, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
@@ -213,9 +233,13 @@ class FanoutEpoch(Epoch):
     def __next__(self) -> Any:
         if self._closed or (self._lease.gen is not None and self._lease.gen != self._pool.gen):
             self.close()  # ended, or a newer epoch took the pool (which settled this one)
-            raise StopIteration
+            if self._ended:
+                raise StopIteration
+            raise self._closed_error()
         st = self._stats
         t0 = st.waiting_since = time.perf_counter()
+        self._consumer = threading.get_ident()
+        self._left.clear()
         try:
             if self._lease.gen is None:
                 st.started = t0
@@ -223,14 +247,21 @@ class FanoutEpoch(Epoch):
             count, batch = self._next_batch()
         except BaseException as exc:
             st.waiting_since = None
-            if not isinstance(exc, Exception):  # Ctrl-C: stop the workers now rather than settle
-                self._pool.close()
+            if isinstance(exc, _Interrupted) or not isinstance(exc, Exception) or isinstance(exc, StallError):
+                # Ctrl-C, close() from another thread, a store that never answered: stop the workers now
+                # rather than settle (a worker stuck in a read would hold the settle for its timeout).
+                self._lease.kill = True
+            self._leave()
             self.close()
+            if isinstance(exc, _Interrupted):
+                raise self._closed_error() from None
             raise
+        self._leave()
         now = time.perf_counter()
         st.wait_s += now - t0
         st.waiting_since = None
         if batch is END:
+            self._ended = True
             self.close()
             report_skipped(st, self._epoch, self._pool.url)
             raise StopIteration
@@ -240,10 +271,34 @@ class FanoutEpoch(Epoch):
             st.first_batch_s = now - st.started
         return batch
 
+    def _leave(self) -> None:
+        self._consumer = None
+        self._left.set()
+
+    def _closed_error(self) -> LoaderClosedError:
+        return LoaderClosedError(
+            f"the loader of {self._pool.url} was closed while this epoch was being read "
+            f"({self._stats.batches_yielded} of {len(self._order)} batches yielded)"
+        )
+
     def close(self) -> None:
-        """End the epoch: settle it on a shared pool (workers stay, idle), or close a pool it owns."""
+        """End the epoch: settle it on a shared pool (workers stay, idle), or close a pool it owns. From
+        another thread while the consumer waits in ``next()``: the consumer is woken, gets
+        ``LoaderClosedError``, and the workers are stopped at once (they may be stuck in a read)."""
         if self._closed:
             return
+        if self._consumer is not None and self._consumer != threading.get_ident():
+            self._interrupted = True
+            wake = self._lease.wake
+            if wake is not None:
+                try:
+                    os.write(wake[1], b"x")
+                except OSError:
+                    pass
+            # The consumer ends the epoch itself (it owns the pipes it reads); wait for it, bounded.
+            if self._left.wait(self._pool._timeout):
+                return
+            self._lease.kill = True  # it did not leave: stop the workers under it (their pipes close)
         self._closed = True
         self._stats.finished = time.perf_counter()
         self._finalizer()
@@ -299,14 +354,45 @@ class FanoutEpoch(Epoch):
             self._ahead.append(taken)
 
     # -- receiving -------------------------------------------------------------------------------
-    def _name(self, t: _Turns) -> str:
-        pid = self._pool.pids.get(t.index)
+    def _name(self, t: _Turns, pid: int | None = None) -> str:
+        pid = self._pool.pids.get(t.index) if pid is None else pid
         return f"fan-out worker {t.index} of {self._k} (pid {pid}) for {self._pool.url}"
 
+    def _heard(self, t: _Turns, msg: object) -> bool:
+        """Note a message from ``t``; True when it is a ``Beat`` (nothing more to do with it)."""
+        t.heard = time.monotonic()
+        if isinstance(msg, Beat):
+            t.silent_since = msg.silent_since
+            return True
+        t.silent_since = None
+        self._policy.answered(t.heard)
+        return False
+
+    def _wait(self, objects: list[Any]) -> list[Any]:
+        """``multiprocessing.connection.wait`` for ``objects`` or the wake pipe, at most a tick (what the
+        caller then does with a silence is ``_watch``); ``_Interrupted`` when ``close()`` was called from
+        another thread."""
+        wake = self._lease.wake
+        ready = wait([*objects, *([wake[0]] if wake is not None else [])], timeout=self._tick)
+        if self._interrupted:
+            raise _Interrupted
+        return ready
+
+    def _stuck(self, t: _Turns) -> float | None:
+        """Since when ``t`` has left its reads unanswered, if that makes it stuck now (``recovery``): its
+        beats say its reads have been silent past the policy's limit, or it has said nothing at all (not
+        even a beat) for longer still. None: it is working."""
+        now = time.monotonic()
+        if t.silent_since is not None and self._policy.stuck(max(t.silent_since, 0.0), now):
+            return t.silent_since
+        if now - t.heard >= self._policy.limit(t.heard) + _FROZEN_ALLOWANCE:
+            return t.heard
+        return None
+
     def _receive(self, wanted: list[_Turns]) -> tuple[_Turns, Batch | End | Failed]:
-        """Block until one of ``wanted`` sends a message of this epoch; raise ``WorkerError`` as soon as any
-        worker that still owes batches dies. Sleeps in ``wait`` on pipes and process sentinels: no polling.
-        Messages of an earlier epoch are dropped."""
+        """Block until one of ``wanted`` sends a message of this epoch; recover a worker that dies or
+        stops answering (``_recover``). Sleeps in ``wait`` on pipes and process sentinels, waking each tick
+        to look for a stuck worker. Messages of an earlier epoch are dropped."""
         for t in wanted:
             if t.pending is not None:
                 msg, t.pending = t.pending, None
@@ -319,7 +405,7 @@ class FanoutEpoch(Epoch):
         while True:
             conns = {procs[t.index].conn: t for t in wanted}
             sentinels = {procs[t.index].process.sentinel: t for t in self._turns.values() if t.owes}
-            ready = wait([*conns, *sentinels])
+            ready = self._wait([*conns, *sentinels])
             readable = sorted((conns[r] for r in ready if r in conns), key=lambda t: (t.index - self._rotate) % self._k)
             dead = [sentinels[r] for r in ready if r in sentinels]
             for t in readable:
@@ -328,8 +414,8 @@ class FanoutEpoch(Epoch):
                 except Exception as exc:  # noqa: BLE001 - EOF, or the fds of a dead sender are gone
                     self._recover(t, exc)
                     return self._receive(wanted)
-                if getattr(msg, "gen", None) != gen:
-                    continue  # an abandoned epoch's: dropped (its shared memory freed with it)
+                if self._heard(t, msg) or getattr(msg, "gen", None) != gen:
+                    continue  # a beat; or an abandoned epoch's message: dropped (its shared memory freed with it)
                 if isinstance(msg, Terminal):
                     self._pool.busy.discard(t.index)  # the worker is idle again
                 if isinstance(msg, End):
@@ -339,8 +425,13 @@ class FanoutEpoch(Epoch):
             if dead:  # a ready sentinel: that process has ended
                 self._recover(dead[0], None)
                 return self._receive(wanted)
+            for t in wanted:
+                since = self._stuck(t)
+                if since is not None:
+                    self._recover(t, None, stuck_since=since)
+                    return self._receive(wanted)
 
-    # -- a reader that died ------------------------------------------------------------------------
+    # -- a reader that died or stopped answering ------------------------------------------------------
     def _held(self, t: _Turns) -> list[int]:
         """The seqs ``t``'s reader owed and the parent has not received."""
         pending = None if t.pending is None else t.pending.seq * self._k + t.index
@@ -353,19 +444,49 @@ class FanoutEpoch(Epoch):
         most = o.max_concurrency if o.concurrency == "auto" else int(o.concurrency)
         return _CREDITS + o.prefetch + math.ceil(most / o.batch_size) + 1
 
-    def _recover(self, t: _Turns, cause: BaseException | None) -> None:
-        """``t``'s reader died (or its pipe broke) owing batches: start a new one, read the batches it may
-        have been reading one at a time (so that a batch that kills a reader again is known, and then its
-        rows), and resume the stream for the rest. Counted in ``max_restarts``; past it, ``WorkerError``."""
-        held = self._held(t)
+    def _replace(self, t: _Turns, stuck_since: float | None, held_rows: list[int], what: str) -> Ended:
+        """End ``t``'s worker (killed first if it is ``stuck``), decide with the policy (``recovery``) and
+        start its replacement, idle; how the old one ended. Raises the error that ends the epoch instead
+        (the pool closed): a death past ``max_restarts``, a stall past ``stall_timeout``."""
+        now = time.monotonic()
+        if stuck_since is not None:
+            self._pool.procs[t.index].process.kill()
         pid, exitcode = self._pool.reap(t.index)
-        self._charge(t, _Died(pid, exitcode), held, cause)  # past the budget: raises, no new reader
+        name = self._name(t, pid)
+        policy = self._policy
+        error: WorkerError | StallError | None
+        if stuck_since is not None:
+            ended = Ended(pid, exitcode, stalled=True, silent_s=now - stuck_since)
+            error = policy.stalled(stuck_since, held_rows, now)
+        else:
+            ended = Ended(pid, exitcode)
+            error = policy.charge(name, ended, held_rows, what) if what else None
+        if error is not None:
+            self._pool.close()
+            if isinstance(error, WorkerError):
+                error.worker = t.index  # type: ignore[attr-defined]
+            raise error
         self._pool.restart(t.index)
+        t.heard, t.silent_since = time.monotonic(), None
         self._stats.worker_restarts += 1
-        self._log_restart(t, _Died(pid, exitcode), held)
+        return ended
+
+    def _recover(self, t: _Turns, cause: BaseException | None, *, stuck_since: float | None = None) -> None:
+        """``t``'s reader died (or its pipe broke, or it stopped answering: ``stuck_since``) owing batches:
+        start a new one. After a death, the batches it may have been reading are read one at a time (so
+        that a batch that kills a reader again is known, and then its rows); after a stall they are not (a
+        stall is the store's, not a row's). Then its stream resumes for the rest."""
+        held = self._held(t)
+        rows = [i for j in held for i in self._batches[j]]
+        try:
+            ended = self._replace(t, stuck_since, rows, f"{len(held)} undelivered batches of indices")
+        except WorkerError as err:
+            raise err from cause
+        self._policy.log_restart(self._name(t, ended.pid), ended, rows, f"{len(held)} batches (indices)",
+                                 self._pool.pids.get(t.index), charged=True)  # fmt: skip
         gen = self._lease.gen
         assert gen is not None
-        n = self._window()
+        n = 0 if ended.stalled else self._window()
         window, rest = held[:n], held[n:]
         for j in window:
             outcome = self._read_alone(t, j)
@@ -380,90 +501,65 @@ class FanoutEpoch(Epoch):
         mine = {j // self._k for j in range(len(self._batches)) if j % self._k == t.index}
         self._pool.send(t.index, StartEpoch(gen, self._epoch, frozenset(mine - {j // self._k for j in rest})))
         self._pool.busy.add(t.index)
-
-    def _charge(self, t: _Turns, died: _Died, held: list[int], cause: BaseException | None) -> None:
-        """Count a death against ``max_restarts``; past that, close the pool and raise ``WorkerError``
-        naming the worker, how it ended and the rows it held."""
-        self._restarts += 1
-        budget = self._pool.options.max_restarts
-        rows = [i for j in held for i in self._batches[j]]
-        name = f"fan-out worker {t.index} of {self._k} (pid {died.pid}) for {self._pool.url}"
-        if self._restarts > budget:
-            self._pool.close()
-            err = WorkerError(
-                f"asyncload {name} {died.how} holding {len(held)} undelivered batches of indices {_short(rows)}"
-                + (f", after {budget} restarts this epoch (max_restarts={budget})" if budget else "")
-            )
-            err.worker, err.pid, err.exitcode, err.indices = t.index, died.pid, died.exitcode, rows  # type: ignore[attr-defined]
-            raise err from cause
-
-    def _log_restart(self, t: _Turns, died: _Died, held: list[int]) -> None:
-        """One warning per restart: who died, how, the rows it held, and who reads them now."""
-        log.warning(
-            "asyncload: fan-out worker %d of %d (pid %s) for %s %s holding %d batches (indices %s); a new reader "
-            "(pid %s) reads them again (restart %d of %d this epoch)",
-            t.index, self._k, died.pid, self._pool.url, died.how, len(held),
-            _short([i for j in held for i in self._batches[j]], limit=1024), self._pool.pids.get(t.index),
-            self._restarts, self._pool.options.max_restarts,
-        )  # fmt: skip
+        t.heard = time.monotonic()
 
     def _read_alone(self, t: _Turns, j: int) -> Batch | Failed | None:
         """Batch ``j`` read by ``t``'s new reader with nothing else in flight: its ``Batch``, its ``Failed``,
         or None when none of its samples is left. A read that kills the reader again is narrowed down to
-        the rows that do (``_culprits``); those raise ``ReaderCrashError`` or, with ``on_error="skip"``,
-        are left out and counted, and the rest is read again."""
+        the rows that do (``recovery.narrow``); those raise ``ReaderCrashError`` or, with
+        ``on_error="skip"``, are left out and counted, and the rest is read again. A death whose rows kill
+        no reader alone (it came and went) costs one restart."""
         rows = list(self._batches[j])
         while True:
             outcome = self._ask(t, j, rows, probe=False)
-            if not isinstance(outcome, _Died):
+            if not isinstance(outcome, Ended):
                 return outcome
-            bad = self._culprits(t, j, rows, outcome)
-            if not bad:  # no part of it kills a reader alone: a crash that comes and goes (``_ask`` logged it)
-                self._charge(t, outcome, [j], None)
+            search = narrow(rows, outcome)
+            try:
+                part = next(search)
+                while True:
+                    died = self._ask(t, j, part, probe=True)
+                    part = search.send(died if isinstance(died, Ended) else None)
+            except StopIteration as stop:
+                bad: list[tuple[int, Ended]] = stop.value
+            if not bad:  # a crash that comes and goes: charged, then read again
+                err = self._policy.charge(self._name(t, outcome.pid), outcome, rows, "1 batch of indices")
+                if err is not None:
+                    self._pool.close()
+                    raise err
                 continue
             ids = self._pool.source.row_ids([r for r, _ in bad])
             if self._pool.options.on_error != "skip":
-                sigs = sorted({d.signal for _, d in bad})
-                err = ReaderCrashError(
-                    f"reading {f'row {ids[0]}' if len(ids) == 1 else f'rows {_short(ids)}'} of {self._pool.url} killed its reader "
-                    f"process ({', '.join(sigs)}) each time it was read, alone, in a new reader",
-                    source=self._pool.url, indices=ids, signal=", ".join(sigs),
-                )  # fmt: skip
+                err = self._policy.crash_error(ids, [e for _, e in bad])
                 assert self._lease.gen is not None
                 return Failed(self._lease.gen, Failure(err))
-            reasons = [f"ReaderCrashError: reading it killed its reader process ({d.signal})" for _, d in bad]
-            self._stats.record_skipped(list(zip(ids, reasons, strict=True)))
+            self._stats.record_skipped([(i, self._policy.skip_reason(e)) for i, (_, e) in zip(ids, bad, strict=True)])
             gone = {r for r, _ in bad}
             rows = [r for r in rows if r not in gone]
             if not rows:
                 return None
 
-    def _culprits(self, t: _Turns, j: int, rows: list[int], died: _Died) -> list[tuple[int, _Died]]:
-        """The rows among ``rows`` (whose read, alone, killed a reader: ``died``) whose read kills a reader,
-        found by halves. Each death is one more new reader, not counted in ``max_restarts``: each halves
-        what is suspect."""
-        if len(rows) == 1:
-            return [(rows[0], died)]
-        found: list[tuple[int, _Died]] = []
-        half = len(rows) // 2
-        for part in (rows[:half], rows[half:]):
-            outcome = self._ask(t, j, part, probe=True)
-            if isinstance(outcome, _Died):
-                found += self._culprits(t, j, part, outcome)
-        return found
-
-    def _ask(self, t: _Turns, j: int, rows: list[int], *, probe: bool) -> Batch | Failed | None | _Died:
+    def _ask(self, t: _Turns, j: int, rows: list[int], *, probe: bool) -> Batch | Failed | None | Ended:
         """Have ``t``'s reader read ``rows`` alone as batch ``j`` and wait for its answer: the ``Batch`` (None
-        for a probe, or when every sample was skipped), its ``Failed``, or ``_Died`` when the read killed it
-        (the reader is replaced, idle)."""
+        for a probe, or when every sample was skipped), its ``Failed``, or how the reader ended when the read
+        killed it (the reader is replaced, idle). A reader stuck in the read is replaced and asked again."""
         pool, gen = self._pool, self._lease.gen
         assert gen is not None
         pool.send(t.index, ReadOne(gen, self._epoch, j // self._k, tuple(rows), probe))
         pool.busy.add(t.index)
+        t.heard, t.silent_since = time.monotonic(), None
         got: Batch | None = None
         while True:
             proc = pool.procs[t.index]
-            ready = wait([proc.conn, proc.process.sentinel])
+            ready = self._wait([proc.conn, proc.process.sentinel])
+            if not ready:
+                since = self._stuck(t)
+                if since is None:
+                    continue
+                ended = self._replace(t, since, rows, "")
+                self._policy.log_restart(self._name(t, ended.pid), ended, rows, f"batch {j} (indices)",
+                                         pool.pids.get(t.index), charged=True)  # fmt: skip
+                return self._ask(t, j, rows, probe=probe)
             try:
                 msg = proc.channel.recv() if proc.conn in ready else None
             except Exception:  # noqa: BLE001 - EOF: it died; its sentinel says how
@@ -471,15 +567,14 @@ class FanoutEpoch(Epoch):
             if msg is None:
                 if proc.process.exitcode is None and proc.conn in ready:
                     continue  # its pipe is readable but the process lives: read on (the kill comes next)
-                pid, exitcode = pool.replace(t.index)
-                self._stats.worker_restarts += 1
-                died = _Died(pid, exitcode)
+                ended = self._replace(t, None, rows, "")  # narrowing: not charged (each halves what is left)
                 log.warning(
                     "asyncload: a reader of %s %s reading indices %s of batch %d alone; a new reader (pid %s) "
-                    "continues", pool.url, died.how, _short(rows), j, pool.pids.get(t.index),
+                    "continues", pool.url, ended.how, rows if len(rows) <= 16 else f"{rows[:16]}...", j,
+                    pool.pids.get(t.index),
                 )  # fmt: skip
-                return died
-            if getattr(msg, "gen", None) != gen:
+                return ended
+            if self._heard(t, msg) or getattr(msg, "gen", None) != gen:
                 continue
             if isinstance(msg, Batch):
                 got = msg
@@ -506,6 +601,7 @@ class FanoutEpoch(Epoch):
             t.uncredited -= 1
         else:
             self._pool.send(t.index, Credit(self._lease.gen))
+            t.heard = max(t.heard, time.monotonic())  # it may speak again: its silence counts from now
         self._marks.append(at)
         self._stats.batches_ready += 1  # received: ``ready_batches`` is what was received and not yet yielded
         return msg.count, msg.batch
@@ -549,8 +645,7 @@ class WorkerPool(_Pool):
     ``ShardReader`` built once; epochs are run on it with ``epoch()``, one at a time.
 
     ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
-    hangs or segfaults). ``timeout``: seconds each step of stopping the workers may take (ask, SIGTERM,
-    SIGKILL), and how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
+    hangs or segfaults). ``timeout``: how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
     this shard when the caller has one already (``AsyncLoader``). ``options``: a ``LoaderOptions``, or the
     keyword arguments of one. ``transform`` and ``collate_fn`` must be picklable (module level).
     """

@@ -10,8 +10,10 @@ that does not answer within ``2 * timeout`` seconds, or dies, closes the whole p
 fresh workers.
 
 Stopping (``close()``, garbage collection of the pool, interpreter exit at ``_loop.Stage.WORKERS``: after
-epochs stopped and before multiprocessing's own hook) asks every worker to exit, waits ``timeout`` seconds,
-then sends SIGTERM, waits again, then SIGKILL, and joins them all.
+epochs stopped and before multiprocessing's own hook) asks every worker to exit, kills the ones still
+alive half a second later (a worker holds nothing of the user's, and one stuck in a read of a silent store
+would never exit), and joins them all. A worker found waiting for its store while settling is not waited
+for either: the pool is closed.
 
 The public ``WorkerPool`` (this pool plus ``epoch()``) is in ``fanout.epoch``: an epoch built on its own
 makes a pool, and a pool makes epochs: with one class in each module, each would import the other.
@@ -30,7 +32,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from .._loop import Stage, on_exit
-from .._procs import reap_process, start_child, stop_processes
+from .._procs import kill_processes, reap_process, start_child
 from ..errors import ConfigError
 from ..image.decode import decode_stage
 from ..options import LoaderOptions
@@ -39,7 +41,7 @@ from ..sampler import EpochSampler, Shard
 from ..sources.base import Source
 from ..stats import Stats
 from .shares import _per_worker, sub_shard
-from .wire import _CREDITS, _STOP, Cancel, End, StartEpoch, Terminal, _add_figures, _Channel
+from .wire import _CREDITS, _STOP, Beat, Cancel, End, StartEpoch, Terminal, _add_figures, _Channel
 from .worker import _worker_main, _WorkerSpec
 
 log = logging.getLogger("asyncload")
@@ -60,8 +62,15 @@ class _Proc:
         return self.channel.conn
 
 
+#: Seconds the workers asked to exit may take before they are killed: an idle worker exits in a few
+#: milliseconds; one busy in an epoch would first wait for its reads in flight (a stalled store: forever),
+#: and it holds nothing of the user's (a batch's shared memory it left is unlinked when it is joined).
+_STOP_GRACE = 0.5
+
+
 def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
-    """The pool's finaliser (it must not hold the pool): ask every worker to exit, then join them."""
+    """The pool's finaliser (it must not hold the pool): ask every worker to exit, kill the ones that have
+    not within ``_STOP_GRACE``, and join them all (``timeout`` is kept for the signature's sake)."""
     live = list(procs.values())
     procs.clear()
     if os.getpid() != owner_pid:  # a forked copy of the pool: the workers are not ours
@@ -72,7 +81,7 @@ def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> No
         except OSError:
             pass
         w.channel.close()  # also unblocks a worker stuck sending: it gets EPIPE
-    stop_processes([w.process for w in live], timeout)
+    kill_processes([w.process for w in live], _STOP_GRACE)
 
 
 class _Pool:
@@ -155,7 +164,7 @@ class _Pool:
         return dict(self._pids)
 
     def close(self) -> None:
-        """Stop and join every worker (ask, SIGTERM, SIGKILL, ``timeout`` seconds apart); idempotent."""
+        """Stop and join every worker (asked, killed after ``_STOP_GRACE``); idempotent."""
         self.busy.clear()
         self._finalizer()
 
@@ -210,6 +219,15 @@ class _Pool:
                         log.warning(
                             "asyncload: fan-out worker %d for %s broke its pipe while settling", conns[r], self.url
                         )
+                        self.close()
+                        return
+                    if isinstance(msg, Beat) and msg.silent_since is not None and time.monotonic() - msg.silent_since > 2.0:
+                        # Its reads have no answer: it would see the cancel only once they end (a silent
+                        # store: never). It holds nothing of the user's: stop the pool now.
+                        log.warning(
+                            "asyncload: fan-out worker %d for %s is waiting for its store while settling an "
+                            "abandoned epoch; restarting the pool at the next epoch", conns[r], self.url,
+                        )  # fmt: skip
                         self.close()
                         return
                     if isinstance(msg, Terminal) and msg.gen == gen:

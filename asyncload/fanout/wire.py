@@ -4,7 +4,8 @@ Protocol (typed messages, one duplex ``Pipe`` per worker):
 - parent → worker: ``StartEpoch(gen, epoch, skip)``, ``ReadOne(gen, epoch, seq, indices, probe)`` (after a
   reader died: one batch, or part of one, read alone), ``Credit(gen)`` (one more batch may be sent),
   ``Cancel(gen)`` (stop that epoch), ``None`` or a closed pipe (exit);
-- worker → parent: ``Batch(gen, seq, count, batch)``, then exactly one of ``End(gen, figures)``,
+- worker → parent: ``Beat(gen, silent_since)`` every tick while it works (see there);
+  ``Batch(gen, seq, count, batch)``, then exactly one of ``End(gen, figures)``,
   ``Failed(gen, error)`` or ``Cancelled(gen)`` per ``StartEpoch`` (``Done(gen, seq, figures)``, ``Failed`` or
   ``Cancelled`` per ``ReadOne``), after which the worker is idle.
 ``gen`` numbers the pool's epochs; the parent drops any message whose ``gen`` is not the live epoch's, so
@@ -132,6 +133,18 @@ class Done:
 
 
 @dataclass(frozen=True)
+class Beat:
+    """Worker → parent, every tick while it works on a command and is not waiting for a credit: it lives,
+    and its store reads have had no answer since ``silent_since`` (``time.monotonic()``, one clock for
+    every process of the machine), or are answering (None: nothing in flight, or reads answered within the
+    tick). How the parent tells a worker stuck in a read of a silent store (``recovery``) from one that
+    is busy. Sent whatever the epoch (``gen`` is the worker's current one, -1 while it opens its store)."""
+
+    gen: int
+    silent_since: float | None
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """Worker → parent: epoch ``gen`` stopped on ``Cancel``; the worker is idle."""
 
@@ -206,14 +219,16 @@ class _Channel:
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(fileno=os.dup(self.conn.fileno()))
+        self._sending = threading.Lock()  # a worker's batches and its beats come from two threads
 
     def send(self, msg: object) -> None:
         """``msg`` pickled, then the fds of its storages; the storages must live until this returns."""
         buf, fds = io.BytesIO(), []
         _FdPickler(buf, fds).dump(msg)
-        self.conn.send_bytes(struct.pack("!I", len(fds)) + buf.getvalue())
-        for i in range(0, len(fds), _MAX_FDS):
-            multiprocessing.reduction.sendfds(self.sock, fds[i : i + _MAX_FDS])
+        with self._sending:
+            self.conn.send_bytes(struct.pack("!I", len(fds)) + buf.getvalue())
+            for i in range(0, len(fds), _MAX_FDS):
+                multiprocessing.reduction.sendfds(self.sock, fds[i : i + _MAX_FDS])
 
     def recv(self) -> Any:
         data = self.conn.recv_bytes()

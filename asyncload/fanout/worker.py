@@ -1,8 +1,11 @@
 """What runs inside a worker process: build the loader once, then serve epochs as the parent asks.
 
-Two threads: the main thread runs the epoch (its own ``ShardReader``: event loop, CPU pool, store handle)
-and sends each batch against a credit; a control thread reads the parent's messages, so that credits and
-cancels arrive while the main thread waits, and an epoch can be cancelled at its next credit wait.
+Three threads: the main thread runs the epoch (its own ``ShardReader``: event loop, CPU pool, store
+handle) and sends each batch against a credit; a control thread reads the parent's messages, so that
+credits and cancels arrive while the main thread waits, and an epoch can be cancelled at its next credit
+wait; a beat thread tells the parent, while the worker works, since when its reads have had no answer
+(``wire.Beat``): a worker stuck in a read of a silent store is killed and replaced by the parent
+(``recovery``), one that is only busy is not.
 
 Batches are allocated in shared memory from the start (``wire._shared_empty``), so sending one copies
 nothing. Ctrl-C is ignored: it reaches the whole process group, and the parent decides when its workers
@@ -19,6 +22,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,12 +35,15 @@ from .._protocol import Failure
 from ..collate import set_allocator
 from ..options import LoaderOptions
 from ..reader import ShardReader
+from ..recovery import beat_interval
 from ..sampler import Shard
 from ..sources.base import Source
 from ..state import EpochProgress
+from ..stats import Stats
 from .wire import (
     _STOP,
     Batch,
+    Beat,
     Cancel,
     Cancelled,
     Credit,
@@ -65,7 +72,8 @@ class _WorkerSpec:
 
 class _Control:
     """The worker's view of the epoch in progress: its credits and whether it was cancelled. Written by the
-    control thread (messages from the parent), waited on by the main thread before each send."""
+    control thread (messages from the parent), waited on by the main thread before each send; read by the
+    beat thread (``_beat``): what the worker is doing, and the figures of the reads it has in flight."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -73,6 +81,10 @@ class _Control:
         self._credits = 0
         self._cancelled = -1  # every epoch up to this gen is cancelled (gens only grow)
         self._stopped = False
+        self.waiting = False  # the main thread waits for a credit: the parent owes it one, nothing to say
+        self.busy = False  # a command is in progress
+        self.opening_since: float | None = None  # the store is being opened (``time.monotonic()``)
+        self.stats: Stats | None = None  # the figures of the command's pipeline, while it runs
 
     def _over(self, gen: int) -> bool:
         return self._stopped or gen <= self._cancelled
@@ -86,7 +98,11 @@ class _Control:
     def take(self, gen: int) -> bool:
         """Wait for a credit of ``gen`` and use it; False when ``gen`` is cancelled or the worker stops."""
         with self._cond:
-            self._cond.wait_for(lambda: self._over(gen) or self._credits > 0)
+            self.waiting = True
+            try:
+                self._cond.wait_for(lambda: self._over(gen) or self._credits > 0)
+            finally:
+                self.waiting = False
             if self._over(gen):
                 return False
             self._credits -= 1
@@ -107,6 +123,38 @@ class _Control:
         with self._cond:
             self._stopped = True
             self._cond.notify_all()
+
+    def pause(self, seconds: float) -> bool:
+        """Sleep ``seconds`` (the beat thread); True once the worker is stopping."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._stopped, seconds)
+
+
+def _beat(channel: _Channel, ctl: _Control, every: float) -> None:
+    """The worker's beat thread: every ``every`` seconds while a command is in progress (and the worker is
+    not waiting for a credit, which the parent owes it) or while the store is being opened, tell the parent
+    since when its reads have had no answer (``Beat``): progress is an answered or a new read, or nothing
+    in flight. The parent kills a worker whose reads have been silent past the policy's limit."""
+    last: tuple[int, int, int] | None = None
+    progress_at = time.monotonic()
+    while not ctl.pause(every):
+        now = time.monotonic()
+        st = ctl.stats
+        silent: float | None
+        if ctl.opening_since is not None:
+            silent = ctl.opening_since
+        elif not ctl.busy or ctl.waiting:
+            last = None
+            continue
+        elif st is None or not st.in_flight or (key := (st.samples_read, st.requests, st.skipped)) != last:
+            last = None if st is None else (st.samples_read, st.requests, st.skipped)
+            progress_at, silent = now, None
+        else:
+            silent = progress_at
+        try:
+            channel.send(Beat(ctl._gen, silent))
+        except OSError:
+            return
 
 
 def _listen(conn: Connection, ctl: _Control, commands: queue.SimpleQueue[StartEpoch | ReadOne | None]) -> None:
@@ -151,6 +199,7 @@ def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: Start
     expected = collections.deque(s for s in range(total) if s not in cmd.skip)
     samples = 0
     with reader.epoch(cmd.epoch, progress) as it:
+        ctl.stats = it.stats()
         for batch in it:
             seq = -1
             while expected and progress.done(expected[0]):
@@ -167,6 +216,7 @@ def _read_one(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: ReadOn
     """Read ``cmd.indices`` alone as batch ``cmd.seq``: send it (unless a probe), then ``Done``. A probe's
     failure is an answer too (the read did not kill this process), so it ends in ``Done`` as well."""
     it = reader.epoch(cmd.epoch, EpochProgress(cmd.epoch, len(reader.sampler)), only=[(cmd.seq, list(cmd.indices))])
+    ctl.stats = it.stats()
     try:
         with it:
             for batch in it:
@@ -193,14 +243,18 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     ctl, commands = _Control(), queue.SimpleQueue[StartEpoch | ReadOne | None]()
     start_thread(_listen, conn, ctl, commands, name="asyncload-fanout-control")
     channel = _Channel(conn)
+    ctl.opening_since = time.monotonic()  # an open of a silent store is a stall too
+    start_thread(_beat, channel, ctl, beat_interval(spec.options.stall_timeout), name="asyncload-fanout-beat")
     reader: ShardReader | None = None
     broken: Failure | None = None
     try:
         reader = ShardReader(spec.source.open(), spec.options, spec.shard, worker=True)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
         broken = Failure(exc)
+    ctl.opening_since = None
     try:
         while (cmd := commands.get()) is not _STOP:
+            ctl.busy, ctl.stats = True, None
             outcome: Terminal
             if reader is None:
                 assert broken is not None
@@ -217,6 +271,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
                     outcome = Failed(cmd.gen, Failure(exc))
+            ctl.busy, ctl.stats = False, None
             _send(channel, outcome)
     except _ParentGone:
         return
