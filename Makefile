@@ -13,6 +13,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	$(PIP) install -c constraints.txt torch
+	-$(PIP) uninstall -y asyncload 2>/dev/null  # the distribution's name before it became torch-asyncload
 	$(PIP) install -c constraints.txt -e '.[test]'
 	-npm install --prefix $(VENV)/azurite --no-audit --no-fund --loglevel=error azurite@3.37.0 || echo "npm unavailable: the Azure tests will skip"
 	touch $@
@@ -56,10 +57,10 @@ scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataL
 	$(PY) benchmarks/suites/scaling.py --rtt-ms 50 $(if $(filter 1 2,$(shell nproc)),--small,)
 
 train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
-	$(PY) -m asyncload.train --config configs/train_unet.yaml
+	$(PY) -m asyncload.train --config train_unet
 
 train-photos: install  ## the U-Net on photos of many sizes (JPEG + PNG masks, made on first use): random crops, mIoU, ~2 min on 2 cores
-	$(PY) -m asyncload.train --config configs/train_unet_photos.yaml --set checkpoint=null
+	$(PY) -m asyncload.train --config train_unet_photos --set checkpoint=null
 
 s3: install  ## a SeaweedFS S3 server on a free port in the foreground (Ctrl-C stops it)
 	$(PY) -m harness.seaweed --data data/seaweed

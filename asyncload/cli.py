@@ -75,8 +75,107 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _size(text: str) -> int | tuple[int, int]:
+    """``256`` or ``256x320`` (height x width)."""
+    try:
+        parts = [int(x) for x in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: N or HxW, e.g. 256 or 224x320")
+    return parts[0] if len(parts) == 1 else (parts[0], parts[1])
+
+
+def _span(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a range: LO,HI, e.g. 0.25,1") from None
+    return lo, hi
+
+
+def _bytes(text: str) -> int | str:
+    """``auto``, a number of bytes, or one with a unit: ``512MiB``, ``2GiB``, ``500MB``."""
+    if text == "auto":
+        return text
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+    t = text.strip().lower()
+    num = t.rstrip("kmgib")
+    try:
+        return int(float(num) * units[t[len(num) :]])
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes: auto, 1073741824, 512MiB or 2GiB") from None
+
+
+def _normalize(text: str) -> Any:
+    """``imagenet``, ``half`` or ``MEAN/STD`` with comma-separated channels: ``0.5,0.5,0.5/0.25,0.25,0.25``."""
+    from .compare import NORMALIZE
+
+    if text in NORMALIZE:
+        return NORMALIZE[text]
+    try:
+        mean, std = (tuple(float(x) for x in part.split(",")) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a normalization: imagenet, half, or MEAN/STD such as 0.5,0.5,0.5/0.25,0.25,0.25"
+        ) from None
+    return mean, std
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The loader's image settings, flag by flag (``asyncload load``): augment, ragged, model-ready."""
+    g = p.add_argument_group("images (the loader's augment=, ragged=, normalize=, layout=, dtype=)")
+    g.add_argument("--resize", type=_size, metavar="N|HxW", help="Resize(N): every image and mask to one size")
+    g.add_argument("--keep-aspect", action="store_true", help="with --resize: letterbox instead of stretching")
+    g.add_argument("--crop", type=_size, metavar="N|HxW", help="RandomResizedCrop(N): random crops, resized to N")
+    g.add_argument("--crop-scale", type=_span, default=(0.08, 1.0), metavar="LO,HI",
+                   help="area of a --crop, a fraction of the image's (default 0.08,1)")  # fmt: skip
+    g.add_argument("--flip", type=float, nargs="?", const=0.5, default=None, metavar="P",
+                   help="RandomHorizontalFlip(P), default P 0.5")  # fmt: skip
+    g.add_argument("--ragged", choices=("list", "pad"),
+                   help="images of many sizes without a resize: lists of tensors, or padded with a <column>_mask")  # fmt: skip
+    g.add_argument("--normalize", type=_normalize, metavar="imagenet|half|MEAN/STD",
+                   help="model-ready images: scaled to 0..1 then (x - mean) / std")  # fmt: skip
+    g.add_argument("--layout", choices=("NHWC", "NCHW"), default=None)
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+
+
+def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``AsyncLoader`` settings the flags of ``asyncload load`` name; defaults are left out, so the
+    loader's own apply and the report lists only what was set."""
+    from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
+
+    s: dict[str, Any] = {"batch_size": args.batch_size, "shuffle": args.shuffle, "seed": args.seed}
+    for key in ("concurrency", "prefetch", "read_mode", "decode"):
+        if getattr(args, key) != {"concurrency": "auto", "prefetch": 4, "read_mode": "auto", "decode": "auto"}[key]:
+            s[key] = getattr(args, key)
+    for key in ("processes", "memory_budget", "cpu_workers", "max_concurrency", "on_error", "ragged", "normalize",
+                "layout", "log_every"):  # fmt: skip
+        if getattr(args, key, None) is not None:
+            s[key] = getattr(args, key)
+    if args.dtype is not None:
+        import torch
+
+        s["dtype"] = getattr(torch, args.dtype)
+    if args.resize is not None and args.crop is not None:
+        from .errors import ConfigError
+
+        raise ConfigError("--resize and --crop are not allowed together: one resize per sample (pick one)")
+    ops: list[Any] = []
+    if args.resize is not None:
+        ops.append(Resize(args.resize, keep_aspect=args.keep_aspect))
+    if args.crop is not None:
+        ops.append(RandomResizedCrop(args.crop, scale=args.crop_scale))
+    if args.flip is not None:
+        ops.append(RandomHorizontalFlip(args.flip))
+    if ops:
+        s["augment"] = ops
+    return s
+
+
 def _add_source_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--creds", metavar="JSON_FILE", help="Deep Lake credentials (e.g. aws_access_key_id, endpoint_url)")
+    p.add_argument("--endpoint", metavar="URL", help="an S3 endpoint (MinIO, SeaweedFS, R2...): creds' endpoint_url")
     p.add_argument("--token", help="Activeloop token (al:// datasets)")
     p.add_argument("--profile", help="AWS shared-config profile for s3:// datasets")
     p.add_argument("--version", help="a tag, branch or commit id to read instead of the main branch's head")
@@ -136,28 +235,67 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
 
 
 def _cmd_load(args: argparse.Namespace) -> int:
-    _load_and_report(args.url, args, args.sequential_rows)
+    """``asyncload load``: the dataset at ``url`` through the synchronous loop and asyncload, timed alike
+    (``asyncload.compare``)."""
+    import logging
+
+    from .compare import choose_source, compare, print_report, report
+    from .errors import ConfigError
+    from .options import LoaderOptions
+
+    if args.repeat < 1:
+        raise ConfigError(f"--repeat={args.repeat} is not allowed: an int >= 1")
+    columns = tuple(c for c in args.columns.split(",") if c)
+    settings = loader_settings(args)
+    LoaderOptions.of(settings)  # a bad setting fails here, named, before anything is opened
+    if args.log_every is not None:  # live stats are INFO lines of the "asyncload" logger: show them
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
+        logging.getLogger("asyncload").setLevel(logging.INFO)
+    where, rows = choose_source(
+        args.url, columns, args.source, creds=_creds(args), token=args.token, profile=args.profile,
+        version=args.version, query=args.query, manifest=args.manifest,
+    )  # fmt: skip
+    if not args.json:
+        print(
+            f"asyncload load: {rows} rows of {where.url} ({where.why}), {where.network}; "
+            f"{args.repeat} run(s) of each reader",
+            file=sys.stderr, flush=True,
+        )  # fmt: skip
+    base, ours = compare(
+        where, columns, settings, repeat=args.repeat, baseline_rows=args.sequential_rows, baseline=not args.no_baseline
+    )
+    print_report(report(where, columns, rows, base, ours, settings, args.repeat), args.json)
     return 0
 
 
-def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
-    """The ``DeepLakeSource`` that ``--creds``, ``--token``, ``--version`` and ``--query`` describe."""
+def _creds(args: argparse.Namespace) -> dict[str, str] | None:
+    """``--creds`` (a JSON file) with ``--endpoint`` merged in as ``endpoint_url``."""
     import json
 
     from .errors import ConfigError
-    from .sources.deeplake import DeepLakeSource
 
-    creds = None
-    if args.creds:
+    creds: dict[str, str] = {}
+    if getattr(args, "creds", None):
         with open(args.creds, encoding="utf-8") as f:  # a missing file is an I/O error: main says so
             text = f.read()
         try:
-            creds = json.loads(text)
+            creds = dict(json.loads(text))
         except ValueError as exc:
             raise ConfigError(f"--creds {args.creds}: not valid JSON ({exc})") from None
+    if getattr(args, "endpoint", None):
+        creds["endpoint_url"] = args.endpoint
+    return creds or None
+
+
+def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
+    """The ``DeepLakeSource`` that ``--creds``, ``--endpoint``, ``--token``, ``--version`` and ``--query``
+    describe."""
+    from .sources.deeplake import DeepLakeSource
+
     return DeepLakeSource(
-        args.url, columns, creds=creds, token=args.token, version=args.version, query=args.query, profile=args.profile
-    )
+        args.url, columns, creds=_creds(args), token=args.token, version=args.version, query=args.query,
+        profile=args.profile,
+    )  # fmt: skip
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -202,10 +340,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import main as train_main
+    from .train.job import run_namespace
 
-    argv = ["--config", args.config] + [x for kv in args.set for x in ("--set", kv)]
-    return int(train_main(argv) or 0)
+    return run_namespace(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -242,11 +379,34 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--overwrite", action="store_true", help="replace a dataset already at url")
     m.set_defaults(func=_cmd_make)
 
-    ld = sub.add_parser("load", help="load a dataset through asyncload and report throughput against a sequential loop")
-    ld.add_argument("url")
+    ld = sub.add_parser(
+        "load", help="read your dataset with asyncload and with a synchronous loop: whole-epoch samples/s, CPU, RSS",
+        description="Read a dataset (Deep Lake, or image files under an object-store prefix) with a synchronous "
+        "loop and with asyncload, each a whole epoch from opening the dataset, and report both, with the steady "
+        "rate, CPU per sample and peak RSS of the whole process tree. No latency is emulated: the network is "
+        "the one the URL reaches.",
+    )  # fmt: skip
+    ld.add_argument("url", help="a Deep Lake dataset (path, file://, s3://, al://...) or an object-store prefix of files")
+    ld.add_argument(
+        "--source", choices=("auto", "deeplake", "files"), default="auto",
+        help="auto (default): Deep Lake when a dataset opens at the URL, else the files under an s3://, gs://, "
+        "az:// or http(s):// prefix (ObjectStoreSource: <prefix>/<column>/<stem>.<ext>)",
+    )  # fmt: skip
+    ld.add_argument("--manifest", help="object-store files: a manifest (URL or local file) naming the rows")
     _add_source_options(ld)
     _add_load_options(ld)
-    ld.add_argument("--sequential-rows", type=int, default=500, help="rows the sequential baseline reads")
+    _add_model_options(ld)
+    g = ld.add_argument_group("more loader settings")
+    g.add_argument("--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 512MiB, 2GiB")
+    g.add_argument("--cpu-workers", type=int, help="threads decoding and augmenting (default: one per core)")
+    g.add_argument("--max-concurrency", type=int, help="the most samples in flight concurrency=auto may choose")
+    g.add_argument("--on-error", choices=("raise", "skip"), help="skip: leave bad samples out, counted")
+    g.add_argument("--log-every", type=float, metavar="S", help="print the loader's live stats every S seconds (stderr)")
+    r = ld.add_argument_group("the report")
+    r.add_argument("--sequential-rows", type=int, default=500, help="rows the synchronous baseline reads (default 500)")
+    r.add_argument("--no-baseline", action="store_true", help="time asyncload alone")
+    r.add_argument("--repeat", type=int, default=1, metavar="N", help="runs of each reader, alternating: median and range")
+    r.add_argument("--json", action="store_true", help="the report as JSON on stdout, for scripts")
     ld.set_defaults(func=_cmd_load)
 
     i = sub.add_parser("inspect", help="rows, columns, dtypes, shapes and chunk sizes of a Deep Lake dataset")
@@ -255,9 +415,14 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--sample", type=int, default=16, help="rows whose shapes are read (default 16)")
     i.set_defaults(func=_cmd_inspect)
 
-    t = sub.add_parser("train", help="train the compact U-Net on a segmentation dataset (works under torchrun)")
-    t.add_argument("--config", default="configs/train_unet.yaml")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    t = sub.add_parser(
+        "train", help="train the compact U-Net on a segmentation dataset: yours (--data) or a synthetic one",
+        description="Train the compact U-Net. Without --data, on a synthetic dataset made on first use (the shipped "
+        "config train_unet); with --data, on your Deep Lake dataset of images and uint8 class-id masks.",
+    )  # fmt: skip
+    from ._train_args import add_train_flags
+
+    add_train_flags(t)
     t.set_defaults(func=_cmd_train)
 
     b = sub.add_parser("bench", help="the benchmark suite: loaders compared under emulated network latency")

@@ -178,6 +178,7 @@ def make_dataset(
     ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression=image_format))
     ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression=mask_format))
     ds.metadata["classes"] = list(CLASSES)
+    ds["masks"].metadata["class_names"] = list(CLASSES)  # Deep Lake's ClassLabel convention: what train reads
     kind = f" photos sizes={list(sizes)} aspect={list(aspect)} quality={quality}" if sizes else ""
     ds.metadata["generator"] = f"asyncload.synthetic seed={seed}{kind}"
     bar = None

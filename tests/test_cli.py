@@ -203,7 +203,10 @@ def test_train_with_a_missing_config_file_is_one_line_and_exit_1(tmp_path) -> No
         capture_output=True, text=True, timeout=50, cwd=tmp_path, env=env,
     )  # fmt: skip
     assert done.returncode == 1
-    assert one_line(done.stderr) == "asyncload train: missing.yaml: No such file or directory"
+    assert one_line(done.stderr) == (
+        "asyncload train: missing.yaml: No such file or directory, nor a shipped config of that name "
+        "(train_unet, train_unet_photos)"
+    )
 
 
 def test_a_bad_argument_is_one_line_and_exit_2(small, capsys) -> None:

@@ -21,6 +21,7 @@ from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSo
 from asyncload.config import load_config, parse_overrides, setting, validate
 from asyncload.synthetic import CLASSES
 from asyncload.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
+from asyncload.train.config import CONFIG_DIR
 from asyncload.train.data import SyncSegmentation, split_augment
 
 from .conftest import live_children, wait_no_loop_threads
@@ -129,7 +130,7 @@ def test_impossible_values_name_the_key_the_value_and_the_range() -> None:
 
 @pytest.mark.timeout(20)
 def test_the_shipped_yaml_is_the_defaults_and_overrides_are_typed() -> None:
-    path = REPO / "configs" / "train_unet.yaml"
+    path = CONFIG_DIR / "train_unet.yaml"
     assert load_config(path, TrainConfig) == TrainConfig()
     over = parse_overrides(["lr=0.01", "loader=sync", "checkpoint=null", "epochs=2"])
     assert over == {"lr": 0.01, "loader": "sync", "checkpoint": None, "epochs": 2}
@@ -145,10 +146,10 @@ def test_the_shipped_yaml_is_the_defaults_and_overrides_are_typed() -> None:
 
 @pytest.mark.timeout(20)
 def test_command_line_reports_a_bad_setting_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--config", str(REPO / "configs" / "train_unet.yaml"), "--set", "epochs=-1"]) == 2
+    assert main(["--config", str(CONFIG_DIR / "train_unet.yaml"), "--set", "epochs=-1"]) == 2
     assert (
         capsys.readouterr().err
-        == f"asyncload train: {REPO / 'configs' / 'train_unet.yaml'}: epochs=-1 is not allowed: an int >= 1\n"
+        == f"asyncload train: {CONFIG_DIR / 'train_unet.yaml'}: epochs=-1 is not allowed: an int >= 1\n"
     )
 
 
@@ -185,12 +186,13 @@ def test_augmentation_settings_name_the_setting_and_the_range(capsys: pytest.Cap
     with pytest.raises(ConfigError, match=r"^crop_scale=0.5 is not allowed: \[min, max\]"):
         TrainConfig(crop_scale=0.5)  # type: ignore[arg-type]  # built in Python: checked the same way
     assert main(["--set", "crop_scale=[0, 1]"]) == 2
-    assert capsys.readouterr().err.startswith("asyncload train: TrainConfig: crop_scale=(0, 1) is not allowed: [min")
+    # without --config, the shipped train_unet.yaml: the message names it
+    assert capsys.readouterr().err.startswith(f"asyncload train: {CONFIG_DIR / 'train_unet.yaml'}: crop_scale=(0, 1) is not allowed: [min")
 
 
 @pytest.mark.timeout(20)
 def test_the_photo_config_trains_on_crops_and_validates_on_resized_images() -> None:
-    cfg = load_config(REPO / "configs" / "train_unet_photos.yaml", TrainConfig)
+    cfg = load_config(CONFIG_DIR / "train_unet_photos.yaml", TrainConfig)
     assert (cfg.make_sizes, cfg.make_format, cfg.make_mask_format) == ((240, 640), "jpg", "png")
     assert [repr(op) for op in split_augment(cfg, train=True)] == [
         "RandomResizedCrop(size=(96, 96), scale=(0.25, 1.0), ratio=(0.75, 1.333), interpolation='auto')",
@@ -353,7 +355,7 @@ def test_two_ranks_under_torchrun_cover_each_epoch_once(tiny_url: str, tmp_path:
     log = tmp_path / "indices"
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        "-m", "asyncload.train", "--config", str(REPO / "configs" / "train_unet.yaml"),
+        "-m", "asyncload.train", "--config", str(CONFIG_DIR / "train_unet.yaml"),
         "--set", f"data={tiny_url}", "--set", "make_data=false", "--set", "rows=0", "--set", "image_size=32",
         "--set", "batch_size=8", "--set", "epochs=2", "--set", "holdout=0.25", "--set", "width=8",
         "--set", "progress=false",

@@ -1,12 +1,46 @@
-"""``TrainConfig``: the training job's settings, validated before anything starts (``configs/train_unet.yaml``)."""
+"""``TrainConfig``: the training job's settings, validated before anything starts.
+
+The shipped configs live in the package (``asyncload/train/configs/*.yaml``), so ``asyncload train
+--config train_unet`` works from any directory once the package is installed: ``find_config`` takes a
+path, or a shipped config's name (``train_unet``, ``train_unet_photos.yaml``, or an old
+``configs/train_unet.yaml`` path from a source checkout)."""
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from ..config import check, setting, validate
+
+#: Where the shipped configs are: inside the package, installed with it.
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """The names of the configs that ship with the package (``train_unet``, ...)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+def find_config(name: str | os.PathLike[str]) -> Path:
+    """``name`` as a file when one is there, else the shipped config of that name (``train_unet``,
+    ``train_unet.yaml``, ``configs/train_unet.yaml``): scripts written against a source checkout keep
+    working outside it. ``FileNotFoundError`` names the file and the shipped configs when neither exists
+    (the command's exit status 1, as for any missing file)."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    stem = path.name.removesuffix(".yaml").removesuffix(".yml")
+    shipped = CONFIG_DIR / f"{stem}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise FileNotFoundError(
+        errno.ENOENT, f"No such file or directory, nor a shipped config of that name ({', '.join(shipped_configs())})",
+        os.fspath(name),
+    )  # fmt: skip
 
 
 def _device_ok(v: str) -> bool:
@@ -20,10 +54,29 @@ def _span(low: float, high: float | None = None) -> Callable[[tuple[float, float
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything a training run needs; ``configs/train_unet.yaml`` holds the defaults below."""
+    """Everything a training run needs; the shipped ``train_unet.yaml`` holds the defaults below."""
 
     data: str = setting("data/synthetic-seg-64", "a non-empty path or URL of a Deep Lake dataset", lambda v: bool(v))
     make_data: bool = True  # write the synthetic dataset at ``data`` when nothing is there
+    # The dataset's columns and classes. ``classes: null``: the mask column's ``class_names`` metadata
+    # (Deep Lake's ClassLabel convention) when it has them, else the largest class id in the data + 1.
+    # ``class_names: null``: the metadata's names, else ``class 0``, ``class 1``...
+    image_column: str = setting("images", "a column name", lambda v: bool(v))
+    mask_column: str = setting("masks", "a column name (uint8 class ids per pixel)", lambda v: bool(v))
+    classes: int | None = setting(
+        None, "null or an int >= 2 (null: from the mask column's metadata, else from the data)",
+        lambda v: v is None or v >= 2,
+    )  # fmt: skip
+    class_names: tuple[str, ...] | None = setting(
+        None, "null or a list of names, one per class", lambda v: v is None or len(v) >= 2
+    )
+    # Where the dataset is and how to reach it, as ``asyncload load`` takes them: a JSON file of Deep
+    # Lake creds (aws_access_key_id, aws_secret_access_key, endpoint_url...), an S3 endpoint, an AWS
+    # profile, an Activeloop token. Without them, the standard AWS chain.
+    creds: str | None = None
+    endpoint: str | None = None
+    profile: str | None = None
+    token: str | None = None
     rows: int = setting(1200, "an int >= 0 (rows used, and made when missing; 0: all rows)", lambda v: v >= 0)
     image_size: int = setting(
         64, "an int >= 8 (height and width of made images, and of validation images, resized to it)", lambda v: v >= 8
@@ -96,6 +149,11 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         validate(self)
+        check(
+            "class_names", self.class_names,
+            self.class_names is None or self.classes is None or len(self.class_names) == self.classes,
+            f"a list of {self.classes} names (classes: {self.classes})",
+        )  # fmt: skip
         check(
             "processes", self.processes, not self.processes or (self.loader == "asyncload" and not self.num_workers),
             "0 with loader: sync or num_workers > 0 (processes are AsyncLoader's own workers, used instead of "

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..dataset import AsyncIterableDataset
+from ..errors import ConfigError
 from ..image.augment import Augment, Draw, Op, RandomHorizontalFlip, RandomResizedCrop, Resize
 from ..loader import AsyncLoader
 from ..sampler import EpochSampler, Shard
@@ -26,6 +27,29 @@ from ..sources.subset import RangeSource
 from ..state import EpochProgress, with_progress
 from .config import TrainConfig
 from .model import UNet
+
+
+def source_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """``creds``, ``token`` and ``profile`` for ``DeepLakeSource`` from the config, as ``asyncload load``
+    takes them: ``creds`` a JSON file, ``endpoint`` merged into it as ``endpoint_url``."""
+    import json
+
+    creds: dict[str, str] = {}
+    if cfg.creds:
+        with open(cfg.creds, encoding="utf-8") as f:  # a missing file is an OSError naming it
+            try:
+                creds = dict(json.load(f))
+            except ValueError as exc:
+                raise ConfigError(f"creds={cfg.creds!r} is not allowed: not valid JSON ({exc})") from None
+    if cfg.endpoint:
+        creds["endpoint_url"] = cfg.endpoint
+    return {"creds": creds or None, "token": cfg.token, "profile": cfg.profile}
+
+
+def dataset_source(cfg: TrainConfig, url: str, columns: Sequence[str] | None = None) -> DeepLakeSource:
+    """The dataset at ``url`` with the config's credentials, reading its image and mask columns."""
+    cols = tuple(columns) if columns is not None else (cfg.image_column, cfg.mask_column)
+    return DeepLakeSource(url, cols, **source_kwargs(cfg))
 
 
 def split_augment(cfg: TrainConfig, train: bool) -> list[Op]:
@@ -92,9 +116,11 @@ class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
     def __init__(
         self, url: str, start: int, stop: int, creds: dict[str, str] | None = None, *,
-        augment: Sequence[Op] = (), seed: int = 0,
+        augment: Sequence[Op] = (), seed: int = 0, source: DeepLakeSource | None = None,
+        columns: tuple[str, str] = ("images", "masks"),
     ) -> None:  # fmt: skip
         self.url, self.start, self.stop, self.creds = url, start, stop, creds
+        self.source, self.columns = source, columns  # source: opened with its creds, token or profile
         self.augment = Augment(augment) if augment else None
         self.seed, self.epoch = seed, 0
         self._ds: Any = None
@@ -112,10 +138,11 @@ class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self._pid != os.getpid():
             import deeplake
 
-            self._ds, self._pid = deeplake.open_read_only(self.url, creds=self.creds), os.getpid()
+            ds = self.source.dataset() if self.source is not None else deeplake.open_read_only(self.url, creds=self.creds)
+            self._ds, self._pid = ds, os.getpid()
         index = self.start + i
         row = self._ds[index]
-        image, mask = np.array(row["images"]), np.array(row["masks"])
+        image, mask = np.array(row[self.columns[0]]), np.array(row[self.columns[1]])
         if mask.ndim == 3:  # a PNG mask reads back as [H, W, 1]
             mask = mask[..., 0]
         if self.augment is None:
@@ -140,8 +167,9 @@ class Split:
         self.dataset: Any
         self.sampler: Any = None
         self.augment = augment = split_augment(cfg, train)
+        self.columns = (cfg.image_column, cfg.mask_column)
         if cfg.loader == "asyncload":
-            source = RangeSource(DeepLakeSource(url), start, stop)
+            source = RangeSource(dataset_source(cfg, url), start, stop)
             how: dict[str, Any] = dict(
                 batch_size=cfg.batch_size, shuffle=train, seed=cfg.seed, concurrency=cfg.concurrency,
                 prefetch=cfg.prefetch, remainder="pad", augment=augment, decode=cfg.decode,
@@ -160,7 +188,9 @@ class Split:
             per = EpochSampler(self.n, 1, remainder="pad", shard=Shard(rank, world)).rank_samples
             self.real = max(0, min(per, self.n - rank * per))
         else:
-            self.dataset = SyncSegmentation(url, start, stop, augment=augment, seed=cfg.seed)
+            self.dataset = SyncSegmentation(
+                url, start, stop, augment=augment, seed=cfg.seed, source=dataset_source(cfg, url), columns=self.columns
+            )
             self.sampler = torch.utils.data.DistributedSampler(
                 self.dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed
             )
@@ -176,7 +206,9 @@ class Split:
         self.dataset.set_epoch(epoch)
         if self.sampler is not None:
             self.sampler.set_epoch(epoch)
-        return iter(self.loader)
+        if self.columns == ("images", "masks"):
+            return iter(self.loader)
+        return _renamed(iter(self.loader), dict(zip(self.columns, ("images", "masks"), strict=True)))
 
     def close(self) -> None:
         """Stop the loader's worker processes, if it has its own (``processes=K``)."""
@@ -213,6 +245,18 @@ class TrainedPrefix:
 
     def close(self) -> None:
         self.loader.close()
+
+
+def _renamed(it: Iterator[Any], names: dict[str, str]) -> Iterator[Any]:
+    """Batches whose image and mask columns carry the step's names (``images``, ``masks``) whatever the
+    dataset calls them; closing this generator closes ``it``."""
+    try:
+        for batch in it:
+            yield {names.get(k, k): v for k, v in batch.items()}
+    finally:
+        close = getattr(it, "close", None)
+        if callable(close):
+            close()
 
 
 def first_n(it: Iterator[Any], n: int) -> Iterator[Any]:

@@ -23,10 +23,12 @@ import torch.nn as nn
 from ..config import check, load_config, parse_overrides
 from ..device import DeviceFeed
 from ..errors import ConfigError
-from ..sources.deeplake import DeepLakeSource, normalize_url
-from ..synthetic import CLASSES
+from ..sources.deeplake import normalize_url
+from .classes import Classes, resolve_classes
+from .classes import describe as describe_classes
+from .._train_args import add_train_flags, config_from_namespace
 from .config import TrainConfig
-from .data import Split, describe, first_n
+from .data import Split, dataset_source, describe, first_n, source_kwargs
 from .model import UNet
 from .steps import SYNC_EVERY, StepOptions, StepTimes, iou_counts, model_only_rate, timed_steps, train_step
 from .world import World, make_world
@@ -39,7 +41,7 @@ def _ensure_data(cfg: TrainConfig, w: World) -> str:
     from ..synthetic import make_dataset
 
     url = normalize_url(cfg.data)
-    if w.main and cfg.make_data and not deeplake.exists(url):
+    if w.main and cfg.make_data and not deeplake.exists(url, **_exists_creds(cfg)):
         rows, side, sizes = cfg.rows or 1200, cfg.image_size, cfg.make_sizes
         what = f"{side}x{side}" if sizes is None else f"photo-like, long side {sizes[0]}-{sizes[1]} px"
         formats = f"{cfg.make_format} + {cfg.make_mask_format} masks"
@@ -50,6 +52,12 @@ def _ensure_data(cfg: TrainConfig, w: World) -> str:
         )  # fmt: skip
     w.barrier()
     return url
+
+
+def _exists_creds(cfg: TrainConfig) -> dict[str, Any]:
+    """``deeplake.exists``'s keywords for the config's credentials (a profile is resolved at open)."""
+    kw = source_kwargs(cfg)
+    return {k: v for k, v in (("creds", kw["creds"]), ("token", kw["token"])) if v}
 
 
 def _save(path: str, state: dict[str, Any]) -> None:
@@ -98,12 +106,13 @@ def _run(
     from tqdm import tqdm
 
     url = _ensure_data(cfg, w)
-    total = len(DeepLakeSource(url))
+    total = len(dataset_source(cfg, url))  # opens it: a missing dataset or column is named here
     n = min(cfg.rows, total) if cfg.rows else total
     n_train = int(n * (1 - cfg.holdout))
     check(
         "holdout", cfg.holdout, 0 < n_train < n, f"a fraction that leaves rows on both sides of the split of {n} rows"
     )
+    classes = resolve_classes(dataset_source(cfg, url, (cfg.mask_column,)), n, cfg.classes, cfg.class_names)
     dtype = torch.bfloat16 if cfg.bf16 and w.device.type == "cuda" else torch.float32  # model-ready images
     train_split = stack.enter_context(
         contextlib.closing(Split(cfg, url, 0, n_train, train=True, rank=w.rank, world=w.world, image_dtype=dtype))
@@ -115,7 +124,7 @@ def _run(
 
     how = StepOptions.for_device(w.device, cfg.bf16, cfg.channels_last, cfg.cudnn_benchmark)
     torch.manual_seed(cfg.seed)
-    net = UNet(len(CLASSES), cfg.width).to(w.device, memory_format=how.memory_format)
+    net = UNet(len(classes), cfg.width).to(w.device, memory_format=how.memory_format)
     model: nn.Module = net
     if w.world > 1:
         model = nn.parallel.DistributedDataParallel(
@@ -153,7 +162,8 @@ def _run(
             f"training a U-Net (width {cfg.width}) on {n_train} rows, validating on {n - n_train}, of {url}; "
             f"loader {cfg.loader}{f' (processes={cfg.processes})' if cfg.processes else ''}, {w.world} rank(s) on {w.device}, {steps} steps/epoch of {cfg.batch_size} per rank; "
             f"bf16 {how.bf16}, channels_last {how.channels_last}; "
-            f"train: {describe(train_split.augment)}, validate: {describe(val_split.augment)}",
+            f"train: {describe(train_split.augment)}, validate: {describe(val_split.augment)}; "
+            f"columns {cfg.image_column!r} and {cfg.mask_column!r}, {describe_classes(classes)}",
             flush=True,
         )
     history: list[dict[str, Any]] = []
@@ -197,7 +207,15 @@ def _run(
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and in_epoch < steps:
                 save(epoch, in_epoch)
 
-        times = timed_steps(feed, one_step, w.device, after)
+        try:
+            times = timed_steps(feed, one_step, w.device, after)
+        except IndexError as exc:  # cross_entropy: "Target 5 is out of bounds."
+            if "out of bounds" not in str(exc):
+                raise
+            raise ConfigError(
+                f"classes={len(classes)} is not allowed for this data: column {cfg.mask_column!r} holds a class id "
+                f"of {len(classes)} or more ({exc}); the count came from {classes.origin}: set classes (--classes N)"
+            ) from None
         bar.close()
         feed.close()
         if cfg.index_log:
@@ -205,7 +223,7 @@ def _run(
             with open(os.path.join(cfg.index_log, f"rank{w.rank}.jsonl"), "a", encoding="utf-8") as f:
                 f.write(json.dumps({"epoch": epoch, "rank": w.rank, "world_size": w.world, "indices": seen}) + "\n")
 
-        ious, ev_s = _evaluate(net, val_split, w, how)
+        ious, ev_s = _evaluate(net, val_split, w, how, classes)
         loss_total, n_samples, wait_total, sync_total, wall_total = w.sum(
             [float(loss_sum), times.samples, times.wait_s, times.sync_s, times.wall_s]
         )
@@ -216,7 +234,7 @@ def _run(
             "steps": steps - start,
             "loss": loss_total / max(n_samples, 1),
             "miou": sum(present) / len(present) if present else float("nan"),
-            "iou": dict(zip(CLASSES, ious, strict=True)),
+            "iou": dict(zip(classes.names, ious, strict=True)),
             "samples": int(n_samples),
             "samples_per_s": n_samples / (wall_total / w.world) if wall_total else 0.0,
             "data_wait": wait_total / wall_total if wall_total else 0.0,
@@ -252,11 +270,14 @@ def _run(
 
 
 @torch.no_grad()
-def _evaluate(net: nn.Module, split: Split, w: World, how: StepOptions) -> tuple[list[float], float]:
+def _evaluate(
+    net: nn.Module, split: Split, w: World, how: StepOptions, classes: Classes
+) -> tuple[list[float], float]:
     """Per-class IoU over the held-out split, each row counted once across ranks; and the seconds taken."""
     t0 = time.perf_counter()
     net.eval()
-    counts = torch.zeros(2 * len(CLASSES), dtype=torch.float64, device=w.device)
+    k = len(classes)
+    counts = torch.zeros(2 * k, dtype=torch.float64, device=w.device)
     left = split.real
     with DeviceFeed(split.epoch(0), w.device) as feed:
         for batch in feed:
@@ -265,10 +286,9 @@ def _evaluate(net: nn.Module, split: Split, w: World, how: StepOptions) -> tuple
             if keep:
                 with how.autocast():
                     logits = net(how.inputs(batch["images"]))
-                counts += iou_counts(logits, batch["masks"], keep)
+                counts += iou_counts(logits, batch["masks"], keep, k)
     net.train()
     total = w.sum(counts.cpu().tolist())
-    k = len(CLASSES)
     ious = [total[c] / total[k + c] if total[k + c] else float("nan") for c in range(k)]
     return ious, time.perf_counter() - t0
 
@@ -277,15 +297,10 @@ def _evaluate(net: nn.Module, split: Split, w: World, how: StepOptions) -> tuple
 
 
 def config_from_args(argv: Sequence[str] | None = None) -> TrainConfig:
-    """``--config FILE`` (optional: the dataclass defaults otherwise) and ``--set key=value`` overrides."""
-    p = argparse.ArgumentParser(
-        prog="asyncload train", description="Train a compact U-Net on the synthetic segmentation data."
-    )
-    p.add_argument("--config", help="YAML file of TrainConfig keys (default: built-in defaults)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override one key, e.g. --set loader=sync (repeatable)")  # fmt: skip
-    args = p.parse_args(argv)
-    return load_config(args.config, TrainConfig, parse_overrides(args.overrides))
+    """``--config FILE|NAME`` (default: the shipped ``train_unet``), the flags, ``--set key=value``."""
+    p = argparse.ArgumentParser(prog="asyncload train", description="Train a compact U-Net on a segmentation dataset.")
+    add_train_flags(p)
+    return config_from_namespace(p.parse_args(argv))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -296,6 +311,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"asyncload train: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def run_namespace(args: argparse.Namespace) -> int:
+    """``asyncload train``: like ``main``, but errors go to the command's one-line handler (``cli.main``)."""
+    train(config_from_namespace(args))
     return 0
 
 

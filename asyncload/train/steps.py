@@ -14,14 +14,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..synthetic import CLASSES
 from .model import UNet
 
 
-def iou_counts(logits: torch.Tensor, masks: torch.Tensor, keep: int) -> torch.Tensor:
-    """Per class ``[intersection..., union...]`` pixel counts over the first ``keep`` samples."""
+def iou_counts(logits: torch.Tensor, masks: torch.Tensor, keep: int, classes: int | None = None) -> torch.Tensor:
+    """Per class ``[intersection..., union...]`` pixel counts over the first ``keep`` samples, for
+    ``classes`` classes (default: the logits' channels)."""
     pred, masks = logits[:keep].argmax(1), masks[:keep].long()
-    k = len(CLASSES)
+    k = classes if classes is not None else logits.shape[1]
     inter = torch.stack([((pred == c) & (masks == c)).sum() for c in range(k)])
     union = torch.stack([((pred == c) | (masks == c)).sum() for c in range(k)])
     return torch.cat([inter, union]).double()
