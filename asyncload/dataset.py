@@ -233,6 +233,15 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         return it
 
 
+    def close(self) -> None:
+        """Stop the epoch this process is iterating, if any (``DataLoader(num_workers=0)`` iterates here;
+        a worker's epoch stops with its process): a consumer waiting in ``next()`` on another thread gets
+        ``LoaderClosedError``, never a ``StopIteration`` that would pass for the epoch's end."""
+        here = self._here
+        if here is not None:
+            here.close()
+
+
 class _WorkerEpoch(Epoch):
     """An epoch iterated inside a DataLoader worker: every exception leaves in a form that pickles.
 

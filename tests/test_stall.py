@@ -1,0 +1,272 @@
+"""A store that stops answering, through a real SeaweedFS S3 server: stalled (SIGSTOP: connections open, no
+answers), killed and restarted on the same port, or silent for good.
+
+What is checked, and why this way:
+
+- **Ridden out, exactly once.** A stall shorter than ``stall_timeout`` mid-epoch and a restart on the same
+  port end with every row exactly once; the object store's breaker held the reads as one outage (counted
+  in ``retry_stats()``, nothing given up, the budget nearly full) and the loader counted the stall.
+- **A deadline, never a hang.** Silent for good: ``StallError`` (a ``ReadError``) naming the store's URL,
+  the wait and the rows in flight, within the deadline, for an object store and for Deep Lake read in
+  this process (``processes=0``: its stuck read cannot be cancelled; it is abandoned and ends on its own
+  once the server answers again).
+- **The budget still ends a store that answers 500 for good** (a ``ReadError``, not a stall).
+- **close() is not an end.** A consumer waiting in ``next()`` during a stall when another thread calls
+  ``close()`` gets ``LoaderClosedError``, from ``AsyncLoader`` and from a ``DataLoader`` over
+  ``AsyncIterableDataset``.
+
+The stall is real (the server's process group stopped by signal) and so are the clocks; ``stall_timeout``
+is small (5-10 s) to keep the suite short. Every test resumes the server however it ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch.utils.data
+
+from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError
+from asyncload.errors import LoaderClosedError, StallError
+from asyncload.retry import RetryPolicy
+from asyncload.sources._http import Timeouts
+from harness.faults import Fault, FaultProxy
+from harness.seaweed import SeaweedServer
+
+from .conftest import loop_threads, wait_no_loop_threads
+from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
+
+FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names
+# Short request deadlines, so that a silent server fails requests (and opens the breaker) within a test.
+QUICK = Timeouts(connect=1.0, read=1.5, total=10.0)
+
+
+class Freezer:
+    """SIGSTOP / SIGCONT the S3 server's whole process group (connections stay open, nothing answers)."""
+
+    def __init__(self, server: SeaweedServer) -> None:
+        self.server = server
+        self.frozen = False
+
+    def stop(self) -> None:
+        assert self.server.pid is not None
+        os.killpg(self.server.pid, signal.SIGSTOP)
+        self.frozen = True
+
+    def cont(self) -> None:
+        if self.frozen and self.server.pid is not None:
+            os.killpg(self.server.pid, signal.SIGCONT)
+        self.frozen = False
+
+    def later(self, seconds: float, action: Callable[[], None]) -> threading.Timer:
+        t = threading.Timer(seconds, action)
+        t.daemon = True
+        t.start()
+        return t
+
+
+@pytest.fixture
+def freezer(remote_data: RemoteData, running_seaweed: SeaweedServer) -> Iterator[Freezer]:
+    f = Freezer(running_seaweed)
+    try:
+        yield f
+    finally:
+        f.cont()  # whatever happened: the session's server answers again
+
+
+def files(data: RemoteData, **kw: object) -> ObjectStoreSource:
+    return ObjectStoreSource(data.files_url, creds=data.creds(), **kw).open()  # type: ignore[arg-type]
+
+
+def exactly_once(seen: list[int], rows: int) -> None:
+    counts = Counter(seen)
+    assert sorted(counts) == list(range(rows)), f"lost: {sorted(set(range(rows)) - set(counts))}"
+    assert max(counts.values()) == 1, f"repeated: {[i for i, n in counts.items() if n > 1]}"
+
+
+@pytest.mark.timeout(60)
+def test_object_store_rides_out_a_stall_mid_epoch_exactly_once(remote_data: RemoteData, freezer: Freezer) -> None:
+    """Stalled 5 s mid-epoch; requests time out after 1.5 s, so the breaker opens, probes, and releases the
+    reads when the server answers again: every row once, no request given up, nothing charged per read."""
+    src = files(remote_data, timeouts=QUICK)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=10)
+    it = iter(loader)
+    seen = next(it)["index"].tolist()
+    freezer.stop()
+    t0 = time.monotonic()
+    freezer.later(5.0, freezer.cont)
+    read_epoch(it, remote_data, seen)
+    wall = time.monotonic() - t0
+    exactly_once(seen, remote_data.rows)
+    rs, st = src.retry_stats(), loader.stats()
+    print(f"\nstall 5 s: epoch done {wall:.1f} s after it began; stalls={st['stalls']} waited {st['stall_wait_s']:.1f} s; "
+          f"retry stats {rs}")  # fmt: skip
+    assert wall >= 4.5  # the stall really held the epoch
+    assert rs["gave_up"] == 0 and rs["outages"] >= 1 and rs["outage_waits"] > 0, rs
+    assert rs["budget_left"] >= rs["budget"] - 2 * 8, rs  # at most the failures before the breaker opened
+    assert st["stalls"] >= 1 and st["stall_wait_s"] >= 3.0, st
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(90)
+def test_object_store_rides_out_a_restart_on_the_same_port(remote_data: RemoteData, freezer: Freezer) -> None:
+    """Killed mid-epoch and started again on the same port 3 s later: refused connections open the breaker
+    (one outage, not a retry storm) and the epoch completes exactly once when the server is back."""
+    server = freezer.server
+    src = files(remote_data)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=40)
+    it = iter(loader)
+    seen = next(it)["index"].tolist()
+    port = server.port
+    server.stop(kill=True)
+    t0 = time.monotonic()
+    restarted: list[float] = []
+
+    def back() -> None:
+        server.start()
+        restarted.append(time.monotonic() - t0)
+
+    freezer.later(3.0, back)
+    read_epoch(it, remote_data, seen)
+    wall = time.monotonic() - t0
+    exactly_once(seen, remote_data.rows)
+    rs = src.retry_stats()
+    print(f"\nrestart: server answering after {restarted[0]:.1f} s, epoch done after {wall:.1f} s; {rs}")
+    assert server.port == port and restarted
+    assert rs["gave_up"] == 0 and rs["outages"] >= 1, rs
+    assert rs["budget_left"] >= rs["budget"] - 2 * 8, rs
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(60)
+def test_object_store_silent_for_good_ends_in_a_stall_error_at_the_deadline(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    src = files(remote_data)  # default timeouts: the requests are still waiting when the deadline comes
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=5)
+    it = iter(loader)
+    next(it)
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StallError) as info:
+        for _ in it:
+            pass
+    wall = time.monotonic() - t0
+    err = info.value
+    text = str(err)
+    print(f"\nsilent for good: {type(err).__name__} after {wall:.1f} s: {text}")
+    assert isinstance(err, ReadError)
+    assert 4.0 <= wall < 9.0
+    assert remote_data.files_url in text and "stall_timeout=5 s" in text and "rows in flight" in text, text
+    assert err.waited_s >= 5.0 and err.indices and all(0 <= i < remote_data.rows for i in err.indices)
+    assert remote_data.server.secret_key not in text
+    with pytest.raises(StallError):  # the epoch's error again, never a StopIteration
+        next(it)
+    wait_no_loop_threads()  # cancelled HTTP reads: nothing lingers
+    assert loader.stats()["stalls"] == 0  # not ridden out
+
+
+@pytest.mark.timeout(60)
+def test_the_budget_still_ends_a_store_that_answers_500_for_good(
+    remote_data: RemoteData, running_seaweed: SeaweedServer
+) -> None:
+    """Answers that are errors are not an outage: the breaker stays closed and the retry budget ends it."""
+    with FaultProxy(("127.0.0.1", running_seaweed.port)) as proxy:
+        creds = dict(remote_data.creds(), endpoint_url=proxy.url)
+        policy = RetryPolicy(max_attempts=50, base_delay=0.01, max_delay=0.05, budget=40)
+        src = ObjectStoreSource(remote_data.files_url, creds=creds, retry=policy).open()
+        proxy.schedule.always(Fault.HTTP_500, match="/files/")
+        t0 = time.monotonic()
+        with pytest.raises(ReadError) as info:
+            list(AsyncLoader(src, batch_size=8, concurrency=16, stall_timeout=30))
+        wall = time.monotonic() - t0
+    err = info.value
+    rs = src.retry_stats()
+    assert not isinstance(err, StallError)
+    assert "retry budget is exhausted" in str(err) and "HTTP 500" in str(err), str(err)
+    assert wall < 10.0 and rs["outages"] == 0 and rs["budget_exhausted"] >= 1, rs
+    wait_no_loop_threads()
+
+
+def _close_during_stall(freezer: Freezer, consume: Callable[[], object], close: Callable[[], None]) -> BaseException:
+    """Stall the server, call ``close()`` from another thread 1.5 s later while ``consume()`` waits for a
+    batch in this one; what ``consume()`` raised."""
+    freezer.stop()
+    timer = freezer.later(1.5, close)
+    t0 = time.monotonic()
+    try:
+        consume()
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        got: BaseException = exc
+    else:
+        raise AssertionError("the consumer finished the epoch during a stall")
+    finally:
+        timer.join()
+    assert time.monotonic() - t0 < 5.0, "close() did not reach the waiting consumer promptly"
+    return got
+
+
+@pytest.mark.timeout(60)
+def test_close_from_another_thread_during_a_stall_raises_loader_closed(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    loader = AsyncLoader(files(remote_data), batch_size=8, concurrency=16, prefetch=1, stall_timeout=30)
+    it = iter(loader)
+    seen = next(it)["index"].tolist()
+
+    def consume() -> None:
+        for b in it:
+            seen.extend(b["index"].tolist())
+
+    err = _close_during_stall(freezer, consume, loader.close)
+    assert isinstance(err, LoaderClosedError), repr(err)
+    assert "was closed while this epoch was being read" in str(err) and remote_data.files_url in str(err)
+    assert len(seen) < remote_data.rows
+    with pytest.raises(LoaderClosedError):
+        next(it)
+    freezer.cont()
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(60)
+def test_close_of_the_dataset_during_a_stall_reaches_a_dataloader_consumer(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    ds = AsyncIterableDataset(files(remote_data), batch_size=8, concurrency=16, prefetch=1, stall_timeout=30)
+    dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0)
+    batches = iter(dl)
+    next(batches)
+    err = _close_during_stall(freezer, lambda: list(batches), ds.close)
+    assert isinstance(err, LoaderClosedError), repr(err)
+    freezer.cont()
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(90)
+def test_deep_lake_in_this_process_silent_for_good_ends_in_a_stall_error(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    """``processes=0``: Deep Lake sets no deadline and its future cannot be cancelled. The watchdog raises
+    ``StallError`` at the deadline; the stuck read is abandoned, its loop thread lingering until the read
+    ends (here: once the server answers again), never closed under it."""
+    src = DeepLakeSource(remote_data.deeplake_url, creds=remote_data.creds())
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, processes=0, stall_timeout=5)
+    it = iter(loader)
+    freezer.stop()  # before the first batch: Deep Lake has fetched no chunk yet (it keeps what it fetched)
+    t0 = time.monotonic()
+    with pytest.raises(StallError) as info:
+        next(it)
+    wall = time.monotonic() - t0
+    text = str(info.value)
+    print(f"\nDeep Lake, processes=0, silent for good: StallError after {wall:.1f} s: {text}")
+    assert 4.0 <= wall < 9.0
+    assert remote_data.deeplake_url in text and "cannot be cancelled" in text, text
+    assert loop_threads()  # the abandoned read's loop lingers while the store is silent
+    freezer.cont()
+    wait_no_loop_threads(30.0)  # the read answered; the loop stopped itself
+    loader.close()
