@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from asyncload import AsyncLoader, DeepLakeSource, StallError
+from asyncload import AsyncLoader, DeepLakeSource, LoaderClosedError, StallError
 
 from .conftest import live_children, reader_threads
 from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
@@ -110,3 +110,76 @@ def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadli
     pids = list(loader._isolated.pids)
     loader.close()
     assert _gone(pids) and not live_children() and not reader_threads()
+
+
+# -- fan-out workers (processes=K) -------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_fan_out_workers_stuck_in_a_stall_are_replaced_and_every_row_comes_once(
+    remote_data: RemoteData, running_seaweed, caplog
+) -> None:
+    # The workers start at the first next(), in the stall: their open of the dataset is what stalls first.
+    with caplog.at_level(logging.INFO, logger="asyncload"):
+        with AsyncLoader(_source(remote_data), 8, shuffle=True, processes=2, stall_timeout=12, max_restarts=0) as loader:
+            t0 = time.monotonic()
+            with silent(running_seaweed, for_s=7.0):
+                it = iter(loader)
+                seen = read_epoch(it, remote_data)
+                took = time.monotonic() - t0
+            stats = loader.stats()
+            first = set(it.pids.values())
+    assert sorted(seen) == list(range(remote_data.rows))  # every row exactly once, pixels checked
+    assert 7.0 <= took < 20.0, took
+    assert stats["stalls"] >= 1 and stats["stall_wait_s"] >= 3.0 and stats["worker_restarts"] >= 1, stats
+    assert "(a stall: not counted in max_restarts)" in caplog.text
+    assert f"{remote_data.deeplake_url} answered again after" in caplog.text
+    assert _gone(first) and not live_children()
+
+
+@pytest.mark.timeout(120)
+def test_fan_out_on_a_store_silent_for_good_ends_in_stall_error_and_stops_the_workers(
+    remote_data: RemoteData, running_seaweed
+) -> None:
+    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, processes=2, stall_timeout=6)
+    with silent(running_seaweed):
+        it = iter(loader)
+        t0 = time.monotonic()
+        with pytest.raises(StallError) as info:
+            next(it)
+        took = time.monotonic() - t0
+        pids = list(it.pids.values())
+    err = info.value
+    assert took < 20.0, took  # the workers' start (seconds on 2 cores), then 6 s of silence
+    assert f"no answer from {remote_data.deeplake_url} for " in str(err) and 5.5 <= err.waited_s < 8.0
+    assert err.indices and set(err.indices) <= set(range(remote_data.rows))
+    assert _gone(pids) and not live_children()  # stopped at once, not settled
+    loader.close()
+
+
+@pytest.mark.timeout(120)
+def test_close_from_another_thread_during_a_fan_out_stall_raises_loader_closed_in_the_consumer(
+    remote_data: RemoteData, running_seaweed
+) -> None:
+    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, processes=2, stall_timeout=60)
+    got: list[BaseException] = []
+
+    def consume(it) -> None:
+        try:
+            next(it)
+        except BaseException as exc:  # noqa: BLE001 - what the consumer sees is the point
+            got.append(exc)
+
+    with silent(running_seaweed):
+        it = iter(loader)
+        consumer = threading.Thread(target=consume, args=(it,))
+        consumer.start()
+        time.sleep(5.0)  # the workers started, their open of the dataset waits on the silent store
+        pids = list(it.pids.values())
+        assert consumer.is_alive() and pids
+        t0 = time.monotonic()
+        loader.close()
+        closed_in = time.monotonic() - t0
+        consumer.join(10)
+    assert not consumer.is_alive() and closed_in < 3.0, closed_in
+    assert len(got) == 1 and isinstance(got[0], LoaderClosedError), got  # never StopIteration
+    assert f"the loader of {remote_data.deeplake_url} was closed while this epoch was being read" in str(got[0])
+    assert _gone(pids) and not live_children()

@@ -425,7 +425,7 @@ class FanoutEpoch(Epoch):
             if dead:  # a ready sentinel: that process has ended
                 self._recover(dead[0], None)
                 return self._receive(wanted)
-            for t in wanted:
+            for t in wanted:  # each wake, not only silent ones: a stuck worker's beats keep its pipe readable
                 since = self._stuck(t)
                 if since is not None:
                     self._recover(t, None, stuck_since=since)
@@ -552,14 +552,14 @@ class FanoutEpoch(Epoch):
         while True:
             proc = pool.procs[t.index]
             ready = self._wait([proc.conn, proc.process.sentinel])
-            if not ready:
-                since = self._stuck(t)
-                if since is None:
-                    continue
+            since = self._stuck(t)  # (its beats keep the pipe readable: looked at whatever woke the wait)
+            if since is not None:
                 ended = self._replace(t, since, rows, "")
                 self._policy.log_restart(self._name(t, ended.pid), ended, rows, f"batch {j} (indices)",
                                          pool.pids.get(t.index), charged=True)  # fmt: skip
                 return self._ask(t, j, rows, probe=probe)
+            if not ready:
+                continue
             try:
                 msg = proc.channel.recv() if proc.conn in ready else None
             except Exception:  # noqa: BLE001 - EOF: it died; its sentinel says how
