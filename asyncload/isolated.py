@@ -204,6 +204,10 @@ class IsolatedSource(Source[Any]):
     def preferred_read_mode(self) -> Literal["row", "column"]:
         return self.inner.preferred_read_mode
 
+    @property
+    def block_rows(self) -> int:
+        return self.inner.block_rows
+
     def image_columns(self) -> Mapping[str, ImageColumn]:
         return self.inner.image_columns()
 
