@@ -45,6 +45,10 @@ from pathlib import Path
 
 import pytest
 
+from .remote_fixtures import remote_data, running_seaweed, seaweed
+
+FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names (stall case)
+
 PARALLEL = 4
 # Below shutdown_timeout (10 s, what a stuck stop would wait), above what a 2-core machine at load 10-16
 # takes to unwind a healthy run (up to ~5.6 s seen); unloaded runs take 1-2.5 s.
@@ -485,3 +489,68 @@ def test_break_and_del_then_exit_cleanly(seg_url: str, script: Path, tmp_path: P
     bad += [(r, why) for r in fresh if (why := check_run(r, errs[r.run_id]))]
     assert not bad, "\n".join(f"run {r.run_id} ({r.scenario}): {why}" for r, why in bad[:5])
     assert processes_running(script) == []
+
+
+# -- Ctrl-C while the store is silent ----------------------------------------------------------------------------
+
+STALL_SCRIPT = r'''
+"""tests/test_shutdown.py: read from a store that the test stalls, until SIGINT."""
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job inherits SIGINT ignored)
+from asyncload import AsyncLoader, DeepLakeSource, ObjectStoreSource
+
+kind, url, creds = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+src = (ObjectStoreSource if kind == "objectstore" else DeepLakeSource)(url, creds=creds)
+loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, processes=0)
+print("opened", flush=True)
+sys.stdin.readline()  # the test stalls the store, then says go
+for batch in loader:
+    pass
+print("finished", flush=True)  # not expected: SIGINT comes first
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["objectstore", "deeplake"])
+def test_ctrl_c_during_a_stall_exits_within_seconds(remote_data, running_seaweed, tmp_path: Path, kind: str) -> None:
+    """Ctrl-C while every read in flight waits on a silent store (the S3 server SIGSTOPped): the reads in
+    this process are abandoned, not awaited for ``shutdown_timeout`` (10 s): the process exits with the
+    SIGINT code within 5 s (aimed at 2). Deep Lake read here (``processes=0``) cannot cancel its read; the
+    stall hits before its first batch (it keeps what it fetched)."""
+    import json
+
+    script = tmp_path / "stall_and_ctrl_c.py"
+    script.write_text(STALL_SCRIPT)
+    url = remote_data.files_url if kind == "objectstore" else remote_data.deeplake_url
+    p = subprocess.Popen(
+        [sys.executable, str(script), kind, url, json.dumps(remote_data.creds())],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    pgid = running_seaweed.pid
+    assert pgid is not None
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        assert p.stdout.readline().split() == [b"opened"], p.stderr.read() if p.stderr else ""  # type: ignore[union-attr]
+        os.killpg(pgid, signal.SIGSTOP)
+        p.stdin.write(b"go\n")
+        p.stdin.flush()
+        time.sleep(2.0)  # the epoch's reads are in flight, unanswered
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        try:
+            _, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            _, err = p.communicate()
+        took = time.monotonic() - t0
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+    text = err.decode(errors="replace")
+    print(f"\nCtrl-C during a stall ({kind}): exited {took:.2f} s after SIGINT with {p.returncode}")
+    assert p.returncode == SIGINT_EXIT, text[-3000:]
+    assert took < 5.0, text[-3000:]
+    assert "\nKeyboardInterrupt\n" in text, text[-3000:]  # (then, for Deep Lake, the warning that reads were abandoned)
+    for bad in ("Fatal Python error", "Segmentation fault", "Aborted", "core dumped", "Event loop is closed"):
+        assert bad not in text, text[-3000:]
