@@ -41,7 +41,9 @@ if TYPE_CHECKING:
     from .image.codecs import DecodeError
     from .loader import AsyncLoader
     from .options import LoaderOptions
+    from .retry import RetryPolicy
     from .sampler import EpochSampler, Shard
+    from .sources._http import Timeouts
     from .sources._store import BucketNotFoundError, StoreAccessError, StoreEndpointError
     from .sources.base import Source
     from .sources.deeplake import DeepLakeSource
@@ -62,6 +64,8 @@ _LAZY = {
     "DecodeError": ".image.codecs",
     "AsyncLoader": ".loader",
     "LoaderOptions": ".options",
+    "RetryPolicy": ".retry",
+    "Timeouts": ".sources._http",
     "EpochSampler": ".sampler",
     "Shard": ".sampler",
     "BucketNotFoundError": ".sources._store",
@@ -113,12 +117,14 @@ __all__ = [
     "ReadError",
     "RemoteError",
     "Resize",
+    "RetryPolicy",
     "Shard",
     "Source",
     "SourceError",
     "ReaderCrashError",
     "StallError",
     "LoaderClosedError",
+    "Timeouts",
     "WorkerError",
     "load_config",
     "make_dataset",

@@ -31,10 +31,17 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch.utils.data
 
-from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError
-from asyncload.errors import LoaderClosedError, StallError
-from asyncload.retry import RetryPolicy
-from asyncload.sources._http import Timeouts
+from asyncload import (
+    AsyncIterableDataset,
+    AsyncLoader,
+    DeepLakeSource,
+    LoaderClosedError,
+    ObjectStoreSource,
+    ReadError,
+    RetryPolicy,
+    StallError,
+    Timeouts,
+)
 from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer
 
