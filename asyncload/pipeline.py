@@ -57,6 +57,10 @@ from .stats import Stats
 from .tuning import Observation
 
 log = logging.getLogger("asyncload")
+#: A line every ``STALL_SHOW_S`` while a stall lasts, at INFO: silent unless asked for (``asyncload load``
+#: shows them); the warning once and the line when the store answers again go to ``log``.
+stall_log = logging.getLogger("asyncload.stall")
+STALL_SHOW_S = 5.0
 
 #: A silence shorter than this (or than a quarter of ``stall_timeout``) is not counted as a stall.
 STALL_NOTICE_S = 5.0
@@ -317,6 +321,7 @@ class Pipeline:
         st.stall_timeout = limit
         quiet_from = time.perf_counter()  # reads have been in flight since (or the last answer, if later)
         warned = False
+        shown = 0.0  # the silence last shown on ``stall_log``
         while True:
             await asyncio.sleep(tick)
             now = time.perf_counter()
@@ -336,6 +341,12 @@ class Pipeline:
             silent = now - since
             if silent >= notice and st.stall_since is None:
                 st.stall_since = since
+                shown = -STALL_SHOW_S  # shown at once, then every STALL_SHOW_S
+            if st.stall_since is not None and silent - shown >= STALL_SHOW_S:
+                shown = silent
+                stall_log.info(
+                    "waiting for %s: no answer for %.0f s (deadline %.0f s)", plan.source.url, silent, limit
+                )  # fmt: skip
             if silent >= warn and not warned:
                 warned = True
                 log.warning(

@@ -21,7 +21,9 @@ is small (5-10 s) to keep the suite short. Every test resumes the server however
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -97,9 +99,12 @@ def exactly_once(seen: list[int], rows: int) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_object_store_rides_out_a_stall_mid_epoch_exactly_once(remote_data: RemoteData, freezer: Freezer) -> None:
+def test_object_store_rides_out_a_stall_mid_epoch_exactly_once(
+    remote_data: RemoteData, freezer: Freezer, caplog: pytest.LogCaptureFixture
+) -> None:
     """Stalled 5 s mid-epoch; requests time out after 1.5 s, so the breaker opens, probes, and releases the
     reads when the server answers again: every row once, no request given up, nothing charged per read."""
+    caplog.set_level(logging.INFO, logger="asyncload")
     src = files(remote_data, timeouts=QUICK)
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=10)
     it = iter(loader)
@@ -117,6 +122,9 @@ def test_object_store_rides_out_a_stall_mid_epoch_exactly_once(remote_data: Remo
     assert rs["gave_up"] == 0 and rs["outages"] >= 1 and rs["outage_waits"] > 0, rs
     assert rs["budget_left"] >= rs["budget"] - 2 * 8, rs  # at most the failures before the breaker opened
     assert st["stalls"] >= 1 and st["stall_wait_s"] >= 3.0, st
+    said = [r.getMessage() for r in caplog.records if r.name == "asyncload"]
+    assert any("no answer from" in m and "waiting up to 10 s" in m for m in said), said  # warned once...
+    assert any("answered again after" in m for m in said), said  # ... and said when it answered
     wait_no_loop_threads()
 
 
@@ -152,8 +160,9 @@ def test_object_store_rides_out_a_restart_on_the_same_port(remote_data: RemoteDa
 
 @pytest.mark.timeout(60)
 def test_object_store_silent_for_good_ends_in_a_stall_error_at_the_deadline(
-    remote_data: RemoteData, freezer: Freezer
+    remote_data: RemoteData, freezer: Freezer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="asyncload.stall")  # what `asyncload load` shows while a stall lasts
     src = files(remote_data)  # default timeouts: the requests are still waiting when the deadline comes
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=5)
     it = iter(loader)
@@ -176,6 +185,11 @@ def test_object_store_silent_for_good_ends_in_a_stall_error_at_the_deadline(
         next(it)
     wait_no_loop_threads()  # cancelled HTTP reads: nothing lingers
     assert loader.stats()["stalls"] == 0  # not ridden out
+    shown = [r.getMessage() for r in caplog.records if r.name == "asyncload.stall"]
+    assert shown and all(re.fullmatch(rf"waiting for {remote_data.files_url}: no answer for \d+ s \(deadline 5 s\)", m)
+                         for m in shown), shown  # fmt: skip
+    warned = [r.getMessage() for r in caplog.records if r.name == "asyncload" and r.levelno == logging.WARNING]
+    assert any("no answer from" in m and "waiting up to 5 s" in m for m in warned), warned
 
 
 @pytest.mark.timeout(60)
