@@ -234,6 +234,20 @@ def _load_and_report(url: str, args: argparse.Namespace, sequential_limit: int) 
     print(table(rows, base))
 
 
+def _show_stalls() -> None:
+    """A stall shows while it lasts: the epoch's watchdog says every few seconds on ``asyncload.stall``
+    "waiting for <url>: no answer for 12 s (deadline 120 s)" (INFO, silent unless shown, as here)."""
+    import logging
+
+    stall = logging.getLogger("asyncload.stall")
+    if not stall.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("asyncload load: %(message)s"))
+        stall.addHandler(handler)
+    stall.setLevel(logging.INFO)
+    stall.propagate = False
+
+
 def _cmd_load(args: argparse.Namespace) -> int:
     """``asyncload load``: the dataset at ``url`` through the synchronous loop and asyncload, timed alike
     (``asyncload.compare``)."""
@@ -248,6 +262,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     columns = tuple(c for c in args.columns.split(",") if c)
     settings = loader_settings(args)
     LoaderOptions.of(settings)  # a bad setting fails here, named, before anything is opened
+    _show_stalls()
     if args.log_every is not None:  # live stats are INFO lines of the "asyncload" logger: show them
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
         logging.getLogger("asyncload").setLevel(logging.INFO)
