@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from ._log import log_once
+from ._log import log_once_forked
 from .epoch import Epoch
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
@@ -224,10 +224,11 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         it = iter(loader)
         if torch.utils.data.get_worker_info() is not None:
             if not self.__dict__.get("_pickled") and not self.source.fork_safe:
-                log_once(
-                    f"asyncload: DataLoader worker (pid {os.getpid()}) was forked from a process that had opened "
-                    f"{self.source.url}; Deep Lake's runtime does not survive fork reliably (workers have segfaulted): "
-                    "pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader"
+                log_once_forked(  # once in all, not once per forked worker per epoch
+                    f"fork {self.source.url}",
+                    f"asyncload: DataLoader workers (the first: pid {os.getpid()}) were forked from a process that "
+                    f"had opened {self.source.url}; Deep Lake's runtime does not survive fork reliably (workers have "
+                    "segfaulted): pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader (said once)",
                 )
             return _WorkerEpoch(it)
         return it

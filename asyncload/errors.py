@@ -17,7 +17,7 @@ from __future__ import annotations
 import builtins
 import pickle
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -183,10 +183,35 @@ def _short(indices: Sequence[int], limit: int = 16) -> str:
     return f"[{text}{', ...' if len(idx) > limit else ''}] ({len(idx)} indices)" if len(idx) > limit else f"[{text}]"
 
 
+#: Sources whose samples are objects a user can find (object-store files), by URL: ``(column, row)`` →
+#: the object's URL. Registered by the source when it opens, in each process, and looked up here, so that
+#: an error raised far from the source (the decode stage) still names the file, not only its row number.
+_object_names: dict[str, Callable[[str, int], str | None]] = {}
+
+
+def name_objects(source: str, namer: Callable[[str, int], str | None]) -> None:
+    """Have ``read_error`` name the object of ``(column, row)`` of ``source`` (``namer`` may hold a weak
+    reference and answer None once its source is gone)."""
+    _object_names[source] = namer
+
+
+def _object(source: str, column: str | None, indices: Sequence[int]) -> str | None:
+    namer = _object_names.get(source)
+    if namer is None or column is None or len(indices) != 1:
+        return None
+    try:
+        return namer(column, int(indices[0]))
+    except Exception:  # noqa: BLE001 - naming the object is a courtesy; the error itself must still come
+        return None
+
+
 def read_error(source: str, column: str | None, indices: Sequence[int], cause: BaseException) -> ReadError:
-    """Build the ``ReadError`` for a failed read, typed after ``cause``, with ``__cause__`` set."""
+    """Build the ``ReadError`` for a failed read, typed after ``cause``, with ``__cause__`` set; for an
+    object-store file, its URL too (``name_objects``)."""
     where = f"column {column!r} of {source}" if column else source
-    msg = f"reading {where} at indices {_short(indices)} failed: {type(cause).__name__}: {cause}"
+    obj = _object(source, column, indices)
+    at = f"indices {_short(indices)}" + (f" (object {obj})" if obj and obj not in str(cause) else "")
+    msg = f"reading {where} at {at} failed: {type(cause).__name__}: {cause}"
     err = _typed(type(cause))(msg, source=source, column=column, indices=indices)
     err.__cause__ = cause
     return err

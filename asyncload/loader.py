@@ -38,35 +38,77 @@ log = logging.getLogger("asyncload")
 class AsyncLoader:
     """Batches from a ``Source``, read by coroutines on a background event loop.
 
-    Options (keyword arguments, or ``options=LoaderOptions(...)``; validated once, see ``options``):
+    This is the one list of the loader's settings (``LoaderOptions`` holds the same names, validated
+    once; ``tests/test_docs.py`` fails when a setting is missing here). Pass them as keyword arguments,
+    or ``options=LoaderOptions(...)``. A misspelt name is refused with the nearest known one.
+
+    What is read, and in what order:
       batch_size    samples per batch (default 32; also the second positional argument)
-      concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"
-                    (default): tuned online between 1 and ``max_concurrency`` (see ``tuning``)
-      max_concurrency  the most samples in flight "auto" may choose (bounds memory)
-      prefetch      ready batches kept ahead of the consumer
-      read_mode     "column": one request per column for ``request_size`` indices at once;
-                    "row": one request per sample and column; "auto" (default): what the source
-                    measured faster (``Source.preferred_read_mode``)
-      request_size  indices per column request in "column" mode (default: the batch size)
-      in_order      True: batches in sampler order (reorder buffer); False: as they complete
-      shuffle, seed the order of an epoch; ``set_epoch(e)`` selects the epoch (like DistributedSampler)
+      shuffle, seed the order of an epoch (default False, 0); ``set_epoch(e)`` selects the epoch (like
+                    DistributedSampler): the same seed and epoch give the same order on every process
+      shuffle_block rows kept together in a shuffled order ("auto", default: the source's
+                    ``Source.block_rows``, e.g. a Deep Lake chunk's rows; 1: a full shuffle), so that a
+                    remote store reads whole ranges; see ``sampler``
+      shuffle_window  rows whose order is mixed at once, in whole blocks (default 1024)
+      drop_last     leave out a last batch shorter than ``batch_size`` (default False)
       rank, world_size  which rank's share of each epoch this loader serves; by default the rank of
                     the initialised ``torch.distributed`` process group (every rank of a torchrun job
                     reads its own share, exactly as ``AsyncIterableDataset`` does), else the whole epoch
       shard         the rank and DataLoader-worker share, explicitly (instead of rank/world_size)
+      remainder     "pad" (default) or "drop" when ranks do not divide the dataset (see ``sampler``)
       start_batch   leave out the rank's first N batches of every epoch this loader runs (how
                     ``AsyncIterableDataset`` resumes DataLoader workers; see ``sampler``)
-      remainder     "pad" or "drop" when ranks do not divide the dataset (see ``sampler``)
-      transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only views)
+      in_order      True (default): batches in sampler order (reorder buffer); False: as they complete
+
+    How it is read:
+      concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"
+                    (default): tuned online between 1 and ``max_concurrency`` (see ``tuning``)
+      max_concurrency  the most samples in flight "auto" may choose (default 512; bounds memory)
+      prefetch      ready batches kept ahead of the consumer (default 4)
+      read_mode     "column": one request per column for ``request_size`` indices at once;
+                    "row": one request per sample and column; "auto" (default): what the source
+                    measured faster (``Source.preferred_read_mode``)
+      request_size  indices per column request in "column" mode (default: the batch size)
+      hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
+                    first answer wins (default 3.0; None: never hedge). Hedges are counted in ``stats()``
+      memory_budget bytes the pipeline may hold, read, decoded and ready ("auto", default: 1 GiB, or an
+                    eighth of the machine's memory where that is less); a new batch starts only while
+                    the batches alive fit, and one batch is always allowed
+      stall_timeout seconds an epoch waits for a store that does not answer (default 120): within it
+                    an outage is ridden out (reads retried, a stuck reader process replaced); past it
+                    the epoch raises a ``ReadError`` naming the store, the wait and the rows in flight
+      on_error      "raise" (default): a failed read or transform raises in the consumer;
+                    "skip": the bad samples are left out, counted in ``stats()`` and reported at
+                    the end of the epoch (a failed request is re-read sample by sample first)
+
+    Images (``asyncload.image``; image and mask columns of Deep Lake, every file of an object store):
+      decode        where images are decoded: "auto" (default: "cpu" where asyncload has the decoder,
+                    JPEG, PNG and lz4 masks read as stored bytes), "cpu" (asyncload's decoders on its
+                    CPU pool, straight into the batch), "store" (the store decodes, e.g. Deep Lake's
+                    ``get_async``), "cuda" / "cuda:N" (nvJPEG on the GPU; batches arrive there)
+      augment       a list of ``Resize``, ``RandomResizedCrop`` and ``RandomHorizontalFlip`` (at most
+                    one resize): one draw per sample, a hash of (seed, epoch, row), applied alike to
+                    the image and every mask column (nearest for masks), in the decode stage
+      normalize     ``(mean, std)`` per channel on pixels scaled to 0..1 (torchvision's
+                    ``ToDtype(scale=True)`` then ``Normalize``), image columns only (default None)
+      layout        "NHWC" (default) or "NCHW" for image batches
+      dtype         image columns as ``torch.float32``, ``float16`` or ``bfloat16`` (default None: uint8,
+                    or float32 with ``normalize``). ``normalize``, ``layout`` and ``dtype`` apply to the
+                    default batch: not with a ``transform`` or ``collate_fn``
+      cpu_workers   threads of the CPU pool that decodes, augments, transforms and collates (default
+                    None: one per core this process may run on, at least 2)
+
+    Samples into batches:
+      transform     per-sample callable on ``{column: array, "index": int}`` (arrays are read-only
+                    views), run on the CPU pool after the augmentation
       collate_fn    turns the list of (transformed) samples into a batch
       ragged        columns whose samples differ in shape: "list" (a list of tensors) or "pad"
                     (zero-padded to the batch's largest shape, with a ``<column>_mask``), for every
-                    column or as ``{column: ...}``; None: raise ``CollateError``. Equal shapes always
-                    stack; text columns come back as lists of ``str``
-      with_index    add an ``"index"`` int64 tensor of dataset indices to default batches
-      hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
-                    first answer wins (None: never hedge). Hedges are counted in ``stats()``
-      log_every     seconds between "asyncload" INFO log lines of live stats (None: off)
+                    column or as ``{column: ...}``; None (default): raise ``CollateError``. Equal shapes
+                    always stack; text columns come back as lists of ``str``
+      with_index    add an ``"index"`` int64 tensor of dataset indices to default batches (default True)
+
+    Processes and threads:
       processes     "auto" (default): a source whose failing reads can crash the process that runs
                     them (Deep Lake: ``Source.isolate_reads``) is read in one reader process, so a
                     crash costs a restarted reader, never the training run; only the reads cross
@@ -82,12 +124,16 @@ class AsyncLoader:
       mp_context    "forkserver" (default: a worker starts as a fork of a server that imported
                     torch once) or "spawn", for the ``processes=K`` workers. A reader process always
                     starts by spawn: it imports the source and Deep Lake, never torch
-      stall_timeout seconds an epoch waits for a store that does not answer (default 120): within it
-                    an outage is ridden out (reads retried, a stuck reader process replaced); past it
-                    the epoch raises a ``ReadError`` naming the store, the wait and the rows in flight
-      on_error      "raise" (default): a failed read or transform raises in the consumer;
-                    "skip": the bad samples are left out, counted in ``stats()`` and reported at
-                    the end of the epoch (a failed request is re-read sample by sample first)
+      loop          the event loop: "auto" (default: uvloop when installed), "uvloop" or "asyncio"
+      shutdown_timeout  seconds an epoch's stop waits for its reads in flight (default 10)
+      log_every     seconds between INFO lines of live stats on the "asyncload" logger (default None:
+                    off). Python shows INFO lines only once logging is configured, e.g.
+                    ``logging.basicConfig(level=logging.INFO)``; ``asyncload load --log-every S`` does it
+
+    ``close()`` stops the epoch, the reader process and the ``processes=K`` workers. With
+    ``mp_context="forkserver"``, multiprocessing's forkserver process (torch imported once, shared by
+    every pool of this process) stays until the interpreter exits: multiprocessing keeps it for the
+    next pool, by design.
     """
 
     #: ``processes=K``: the persistent worker processes (``fanout.WorkerPool``), started by the first

@@ -105,9 +105,11 @@ class LoaderOptions:
             )
         ready = ModelReady.of(self.normalize, self.layout, self.dtype)  # ConfigError naming the setting
         if ready is not None and (self.transform or self.collate_fn):
+            given = [f"{k}={getattr(self, k)!r}" for k, d in (("normalize", None), ("layout", "NHWC"), ("dtype", None))
+                     if getattr(self, k) != d]  # fmt: skip  # only what the user set, not the defaults
             raise ConfigError(
-                f"normalize={self.normalize!r}, layout={self.layout!r}, dtype={self.dtype!r} are not allowed "
-                "with a transform or collate_fn: they apply to the default batch; normalize in your collate_fn"
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not allowed with a transform or "
+                "collate_fn: model-ready settings apply to the default batch; normalize in your collate_fn"
             )
         if isinstance(self.normalize, Sequence) and len(self.normalize) == 2:  # lists (YAML) kept as tuples
             object.__setattr__(self, "normalize", (tuple(self.normalize[0]), tuple(self.normalize[1])))

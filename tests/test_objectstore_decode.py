@@ -53,7 +53,8 @@ def test_jpeg_files_decode_to_the_reference_pixels_and_a_bad_one_is_named(
     assert row == 7 and "Premature end of JPEG file" in why and "'images'" in why
     with pytest.raises(
         ReadError,
-        match=r"column 'images' of s3://asyncload-test/jpeg at indices \[7\] failed: .*Premature end of JPEG file",
+        match=r"column 'images' of s3://asyncload-test/jpeg at indices \[7\] .*"
+        r"s3://asyncload-test/jpeg/images/0007\.jpg.*Premature end of JPEG file",  # the file, by its key
     ):
         list(AsyncLoader(source(url, remote_data), 8, decode=decode))
 

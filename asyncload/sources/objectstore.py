@@ -41,7 +41,8 @@ import asyncio
 import hashlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -50,7 +51,7 @@ import aiohttp
 import numpy as np
 
 from .._loop import LoopLocal, run_blocking, thread_pool
-from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, read_error
+from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, name_objects, read_error
 from ..image.files import DecodeMode, decode_image, decode_modes, default_workers
 from ..retry import Breaker, GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
@@ -78,6 +79,18 @@ class _Index:
     rows: int
 
 
+def _namer(ref: weakref.ref[ObjectStoreSource], keys: Keys) -> Callable[[str, int], str | None]:
+    """``(column, row)`` → the object's URL while the source lives (``errors.name_objects``)."""
+
+    def name(column: str, row: int) -> str | None:
+        src = ref()
+        if src is None or column not in keys or not 0 <= row < len(keys[column]):
+            return None
+        return f"{src.url}/{keys[column][row]}"
+
+    return name
+
+
 @dataclass
 class _LoopState:
     """What one event loop reads with: the HTTP session and the decode pool."""
@@ -92,8 +105,35 @@ async def _close_state(state: _LoopState) -> None:
 
 
 class ObjectStoreSource(Source[_Index]):
-    """Image/mask files under an ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` prefix; see the module
-    docstring.
+    """Image/mask files under an ``s3://``, ``gs://``, ``az://`` or ``http(s)://`` prefix.
+
+    **Layout**: one folder per column, one file per sample, ``<prefix>/<column>/<stem>.<ext>``::
+
+        s3://bucket/photos/images/beach_001.jpg     s3://bucket/photos/masks/beach_001.png
+        s3://bucket/photos/images/beach_002.jpg     s3://bucket/photos/masks/beach_002.png
+
+    ``ObjectStoreSource("s3://bucket/photos")`` reads columns ``("images", "masks")`` (``columns=`` names
+    others). The stem is the key below ``<column>/`` without its last extension, and may hold folders
+    (``images/2024/a.jpg`` has stem ``2024/a``). Any image format a column's files are in: JPEG and PNG
+    are decoded by asyncload's own decoders, anything else by Pillow; a column whose name contains
+    "mask" is decoded as one channel of class ids (``decode=`` overrides it per column).
+
+    **Listing** (no ``manifest``): every key under ``<prefix>/<column>/`` is listed once, at open,
+    paginated (``list_page_size`` keys a request; folder markers skipped). **Pairing**: files pair
+    across columns by stem; the rows are the stems found in *every* column, in sorted order; a stem
+    missing from some column is skipped with one warning naming how many and the first; two files of
+    one column with one stem (``a.jpg`` and ``a.png``) are an error naming both. So ``len(source)`` is
+    the number of complete pairs, and row ``i`` is the ``i``-th stem in sorted order.
+
+    **Manifest** (required for ``http(s)://`` prefixes, which cannot be listed; optional elsewhere, and
+    then nothing is listed): row ``i`` is the manifest's ``i``-th entry, in its order. A manifest is a
+    URL (``s3://`` in the same bucket, ``http(s)://``), a local path, or the rows themselves. Its rows
+    are stems (each column's key is ``<column>/<stem><suffix>``, ``suffixes`` per column, default
+    ``.png``) or ``{column: key}`` mappings (keys relative to the prefix). As a file: a JSON list, a
+    JSON ``{"stems": [...]}``, or text with one stem per line (blank lines and ``#`` comments skipped).
+
+    **Errors** name the object: a failed GET or a file that does not decode raises a ``ReadError``
+    naming the column, the row and the object's key (``s3://bucket/photos/images/beach_002.jpg``).
 
     ``creds``: the store's credentials (S3: Deep Lake's ``aws_*`` keys and ``endpoint_url``; GCS: ``token``
     or a service-account key; Azure: ``account_name`` with ``account_key``/``sas_token``, or
@@ -290,6 +330,7 @@ class ObjectStoreSource(Source[_Index]):
             else:
                 keys = await self._keys_from_listing(session, budget, stats)
         n = len(next(iter(keys.values())))
+        name_objects(self.url, _namer(weakref.ref(self), keys))  # errors name the file: read_error
         if n == 0:
             raise DatasetNotFoundError(
                 f"no samples at {self.url}: expected objects {', '.join(f'{c}/<stem>' for c in self.columns)}"
