@@ -235,6 +235,7 @@ class AsyncLoader:
         return {
             "n": s.n, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
             "drop_last": s.drop_last, "remainder": s.remainder, "start": s.start,
+            "shuffle_block": s.block if s.shuffle else None, "shuffle_window": s.window if s.shuffle else None,
             "shard": [s.shard.rank, s.shard.world_size, s.shard.worker, s.shard.num_workers],
             "dataset_version": self.source.version,
         }  # fmt: skip

@@ -56,6 +56,10 @@ class LoaderOptions:
 
     batch_size: int = setting(32, "an int >= 1", lambda v: v >= 1)
     shuffle: bool = False
+    shuffle_block: int | Literal["auto"] = setting(
+        "auto", "'auto' or an int >= 1 (1: a full shuffle)", lambda v: v == "auto" or v >= 1
+    )
+    shuffle_window: int = setting(1024, "an int >= 1 (rows)", lambda v: v >= 1)
     seed: Any = setting(0, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
     concurrency: int | Literal["auto"] = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or v >= 1)
     max_concurrency: int = setting(512, "an int >= 1", lambda v: v >= 1)
@@ -161,11 +165,14 @@ class LoaderOptions:
         """``normalize``, ``layout`` and ``dtype`` as one value (None: uint8 NHWC, as decoded)."""
         return ModelReady.of(self.normalize, self.layout, self.dtype)
 
-    def sampler(self, n: int, shard: Shard) -> EpochSampler:
-        """The plan of epochs these options cut for ``shard`` of ``n`` rows."""
+    def sampler(self, n: int, shard: Shard, block_rows: int = 1) -> EpochSampler:
+        """The plan of epochs these options cut for ``shard`` of ``n`` rows; ``block_rows``: the source's
+        ``Source.block_rows``, what ``shuffle_block="auto"`` takes."""
+        block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
         return EpochSampler(
             n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
-            remainder=self.remainder, shard=shard, start=self.start_batch,
+            remainder=self.remainder, shard=shard, start=self.start_batch, block=block,
+            window=self.shuffle_window,
         )  # fmt: skip
 
     @classmethod

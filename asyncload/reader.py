@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from .blocks import BlockReads
 from .epoch import EpochIterator
 from .image.decode import decode_stage
 from .options import LoaderOptions, ReadMode
@@ -35,7 +36,7 @@ class ShardReader:
     def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard, *, worker: bool = False) -> None:
         self.source = source
         self.options = o = options
-        self.sampler = o.sampler(len(source), shard)
+        self.sampler = o.sampler(len(source), shard, source.block_rows)
         self._tuner: ConcurrencyTuner | None = None
         self._worker = worker
         self._stage = decode_stage(source, o)
@@ -64,8 +65,11 @@ class ShardReader:
         else:
             batches = only
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
+        source: Any = self.source
+        if self.sampler.shuffle and self.sampler.block > 1:  # each block of the epoch's rows read once
+            source = BlockReads(self.source, self.sampler.block, (i for _, b in batches for i in b))
         return Plan(
-            source=self.source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
+            source=source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
             collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
             log_every=o.log_every, hedge=o.hedge, ragged=o.ragged, stage=stage, budget=o.budget_bytes,

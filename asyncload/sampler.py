@@ -6,7 +6,13 @@ computes the same global order and keeps its own share, which is what makes epoc
 coordination.
 
 How an epoch is cut:
-1. a global order of ``range(n)``: identity, or a permutation seeded by ``(seed, epoch)``;
+1. a global order of ``range(n)``: identity, or a permutation seeded by ``(seed, epoch)``. A shuffled
+   order is read in *blocks* (``block``: rows ``[k*block, (k+1)*block)``, contiguous in the store): the
+   blocks come in a random order and each block's rows are spread at random over a ``window`` of
+   positions (``block_order``), so every row comes once and each batch mixes ``window / block`` blocks.
+   Stores lay rows out in order and read far more than a row per request (Deep Lake pulls ~130-260 KB
+   for a 20 KB row), so a row read with its block costs its own bytes, and one read alone its range's
+   (``blocks.BlockReads`` reads each block once). ``block=1`` is a full shuffle;
 2. ranks get equal, contiguous blocks of it (contiguous keeps neighbouring rows, which share storage
    chunks, in one rank). When ``world_size`` does not divide ``n`` the ``remainder`` policy decides:
    ``"pad"`` repeats the first samples of the order so every sample is seen at least once,
@@ -72,6 +78,31 @@ def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None)
     return Shard(rank=r, world_size=w), ("the torch.distributed process group" if w > 1 else "no process group")
 
 
+def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np.ndarray:
+    """A permutation of ``range(n)`` read in blocks: the blocks of ``block`` contiguous rows in a random
+    order, each block's rows spread at random over ``window`` positions from where the block's turn comes
+    (as Mosaic Streaming's py1e spreads a shard). The first ``window / block`` blocks all start at the
+    beginning and the last ones all end at the end, so that the first and last batches are as mixed as
+    the rest.
+
+    At any point of the epoch about ``window / block`` blocks are being drawn from, a new one starting as
+    an old one ends: a batch mixes rows of that many blocks, while a reader that fetches each block whole
+    when its first row is due holds about half a window of rows, steadily, with no burst where a window
+    would begin. ``window <= block`` reads each block in storage order."""
+    turn = np.empty(-(-n // block), np.int64)
+    turn[rng.permutation(len(turn))] = np.arange(len(turn))  # each block's place in the epoch
+    rows = np.arange(n, dtype=np.int64)
+    if window <= block:
+        return rows[np.lexsort((rows, turn[rows // block]))]
+    spread = min(window, n)
+    edge = -(-spread // block) - 1  # blocks that start with the first (and end with the last)
+    inner = len(turn) - 1 - 2 * edge
+    step = (n - spread) / inner if inner > 0 else 0.0  # a dataset of under ~2 windows: one mix of all
+    starts = np.clip((turn - edge) * step, 0.0, float(n - spread))
+    keys = starts[rows // block] + rng.uniform(0.0, float(spread), n)
+    return rows[np.argsort(keys, kind="stable")]
+
+
 @dataclass(frozen=True)
 class EpochSampler:
     """Computes the batches of indices that one shard reads in one epoch."""
@@ -84,6 +115,8 @@ class EpochSampler:
     remainder: Remainder = "pad"
     shard: Shard = Shard()
     start: int = 0
+    block: int = 1  # rows kept together in a shuffled order (1: a full shuffle)
+    window: int = 1  # rows whose order is mixed at once, in whole blocks (<= block: none)
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -92,6 +125,8 @@ class EpochSampler:
             raise ValueError(f"dataset length must be >= 0, got {self.n}")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.block < 1 or self.window < 1:
+            raise ValueError(f"block={self.block} and window={self.window} must be >= 1")
         if self.remainder not in ("pad", "drop"):
             raise ValueError(f"remainder must be 'pad' or 'drop', got {self.remainder!r}")
 
@@ -121,7 +156,9 @@ class EpochSampler:
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
-        return rng.permutation(self.n).astype(np.int64)
+        if self.block <= 1:
+            return rng.permutation(self.n).astype(np.int64)
+        return block_order(self.n, self.block, self.window, rng)
 
     def rank_indices(self, epoch: int) -> np.ndarray:
         """This rank's samples for ``epoch``, in order, padded or truncated by ``remainder``."""

@@ -10,9 +10,18 @@ import deeplake
 import numpy as np
 import pytest
 
-from asyncload import make_dataset
+from asyncload import EpochSampler, LoaderOptions, make_dataset
+from asyncload.sources.deeplake import BLOCK_ROWS
 
 ROWS = 203  # prime-ish: exercises short last batches and uneven shards
+
+
+def shuffled(rows: int, batch_size: int, seed: int, block: int = BLOCK_ROWS) -> EpochSampler:
+    """The plan a loader cuts with ``shuffle=True`` and the default shuffle settings, for a source whose
+    ``block_rows`` is ``block`` (Deep Lake's by default; 1 for an object store: a full shuffle)."""
+    return EpochSampler(rows, batch_size, shuffle=True, seed=seed, block=block, window=LoaderOptions().shuffle_window)
+
+
 HEIGHT, WIDTH = 40, 56  # not square, so a swapped axis shows
 
 

@@ -44,7 +44,7 @@ from asyncload.retry import GiveUp
 from asyncload.sources._http import HTTPStatusError
 from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
 
-from .conftest import ROWS
+from .conftest import ROWS, shuffled
 from .remote_fixtures import serving
 from .test_torch import _free_port, batch_indices
 
@@ -169,7 +169,7 @@ def _persistent(kind: str, seg_url: str, http_url: str) -> tuple[AsyncIterableDa
         src, rows, bs = DeepLakeSource(seg_url), ROWS, 16
     ds = AsyncIterableDataset(src, batch_size=bs, shuffle=True, seed=7, concurrency=16)
     dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=kind)
-    return ds, dl, EpochSampler(rows, bs, shuffle=True, seed=7)
+    return ds, dl, shuffled(rows, bs, 7, src.block_rows)
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
@@ -202,7 +202,7 @@ def test_persistent_workers_follow_set_epoch_and_load_state_dict(seg_url: str, h
 def test_stateful_dataloader_resumes_mid_epoch_exactly(seg_url: str, workers: int) -> None:
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    plan = EpochSampler(ROWS, 16, shuffle=True, seed=3)
+    plan = shuffled(ROWS, 16, 3)
 
     def make() -> tuple[AsyncIterableDataset, StatefulDataLoader]:
         ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=3, concurrency=16)
@@ -300,7 +300,7 @@ def test_asyncloader_in_a_process_group_reads_its_rank_share(seg_url: str, tmp_p
         _loader_rank_main, args=(world, _free_port(), seg_url, str(tmp_path)), nprocs=world, start_method="spawn"
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-    order = EpochSampler(ROWS, 8, shuffle=True, seed=11).order(1).tolist()
+    order = shuffled(ROWS, 8, 11).order(1).tolist()
     assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == 13 and ranks[0]["total"] == 26
     seen = Counter(i for r in ranks for b in r["batches"] for i in b)
     assert set(seen) == set(range(ROWS)) and [i for i, c in seen.items() if c > 1] == [order[0]]  # one pad

@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from asyncload import AsyncIterableDataset, ConfigError, DeepLakeSource, EpochSampler
+from asyncload import AsyncIterableDataset, ConfigError, DeepLakeSource
 
-from .conftest import ROWS
+from .conftest import ROWS, shuffled
 
 pl = pytest.importorskip("lightning.pytorch")
 from asyncload.lightning import AsyncLoadCallback  # noqa: E402
@@ -24,7 +24,7 @@ from asyncload.lightning import AsyncLoadCallback  # noqa: E402
 pytestmark = pytest.mark.timeout(240)
 
 BATCH = 16
-PLAN = EpochSampler(ROWS, BATCH, shuffle=True, seed=4)
+PLAN = shuffled(ROWS, BATCH, 4)
 
 
 class Interrupted(Exception):

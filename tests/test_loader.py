@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from asyncload import AsyncLoader, DeepLakeSource, EpochSampler
+from asyncload import AsyncLoader, DeepLakeSource
 
-from .conftest import ROWS, loop_threads, wait_no_loop_threads
+from .conftest import ROWS, loop_threads, shuffled, wait_no_loop_threads
 from .sources import DelayedSource
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,7 +84,7 @@ def test_any_concurrency_gives_the_same_batches(seg_url, concurrency, read_mode)
     loader = AsyncLoader(
         DeepLakeSource(seg_url), batch_size=24, shuffle=True, seed=2, concurrency=concurrency, read_mode=read_mode
     )
-    assert [b["index"].tolist() for b in loader] == EpochSampler(ROWS, 24, shuffle=True, seed=2).batches(0)
+    assert [b["index"].tolist() for b in loader] == shuffled(ROWS, 24, 2).batches(0)
 
 
 @pytest.mark.parametrize("read_mode,per_request", [("row", 1), ("column", 8)])

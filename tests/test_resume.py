@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from torch.utils.data import DataLoader
 
-from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, Shard
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, Shard
 
-from .conftest import ROWS
+from .conftest import ROWS, shuffled
 from .resume import check_resume, ids
 from .sources import DelayedSource
 
@@ -67,7 +67,7 @@ def test_dataloader_workers_resume_by_batch_count(seg_url, workers) -> None:
     def make() -> AsyncIterableDataset:
         return AsyncIterableDataset(src, batch_size=16, shuffle=True, seed=9)
 
-    ref = EpochSampler(ROWS, 16, shuffle=True, seed=9).batches(1)
+    ref = shuffled(ROWS, 16, 9).batches(1)
     for k in (0, 5, 13):
         ds = make()
         ds.set_epoch(1)
@@ -95,7 +95,7 @@ def test_fanout_processes_through_asyncloader_resume_exactly(seg_url) -> None:
     def make() -> AsyncLoader:
         return AsyncLoader(src, batch_size=16, shuffle=True, seed=5, processes=2)
 
-    ref = EpochSampler(ROWS, 16, shuffle=True, seed=5).batches(0)
+    ref = shuffled(ROWS, 16, 5).batches(0)
     first = make()
     it = iter(first)
     taken = ids([next(it) for _ in range(5)])

@@ -101,3 +101,81 @@ def test_bad_shard_names_rank_and_worker() -> None:
         Shard(2, 2)
     with pytest.raises(ValueError, match=r"worker=3 must be in \[0, num_workers=3\)"):
         Shard(0, 1, 3, 3)
+
+
+# -- the block order: contiguous runs of rows, shuffled, mixed within a window ------------------------
+
+
+def _runs(order: list[int]) -> list[list[int]]:
+    """``order`` cut into maximal runs of consecutive row numbers."""
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+@pytest.mark.parametrize("n,block,window", [(203, 8, 8), (203, 8, 32), (1000, 64, 256), (7, 64, 1024), (64, 8, 1)])
+def test_block_order_is_a_permutation_with_each_block_within_a_window(n: int, block: int, window: int) -> None:
+    s = EpochSampler(n, 16, shuffle=True, seed=2, block=block, window=window)
+    order = s.order(3).tolist()
+    assert sorted(order) == list(range(n))
+    pos = {row: p for p, row in enumerate(order)}
+    firsts = []
+    for b in range(-(-n // block)):  # a block's rows lie within about a window of positions
+        span = [pos[i] for i in range(b * block, min(n, (b + 1) * block))]
+        assert max(span) - min(span) < 2 * max(window, block)
+        firsts.append(min(span))
+    assert firsts != sorted(firsts) or n <= block  # blocks come in a random order
+    if window <= block:  # each block read whole, in storage order
+        assert all(r[0] % block == 0 for r in _runs(order))
+
+
+def test_block_order_draws_from_about_window_over_block_blocks_at_any_point() -> None:
+    order = EpochSampler(20_000, 32, shuffle=True, seed=1, block=64, window=1024).order(0)
+    live = []
+    first, last = {}, {}
+    for p, row in enumerate(order.tolist()):
+        first.setdefault(row // 64, p)
+        last[row // 64] = p
+    ends = sorted(last.values())
+    starts = sorted(first.values())
+    for p in range(2000, 18000, 500):  # blocks started and not finished at p: the reader's holdings
+        live.append(sum(1 for s in starts if s <= p) - sum(1 for e in ends if e < p))
+    assert 12 <= min(live) and max(live) <= 24  # ~16 = 1024 / 64, steady
+
+
+def test_block_order_mixes_a_batch_from_many_blocks_and_changes_with_epoch_and_seed() -> None:
+    s = EpochSampler(4096, 32, shuffle=True, seed=1, block=64, window=1024)
+    batches = s.batches(0)
+    blocks_per_batch = [len({i // 64 for i in b}) for b in batches]
+    assert min(blocks_per_batch) >= 8  # 32 rows drawn from 16 blocks: never one run
+    assert flat(s.batches(1)) != flat(batches)
+    assert flat(EpochSampler(4096, 32, shuffle=True, seed=2, block=64, window=1024).batches(0)) != flat(batches)
+    assert flat(EpochSampler(4096, 32, shuffle=True, seed=1, block=64, window=1024).batches(0)) == flat(batches)
+    # the blocks themselves come in a random order: the first window is not the first 16 blocks
+    assert {i // 64 for i in flat(batches)[:1024]} != set(range(16))
+
+
+def test_block_size_one_is_the_full_shuffle() -> None:
+    full = EpochSampler(500, 10, shuffle=True, seed=5)
+    assert full.block == 1
+    assert flat(EpochSampler(500, 10, shuffle=True, seed=5, block=1, window=4096).batches(2)) == flat(full.batches(2))
+
+
+@pytest.mark.parametrize("n,world,workers,bs", [(203, 1, 3, 16), (200, 2, 2, 8), (1000, 3, 2, 32)])
+def test_block_order_shards_cover_the_epoch_exactly_once(n: int, world: int, workers: int, bs: int) -> None:
+    seen: Counter[int] = Counter()
+    for r in range(world):
+        for w in range(workers):
+            s = EpochSampler(n, bs, shuffle=True, seed=1, shard=Shard(r, world, w, workers), block=16, window=64)
+            seen.update(flat(s.batches(4)))
+    padded = -(-n // world) * world - n  # "pad" repeats the first rows of the order
+    assert sum(seen.values()) == n + padded and set(seen) == set(range(n))
+
+
+def test_bad_block_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="block=0 and window=1 must be >= 1"):
+        EpochSampler(10, 2, shuffle=True, block=0)

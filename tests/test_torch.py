@@ -13,9 +13,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
-from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, EpochSampler
+from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
 
-from .conftest import ROWS, live_children, wait_no_loop_threads
+from .conftest import ROWS, live_children, shuffled, wait_no_loop_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -40,7 +40,7 @@ def test_two_workers_yield_every_sample_once_in_the_same_batch_order(seg_url, co
     ds.set_epoch(2)
     dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)
     got = batch_indices(dl)
-    assert got == EpochSampler(ROWS, 16, shuffle=True, seed=5).batches(2)
+    assert got == shuffled(ROWS, 16, 5).batches(2)
     assert len(dl) == len(got) == 13
     b = next(iter(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=context)))
     assert b["images"].shape == (16, 40, 56, 3) and b["images"].dtype == torch.uint8
@@ -98,7 +98,7 @@ def test_two_ranks_times_two_workers_cover_the_epoch(seg_url, tmp_path) -> None:
         _rank_main, args=(world, _free_port(), seg_url, str(tmp_path)), nprocs=world, start_method="spawn"
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-    order = EpochSampler(ROWS, 8, shuffle=True, seed=11).order(1).tolist()
+    order = shuffled(ROWS, 8, 11).order(1).tolist()
 
     pad = [r["pad"] for r in ranks]
     assert pad[0]["len"] == pad[1]["len"] == len(pad[0]["batches"]) == len(pad[1]["batches"]) == 13

@@ -162,6 +162,13 @@ class Source(abc.ABC, Generic[H]):
         source measured otherwise."""
         return "column"
 
+    @property
+    def block_rows(self) -> int:
+        """Rows that cost about one read together, what ``shuffle_block="auto"`` keeps contiguous in a
+        shuffled epoch: 1 (rows cost the same however they are drawn) unless the store reads ranges larger
+        than a row."""
+        return 1
+
     def image_columns(self) -> Mapping[str, ImageColumn]:
         """The requested columns that hold images or masks, with their role and, where asyncload can
         decode the stored bytes itself (JPEG, PNG), their codec. Other columns pass through the decode

@@ -97,6 +97,10 @@ def _uint8(t: Any) -> bool:
     return "dtype=uint8" in str(getattr(t, "data_type", "")).replace(" ", "")
 
 
+#: ``block_rows`` of a Deep Lake dataset: rows kept contiguous in a shuffled epoch (benchmarks/results/large/).
+BLOCK_ROWS = 64
+
+
 class DeepLakeSource(Source[Any]):
     """A Deep Lake dataset, opened read-only in each process that reads it.
 
@@ -281,6 +285,13 @@ class DeepLakeSource(Source[Any]):
         once blamed on column and stored-bytes reads were Deep Lake crashing on failing reads, on every
         path alike: docs/ARCHITECTURE.md.)"""
         return "column" if any(col.stored for col in self.image_columns().values()) else "row"
+
+    @property
+    def block_rows(self) -> int:
+        """Deep Lake reads a range of a chunk far larger than a photo's row (~130-260 KB for a 20 KB JPEG) and
+        keeps it only briefly on a dataset larger than its cache: rows read next to their neighbours cost
+        their own bytes (benchmarks/results/large/). A query's rows are scattered: 1 there."""
+        return 1 if self._query_text is not None else BLOCK_ROWS
 
     def image_columns(self) -> dict[str, Any]:
         """Image columns (``Image``) and segmentation masks (``SegmentMask``) among the requested ones; the

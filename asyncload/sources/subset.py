@@ -54,6 +54,10 @@ class RangeSource(Source[Any]):
     def preferred_read_mode(self) -> Literal["row", "column"]:
         return self.inner.preferred_read_mode
 
+    @property
+    def block_rows(self) -> int:
+        return self.inner.block_rows  # positions map to the inner rows in order: blocks stay contiguous
+
     def image_columns(self) -> Any:
         return self.inner.image_columns()
 

@@ -1,0 +1,107 @@
+"""Shuffled epochs read in blocks (``blocks.BlockReads`` over ``sampler.block_order``): each block of the
+epoch's rows read once, in one request, every row yielded once, resumable, bounded, and a bad row still
+named alone."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, EpochSampler, ReadError
+
+from .conftest import ROWS
+from .resume import check_resume, ids
+from .sources import FailingSource
+
+pytestmark = pytest.mark.timeout(180)
+
+BLOCK, WINDOW = 8, 32  # 203 rows: 26 blocks, each batch drawn from ~4 of them
+OPTS = {"shuffle": True, "shuffle_block": BLOCK, "shuffle_window": WINDOW}
+
+
+class RecordingSource(DeepLakeSource):
+    """A real Deep Lake read that records every request's indices (read in this process: ``processes=0``)."""
+
+    def __init__(self, url: str, **kw) -> None:
+        super().__init__(url, **kw)
+        self.reads: list[list[int]] = []
+
+    async def read(self, indices):
+        self.reads.append(list(indices))
+        return await super().read(indices)
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for b in batches for i in b]
+
+
+def test_each_block_of_the_epoch_is_read_once_in_one_request(seg_url) -> None:
+    src = RecordingSource(seg_url)
+    loader = AsyncLoader(src, batch_size=16, seed=3, processes=0, **OPTS)
+    got = ids(list(loader))
+    assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3, block=BLOCK, window=WINDOW).batches(0)
+    assert Counter(flat(got)) == Counter(range(ROWS))
+    assert sorted(map(tuple, src.reads)) == [tuple(range(b, min(b + BLOCK, ROWS))) for b in range(0, ROWS, BLOCK)]
+
+
+def test_a_full_shuffle_reads_batch_by_batch(seg_url) -> None:
+    src = RecordingSource(seg_url)
+    got = ids(list(AsyncLoader(src, batch_size=16, seed=3, processes=0, shuffle=True, shuffle_block=1)))
+    assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3).batches(0)
+    assert src.reads == got  # one request per batch: nothing read ahead in blocks
+
+
+def test_a_resumed_epoch_reads_only_the_rows_it_has_left(seg_url) -> None:
+    src = RecordingSource(seg_url)
+    first = AsyncLoader(src, batch_size=16, seed=5, processes=0, **OPTS)
+    it = iter(first)
+    taken = ids([next(it) for _ in range(6)])
+    state = first.state_dict()
+    it.close()
+    src.reads.clear()
+    second = AsyncLoader(src, batch_size=16, seed=5, processes=0, **OPTS)
+    second.load_state_dict(state)
+    rest = ids(list(second))
+    assert Counter(flat(taken + rest)) == Counter(range(ROWS))
+    assert Counter(flat(src.reads)) == Counter(flat(rest))  # each row of the rest read once, no other
+
+
+def test_rows_read_ahead_of_the_consumer_stay_within_the_window(seg_url) -> None:
+    """What the blocks hold is bounded by the order, seen from outside: rows read but not yet yielded
+    never exceed a window's worth plus what the pipeline itself keeps in flight and ready."""
+    src = RecordingSource(seg_url)
+    loader = AsyncLoader(src, batch_size=8, seed=1, processes=0, concurrency=16, prefetch=2, **OPTS)
+    ahead = []
+    yielded = 0
+    for b in loader:
+        yielded += len(b["index"])
+        ahead.append(len(flat(src.reads)) - yielded)
+    in_pipeline = 16 + (2 + 2 + 1) * 8  # in flight, ready and assembling (Plan.slots)
+    assert max(ahead) <= 2 * WINDOW + BLOCK + in_pipeline
+
+
+def test_the_default_reader_process_and_check_resume(seg_url) -> None:
+    """The default isolation (a reader process) with blocks: the shared save/load checks."""
+    src = DeepLakeSource(seg_url)
+    check_resume(lambda: AsyncLoader(src, batch_size=16, seed=4, prefetch=2, **OPTS), in_order=True, epochs=1)
+
+
+def test_dataloader_workers_share_the_block_order_exactly_once(seg_url) -> None:
+    ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=16, seed=7, concurrency=16, **OPTS)
+    ds.set_epoch(1)
+    got = ids(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")))
+    assert got == EpochSampler(ROWS, 16, shuffle=True, seed=7, block=BLOCK, window=WINDOW).batches(1)
+
+
+def test_a_bad_row_in_a_block_is_named_alone_and_skipped_alone(seg_url) -> None:
+    bad = 37
+    src = FailingSource(seg_url, bad={bad})
+    with pytest.raises(ReadError, match=f"unreadable object for sample {bad}") as err:
+        list(AsyncLoader(src, batch_size=16, seed=2, processes=0, **OPTS))
+    assert bad in err.value.indices and len(err.value.indices) <= 16  # the batch's own request, not the block
+    loader = AsyncLoader(src, batch_size=16, seed=2, processes=0, on_error="skip", **OPTS)
+    got = flat(ids(list(loader)))
+    assert Counter(got) == Counter(i for i in range(ROWS) if i != bad)
+    assert loader.stats()["skipped"] == 1
