@@ -46,10 +46,13 @@ class AsyncLoader:
       batch_size    samples per batch (default 32; also the second positional argument)
       shuffle, seed the order of an epoch (default False, 0); ``set_epoch(e)`` selects the epoch (like
                     DistributedSampler): the same seed and epoch give the same order on every process
-      shuffle_block rows kept together in a shuffled order ("auto", default: the source's
-                    ``Source.block_rows``, e.g. a Deep Lake chunk's rows; 1: a full shuffle), so that a
-                    remote store reads whole ranges; see ``sampler``
-      shuffle_window  rows whose order is mixed at once, in whole blocks (default 1024)
+      shuffle_block rows read together in a shuffled epoch: blocks of this many contiguous rows come in
+                    a random order and each is read once, in one request (``blocks``), so a dataset
+                    larger than memory streams at its stored bytes. "auto" (default): the source's
+                    ``block_rows`` (64 for Deep Lake, 1 for object stores); 1: a full shuffle
+      shuffle_window  positions a block's rows are spread over (default 1024): a batch mixes about
+                    ``shuffle_window / shuffle_block`` blocks, and about half of it is held in memory
+                    (benchmarks/results/large/: bytes, speed and shuffle quality by setting)
       drop_last     leave out a last batch shorter than ``batch_size`` (default False)
       rank, world_size  which rank's share of each epoch this loader serves; by default the rank of
                     the initialised ``torch.distributed`` process group (every rank of a torchrun job
