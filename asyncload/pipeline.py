@@ -134,6 +134,7 @@ class Pipeline:
         self._fetchers: list[asyncio.Task[None]] = []
         self._reading: dict[int, list[int]] = {}  # the rows of each request in flight (for a stall's message)
         self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
+        self._stall_warned = False  # the silence in progress was warned about (the watchdog's)
         self._abandoned = False
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
@@ -185,6 +186,7 @@ class Pipeline:
         if not self._abandoned:
             await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
         watchdog.cancel()
+        self._stall_ended()
         if watcher is not None:
             watcher.cancel()  # it only sleeps and reads counters: safe to cancel
         if self._abandoned:
@@ -320,20 +322,12 @@ class Pipeline:
         tick = min(0.25, limit / 20)
         st.stall_timeout = limit
         quiet_from = time.perf_counter()  # reads have been in flight since (or the last answer, if later)
-        warned = False
         shown = 0.0  # the silence last shown on ``stall_log``
         while True:
             await asyncio.sleep(tick)
             now = time.perf_counter()
             answered = self._last_answer
-            if st.stall_since is not None and answered > st.stall_since:  # the store answered again
-                waited = answered - st.stall_since
-                st.stalls += 1
-                st.stall_wait_s += waited
-                st.stall_since = None
-                if warned:
-                    log.info("asyncload: %s answered again after %.1f s without an answer", plan.source.url, waited)
-                    warned = False
+            self._stall_ended()
             if not st.in_flight:
                 quiet_from = now
                 continue
@@ -347,8 +341,8 @@ class Pipeline:
                 stall_log.info(
                     "waiting for %s: no answer for %.0f s (deadline %.0f s)", plan.source.url, silent, limit
                 )  # fmt: skip
-            if silent >= warn and not warned:
-                warned = True
+            if silent >= warn and not self._stall_warned:
+                self._stall_warned = True
                 log.warning(
                     "asyncload: no answer from %s for %.0f s (%d rows in flight); waiting up to %.0f s (stall_timeout)",
                     plan.source.url, silent, st.in_flight, limit,
@@ -356,6 +350,20 @@ class Pipeline:
             if silent >= limit:
                 self._give_up(silent)
                 return
+
+    def _stall_ended(self) -> None:
+        """The store answered after a stall began: count it, and say so where it was warned about. From the
+        watchdog's tick, and once more when the run ends (an answer in the last tick ends the epoch first)."""
+        st = self.stats
+        if st.stall_since is None or self._last_answer <= st.stall_since:
+            return
+        waited = self._last_answer - st.stall_since
+        st.stalls += 1
+        st.stall_wait_s += waited
+        st.stall_since = None
+        if self._stall_warned:
+            log.info("asyncload: %s answered again after %.1f s without an answer", self.plan.source.url, waited)
+            self._stall_warned = False
 
     def _give_up(self, silent: float) -> None:
         """``stall_timeout`` passed without an answer: the consumer gets ``StallError`` now (ahead of any
@@ -448,7 +456,7 @@ class Pipeline:
                 batch.parts[start] = (idx, part)
                 batch.held += nbytes
             except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
-                if self.plan.on_error == "raise" or isinstance(exc, WorkerError):  # no sample's fault
+                if self.plan.on_error == "raise" or isinstance(exc, (WorkerError, StallError)):  # no sample's fault
                     self._fail(batch, exc)
                     continue
                 await self._salvage(batch, start, idx, exc)
