@@ -85,10 +85,11 @@ def test_a_stall_before_the_first_batch_is_ridden_out_by_replacing_the_stuck_rea
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])  # a stall is no sample's fault: never skipped
 def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadline(
-    remote_data: RemoteData, running_seaweed
+    remote_data: RemoteData, running_seaweed, on_error
 ) -> None:
-    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=6)
+    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=6, on_error=on_error)
     time.sleep(1.0)
     got: list[int] = []
     with silent(running_seaweed):
@@ -183,3 +184,72 @@ def test_close_from_another_thread_during_a_fan_out_stall_raises_loader_closed_i
     assert len(got) == 1 and isinstance(got[0], LoaderClosedError), got  # never StopIteration
     assert f"the loader of {remote_data.deeplake_url} was closed while this epoch was being read" in str(got[0])
     assert _gone(pids) and not live_children()
+
+
+_CTRL_C_SCRIPT = """
+import json, sys
+from asyncload import AsyncLoader, DeepLakeSource
+src = DeepLakeSource(sys.argv[1], creds=json.loads(sys.argv[2]))
+processes = int(sys.argv[3]) if sys.argv[3] != "auto" else "auto"
+loader = AsyncLoader(src, 8, shuffle=True, processes=processes)  # every setting at its default
+print("built", flush=True)
+sys.stdin.readline()  # the test silences the store, then says go
+try:
+    for batch in loader:
+        print("batch", flush=True)
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    raise
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_during_a_fan_out_stall_ends_the_process_within_two_seconds(
+    remote_data: RemoteData, running_seaweed, tmp_path
+) -> None:
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "stalled.py"
+    script.write_text(_CTRL_C_SCRIPT)
+    args = [sys.executable, str(script), remote_data.deeplake_url, json.dumps(remote_data.creds()), "2"]
+    p = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "built"
+        with silent(running_seaweed):
+            p.stdin.write("go\n")
+            p.stdin.flush()
+            time.sleep(6.0)  # the workers started; their reads wait on the silent store
+            children = _descendants(p.pid)  # the fan-out workers, the forkserver, the resource tracker
+            assert p.poll() is None and len(children) >= 3, children
+            t0 = time.monotonic()
+            p.send_signal(signal.SIGINT)
+            p.wait(20)
+            took = time.monotonic() - t0
+        out, err = p.communicate()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert "interrupted" in out and "batch" not in out, (out, err[-2000:])
+    assert took < 2.0, (took, err[-2000:])
+    end = time.monotonic() + 5.0  # the forkserver and the resource tracker leave once their parent is gone
+    while not _gone(children) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _gone(children)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children of children too), from /proc."""
+    found, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        try:
+            with open(f"/proc/{here}/task/{here}/children") as f:
+                kids = [int(c) for c in f.read().split()]
+        except OSError:
+            kids = []
+        found += kids
+        todo += kids
+    return found

@@ -132,7 +132,7 @@ class _Lease:
         if self.device is not None:  # batches not begun are dropped; one being decoded is waited for
             self.device.shutdown(wait=True, cancel_futures=True)
         if self.kill:
-            self.pool.close()  # they hold nothing of the user's: killed now, not waited for
+            self.pool.close(at_once=True)  # they hold nothing of the user's: killed now, not waited for
         if self.gen is not None:
             self.pool.settle(self.gen, self.stats)
         if self.owns_pool:
@@ -462,7 +462,7 @@ class FanoutEpoch(Epoch):
             ended = Ended(pid, exitcode)
             error = policy.charge(name, ended, held_rows, what) if what else None
         if error is not None:
-            self._pool.close()
+            self._pool.close(at_once=True)
             if isinstance(error, WorkerError):
                 error.worker = t.index  # type: ignore[attr-defined]
             raise error
@@ -525,7 +525,7 @@ class FanoutEpoch(Epoch):
             if not bad:  # a crash that comes and goes: charged, then read again
                 err = self._policy.charge(self._name(t, outcome.pid), outcome, rows, "1 batch of indices")
                 if err is not None:
-                    self._pool.close()
+                    self._pool.close(at_once=True)
                     raise err
                 continue
             ids = self._pool.source.row_ids([r for r, _ in bad])

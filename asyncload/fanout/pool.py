@@ -21,6 +21,7 @@ makes a pool, and a pool makes epochs: with one class in each module, each would
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -68,9 +69,9 @@ class _Proc:
 _STOP_GRACE = 0.5
 
 
-def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> None:
+def _stop_workers(procs: dict[int, _Proc], grace: list[float], owner_pid: int) -> None:
     """The pool's finaliser (it must not hold the pool): ask every worker to exit, kill the ones that have
-    not within ``_STOP_GRACE``, and join them all (``timeout`` is kept for the signature's sake)."""
+    not within ``grace[0]`` seconds, and join them all."""
     live = list(procs.values())
     procs.clear()
     if os.getpid() != owner_pid:  # a forked copy of the pool: the workers are not ours
@@ -81,7 +82,7 @@ def _stop_workers(procs: dict[int, _Proc], timeout: float, owner_pid: int) -> No
         except OSError:
             pass
         w.channel.close()  # also unblocks a worker stuck sending: it gets EPIPE
-    kill_processes([w.process for w in live], _STOP_GRACE)
+    kill_processes([w.process for w in live], grace[0])
 
 
 class _Pool:
@@ -151,7 +152,8 @@ class _Pool:
         self._pids: dict[int, int] = {}
         self.gen = 0  # the latest epoch started on the pool
         self.busy: set[int] = set()  # workers that owe epoch ``gen`` its terminal message
-        self._finalizer = on_exit(self, Stage.WORKERS, _stop_workers, self.procs, self._timeout, os.getpid())
+        self._grace = [_STOP_GRACE]  # (a list: the finaliser must not hold the pool)
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_workers, self.procs, self._grace, os.getpid())
 
     @property
     def closed(self) -> bool:
@@ -163,8 +165,11 @@ class _Pool:
         ``close()``, for logs and for checking that they are gone)."""
         return dict(self._pids)
 
-    def close(self) -> None:
-        """Stop and join every worker (asked, killed after ``_STOP_GRACE``); idempotent."""
+    def close(self, *, at_once: bool = False) -> None:
+        """Stop and join every worker (asked, killed after ``_STOP_GRACE``, or at once: Ctrl-C, a stall);
+        idempotent."""
+        if at_once:
+            self._grace[0] = 0.0
         self.busy.clear()
         self._finalizer()
 
@@ -243,6 +248,10 @@ class _Pool:
             self._start_one(spec)
 
     def _start_one(self, spec: _WorkerSpec) -> None:
+        # The source as this process checked it (``Source.reader_copy``: a Deep Lake bucket probed here,
+        # credentials resolved now): a worker started while the store is silent (a replacement in a
+        # stall) then opens it as Deep Lake does, waiting, instead of failing its own 5 s probe.
+        spec = dataclasses.replace(spec, source=self.source.reader_copy())
         proc, parent_end = start_child(
             self._context, _worker_main, (spec,), name=f"asyncload-fanout-{spec.index}", needs_main=self._needs_main
         )
