@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow bench bench-large bench-augment netem-deps scaling train train-photos s3 lint clean
+.PHONY: install run run-local test test-slow bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -41,6 +41,13 @@ bench-large: install  ## the WAN suite's sweep: 0/20/50/100 ms, both orders, the
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/wan.py --config configs/bench_wan_large.yaml
+
+bench-large-data: install  ## a 3.25 GB dataset (100,000 photo rows) against the 4,000-row one, 0 and 50 ms: bytes received per stored byte, samples/s, RSS, full shuffle vs blocks vs Deep Lake's disk cache (~45 min on 2 cores; the data is made once, ~2 min)
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/suites/wan.py --config configs/bench_large_data.yaml
+	$(PY) -m benchmarks.reports.large benchmarks/results/large
+	$(PY) benchmarks/suites/shuffle_quality.py --out benchmarks/results/large
 
 bench-augment: install  ## random-resized-crop input: built-in augment vs Pillow transforms vs a hand-written reader, 0 and 50 ms, and 2048x2048 RSS (~10 min on 2 cores)
 	$(PIP) install -c constraints.txt -e '.[bench]'

@@ -37,6 +37,6 @@ def batches(spec: dict[str, Any], order: list[int]) -> Iterator[Any]:
 
     source_opts, loader_opts = build_options(spec.get("options", {}))
     src = DeepLakeSource(spec["url"], creds=spec.get("creds"), **source_opts)
-    loader = AsyncLoader(src, batch_size=BATCH, shuffle=spec["order"] == "shuffled", seed=0, **loader_opts)
+    loader = AsyncLoader(src, batch_size=BATCH, shuffle=spec["order"] != "sequential", seed=0, **loader_opts)
     harness.LIVE["stats"] = loader.stats
     return iter(loader)

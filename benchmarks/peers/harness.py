@@ -114,9 +114,16 @@ def _count(batch: Any) -> int:
 
 
 def index_order(rows: int, order: str, seed: int = 0) -> list[int]:
-    """Every row once: ``sequential``, or one fixed permutation (the same for every reader)."""
+    """Every row once: ``sequential``, one fixed permutation (``shuffled``, the same for every reader), or
+    ``blocks:B:W``: asyncload's block order (blocks of B contiguous rows in a random order, each W rows
+    mixed; ``sampler.block_order``) for a plain reader to read as asyncload does."""
     if order == "sequential":
         return list(range(rows))
+    if order.startswith("blocks:"):
+        from asyncload.sampler import block_order
+
+        block, window = (int(x) for x in order.split(":")[1:])
+        return block_order(rows, block, window, np.random.default_rng(seed)).tolist()
     return [int(i) for i in np.random.default_rng(seed).permutation(rows)]
 
 
@@ -149,8 +156,9 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
 
     from . import batches
 
-    n = spec["rows"]
-    order = index_order(n, spec["order"], spec.get("seed", 0))
+    scratch = _apply_env(spec.get("env") or {})
+    order = index_order(spec["rows"], spec["order"], spec.get("seed", 0))
+    n = spec.get("limit") or spec["rows"]  # the first ``limit`` rows of the order, or all of them
     # every 0.1 s, not PeakRSS's default 20 ms: walking /proc for a process with Deep Lake's ~70 threads
     # 50 times a second took ~5% of a core, charged to every reader on a CPU-bound machine
     rss = PeakRSS(every_s=0.1)
@@ -175,6 +183,11 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         if close is not None:
             close()
     peak = rss.stop()
+    cache_mb = _du_mb(scratch) if scratch else None
+    if scratch:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
     if t_first is None:
         return {"error": "no batch read", "samples": seen}
     net = {k: v - net0[k] for k, v in net1.items()}
@@ -191,6 +204,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         "first_batch_s": t_first - t_start,
         "seconds": t1 - t_start,
         "rx_bytes_per_sample": net["rx_bytes"] / seen,
+        **({"disk_cache_mb": cache_mb} if cache_mb is not None else {}),
         "thread_cpu_ms_per_sample": {k: round(v * per, 3) for k, v in sorted(threads.items())},
         "span_unix": [wall_first, wall1],
         "storage_threads": deeplake.storage.concurrency(),
@@ -205,6 +219,29 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         out["stage_cpu_ms_per_sample"] = {k: round(v * per, 3) for k, v in parts.items()}
         out["stage_cpu_from_stats"] = "cpu_decode_s" in stats
     return out
+
+
+def _apply_env(env: dict[str, str]) -> str | None:
+    """Set a reader's environment variables in this (measured) process; ``{run}`` in a value becomes a
+    fresh directory of this run's, returned so that its size can be reported and it removed after."""
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="asyncload-bench-") if any("{run}" in v for v in env.values()) else None
+    for k, v in env.items():
+        os.environ[k] = v.replace("{run}", scratch or "")
+    return scratch
+
+
+def _du_mb(path: str) -> float:
+    """Megabytes of files under ``path``."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total / 1e6
 
 
 def _child(spec: dict[str, Any], conn: Any) -> None:

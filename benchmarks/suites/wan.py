@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 from asyncload.config import load_config, parse_overrides, setting, validate  # noqa: E402
 from asyncload.errors import ConfigError  # noqa: E402
 
-ORDERS = ("sequential", "shuffled")
+ORDERS = ("sequential", "shuffled")  # and "blocks:B:W": asyncload's block order (peers.harness.index_order)
 READER_KINDS = ("column", "ceiling", "bytes", "spdl", "asyncload", "sync", "pytorch", "augref")
 LOCK = "/tmp/asyncload-measure.lock"
 
@@ -57,6 +57,12 @@ class ReaderSpec:
     #: seconds after its first batch at which a run of this reader is stopped (``None``: the section's or
     #: the suite's): the synchronous DataLoaders, which would take minutes for an epoch, stop early
     epoch_s: float | None = setting(None, "seconds > 0, or null", lambda v: v is None or v > 0)
+    #: environment variables set in the measured process before it opens the dataset (Deep Lake's disk
+    #: cache: ``DEEPLAKE_FS_CACHE_PATH``, ``DEEPLAKE_FS_CACHE_SIZE_MB``); ``{run}`` is a fresh directory
+    env: dict[str, str] = field(default_factory=dict)
+    #: the index order this reader reads in, instead of the section's (a plain reader given asyncload's
+    #: block order: ``blocks:B:W``)
+    order: str | None = setting(None, "null, or an order as sections take them", lambda v: v is None or _orders_ok([v]))
 
     def __post_init__(self) -> None:
         validate(self)
@@ -79,9 +85,22 @@ class DatasetConfig:
         lambda v: v in ("photos", "synthetic"),
     )
     upload: bool = True
+    #: make this many different rows and store each rows/distinct times (``photos.make_photo_dataset``):
+    #: a several-GB dataset in a minute instead of half an hour
+    distinct: int | None = setting(None, "null or an int >= 64", lambda v: v is None or v >= 64)
 
     def __post_init__(self) -> None:
         validate(self)
+
+
+def _orders_ok(v: Any) -> bool:
+    def one(o: Any) -> bool:
+        if o in ORDERS:
+            return True
+        parts = o.split(":") if isinstance(o, str) else []
+        return len(parts) == 3 and parts[0] == "blocks" and all(x.isdigit() and int(x) >= 1 for x in parts[1:])
+
+    return bool(v) and all(one(o) for o in v)
 
 
 @dataclass(frozen=True)
@@ -96,12 +115,14 @@ class Section:
     local: bool = False
     local_readers: tuple[str, ...] = ()
     orders: tuple[str, ...] = setting(
-        ("shuffled",), f"a list from {ORDERS}", lambda v: bool(v) and set(v) <= set(ORDERS)
+        ("shuffled",), f"a list from {ORDERS} or 'blocks:B:W'", _orders_ok
     )
     repeats: int = setting(3, "an int >= 1", _pos)
     repeats_other: int = setting(1, "an int >= 1 (latencies other than focus_ms)", _pos)
     focus_ms: int | None = None
     epoch_s: float | None = None
+    #: read the first ``limit`` rows of each order, not all of them (null: the whole epoch)
+    limit: int | None = setting(None, "null or an int >= 1", lambda v: v is None or v >= 1)
 
     def __post_init__(self) -> None:
         validate(self)
@@ -194,7 +215,9 @@ class Suite:
         wan = {name for s in self.sections if s.latencies_ms for name in [s.dataset]}
         self.specs = {}
         for name, d in self.datasets.items():
-            self.specs[name] = DatasetSpec(d.rows, d.image_format, d.size, d.mask_format, tuple(d.noise_std), d.maker)
+            self.specs[name] = DatasetSpec(
+                d.rows, d.image_format, d.size, d.mask_format, tuple(d.noise_std), d.maker, d.distinct
+            )
             world.add(name, self.specs[name], upload=d.upload and name in wan)
         self.meta = {
             **world.describe(),
@@ -225,10 +248,12 @@ class Suite:
             "reader": r.reader,
             "workers": r.workers,
             "options": dict(r.options),
+            "env": dict(r.env),
             "url": world.url(s.dataset, local),
             "creds": world.reader_creds(local),
-            "order": order,
+            "order": r.order or order,
             "rows": self.datasets[s.dataset].rows,
+            "limit": s.limit,
             "epoch_s": r.epoch_s or s.epoch_s or self.cfg.epoch_s,
         }
 
@@ -255,7 +280,7 @@ class Suite:
                     "dataset": s.dataset,
                     "loader": name,
                     "latency_ms": place,
-                    "order": order,
+                    "order": self.readers[name].order or order,
                     "rep": rep,
                     "m": m,
                 }

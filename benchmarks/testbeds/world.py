@@ -36,18 +36,21 @@ class DatasetSpec:
     mask_format: str = "lz4"
     noise_std: tuple[float, float] = (1.5, 3.5)
     maker: str = "photos"
+    distinct: int | None = None  # photos maker: this many different rows, each stored rows/distinct times
 
     @property
     def dirname(self) -> str:
         shape = "var" if self.size is None else ("" if self.size == 256 else str(self.size))
-        name = "-".join(x for x in (self.maker, shape, str(self.rows), self.image_format) if x)
+        rows = f"{self.rows}x{self.distinct}" if self.distinct else str(self.rows)
+        name = "-".join(x for x in (self.maker, shape, rows, self.image_format) if x)
         return name + ("-pngmask" if self.mask_format == "png" and self.size == 256 else "")
 
     def describe(self) -> str:
         shape = "240–640 px long side, aspect 0.6–1.7" if self.size is None else f"{self.size}×{self.size}"
         fmt = "JPEG q90" if self.image_format == "jpg" else "PNG"
         what = "photo-like (crops of photographs)" if self.maker == "photos" else "synthetic photo-like"
-        return f"{self.rows:,} rows of {what} {shape} {fmt} images + {self.mask_format} masks ({self.maker})"
+        made = f", {self.distinct:,} distinct rows" if self.distinct else ""
+        return f"{self.rows:,} rows of {what} {shape} {fmt} images + {self.mask_format} masks ({self.maker}{made})"
 
 
 def local_dataset(spec: DatasetSpec, data_dir: Path) -> Path:
@@ -71,6 +74,8 @@ def local_dataset(spec: DatasetSpec, data_dir: Path) -> Path:
             make_photo_dataset(
                 url, spec.rows, image_format=spec.image_format, size=spec.size,  # type: ignore[arg-type]
                 mask_format=spec.mask_format, noise_std=spec.noise_std,  # type: ignore[arg-type]
+                distinct=spec.distinct, processes=os.cpu_count() or 1 if spec.distinct else 1,
+                chunk=512 if spec.distinct else 64,
             )  # fmt: skip
     return path
 
