@@ -16,8 +16,8 @@ rest out as their batches ask, so every stored byte crosses the network about on
 - **Failures stay with the rows that caused them**: a block read that fails is not tried again as a block;
   the reads waiting on it read their own rows alone, so a bad row fails (or is skipped, with
   ``on_error="skip"``) in its own request, named as it would be without this layer.
-- Reads are never cancelled here: a waiter that is cancelled leaves the block read running (a Deep Lake
-  read cannot be cancelled), and the next ask for its rows finds it.
+- A waiter that is cancelled leaves the block read running (a Deep Lake read cannot be cancelled; the
+  next ask for its rows finds it), unless the store says its reads may be (``Source.cancel_safe``).
 
 Everything else (the URL, columns, stats hooks) is the wrapped source's.
 """
@@ -56,7 +56,13 @@ class BlockReads:
         waits = [self._start(b) for b in {i // self.block for i in indices if i not in self._held}]
         waits = [t for t in waits if t is not None]
         if waits:  # a failed block leaves its rows unheld: they are read alone below
-            await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read
+            try:
+                await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read...
+            except asyncio.CancelledError:
+                if getattr(self._source, "cancel_safe", False):  # ...unless the store's reads may be cancelled
+                    for t in waits:  # (an epoch abandoned: nothing is left running past its loop)
+                        t.cancel()
+                raise
             for t in waits:
                 if not t.cancelled():
                     t.exception()  # retrieved: its rows' own reads below raise what is wrong
