@@ -125,10 +125,10 @@ def _settle(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], outcome: 
         pass
 
 
-def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
+def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int, Any] | bool = False) -> None:
     """The finaliser (it must not hold the source): ask the live reader to exit, kill it if it has not
-    within ``_STOP_GRACE`` (it holds nothing of the user's; a reader stuck in a read of a silent store
-    never would), and join its receiver thread."""
+    within ``_STOP_GRACE``, or at once when it is ``busy`` with reads (it holds nothing of the user's; a
+    reader stuck in a read of a silent store would never exit), and join its receiver thread."""
     r, holder[0] = holder[0], None
     if r is None:
         return
@@ -137,7 +137,7 @@ def _stop_reader(holder: list[_Reader | None], timeout: float) -> None:
         r.conn.send(None)
     except OSError:
         pass
-    kill_processes([r.proc], _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
+    kill_processes([r.proc], 0.0 if busy else _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
     if r.thread is not None and r.thread is not threading.current_thread():
         r.thread.join(timeout)
     r.conn.close()
@@ -184,7 +184,7 @@ class IsolatedSource(Source[Any]):
         self._configured: tuple[int, int | None] | None = None
         #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
         self.pids: list[int] = []
-        self._finalizer = on_exit(self, Stage.WORKERS, _stop_reader, self._holder, timeout)
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
 
     # -- what ``inner`` answers in this process --------------------------------------------------
     def _open(self) -> Any:
@@ -263,7 +263,7 @@ class IsolatedSource(Source[Any]):
             self._holder[0] = None
             held = list(self._inflight.values())
             self._inflight.clear()
-        _stop_reader(holder, self._timeout)
+        _stop_reader(holder, self._timeout, bool(held))
         closed = LoaderClosedError(f"asyncload: the reader process for {self.url} was stopped by close()")
         for req in held:
             _settle(req.loop, req.fut, closed, True)
@@ -372,7 +372,9 @@ class IsolatedSource(Source[Any]):
                 try:
                     self._spawn()
                 except Exception as exc:  # noqa: BLE001 - e.g. a credential chain that no longer renews
-                    fatal = policy.fatal(name, ended, rows, what, f"; no reader could replace it: {type(exc).__name__}: {exc}")
+                    fatal = policy.fatal(
+                        name, ended, rows, what, f"; no reader could replace it: {type(exc).__name__}: {exc}"
+                    )
             error: BaseException
             if fatal is not None:
                 self._fatal = error = fatal

@@ -226,7 +226,11 @@ class _Pool:
                         )
                         self.close()
                         return
-                    if isinstance(msg, Beat) and msg.silent_since is not None and time.monotonic() - msg.silent_since > 2.0:
+                    if (
+                        isinstance(msg, Beat)
+                        and msg.silent_since is not None
+                        and time.monotonic() - msg.silent_since > 2.0
+                    ):
                         # Its reads have no answer: it would see the cancel only once they end (a silent
                         # store: never). It holds nothing of the user's: stop the pool now.
                         log.warning(

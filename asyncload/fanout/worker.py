@@ -146,9 +146,10 @@ def _beat(channel: _Channel, ctl: _Control, every: float) -> None:
         elif not ctl.busy or ctl.waiting:
             last = None
             continue
-        elif st is None or not st.in_flight or (key := (st.samples_read, st.requests, st.skipped)) != last:
-            last = None if st is None else (st.samples_read, st.requests, st.skipped)
-            progress_at, silent = now, None
+        elif st is None or not st.in_flight:
+            last, progress_at, silent = None, now, None
+        elif (key := (st.samples_read, st.requests, st.skipped)) != last:
+            last, progress_at, silent = key, now, None
         else:
             silent = progress_at
         try:
