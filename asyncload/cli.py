@@ -254,6 +254,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     import logging
 
     from .compare import choose_source, compare, print_report, report
+    from .collate import CollateError
     from .errors import ConfigError
     from .options import LoaderOptions
 
@@ -276,9 +277,13 @@ def _cmd_load(args: argparse.Namespace) -> int:
             f"{args.repeat} run(s) of each reader",
             file=sys.stderr, flush=True,
         )  # fmt: skip
-    base, ours = compare(
-        where, columns, settings, repeat=args.repeat, baseline_rows=args.sequential_rows, baseline=not args.no_baseline
-    )
+    try:
+        base, ours = compare(
+            where, columns, settings, repeat=args.repeat, baseline_rows=args.sequential_rows,
+            baseline=not args.no_baseline,
+        )  # fmt: skip
+    except CollateError as exc:  # the library's words name its settings; here they are flags
+        raise CollateError(f"{exc} (on the command line: --resize N, --crop N or --ragged list|pad)") from exc
     print_report(report(where, columns, rows, base, ours, settings, args.repeat), args.json)
     return 0
 

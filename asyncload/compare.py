@@ -248,6 +248,8 @@ def _short(v: Any) -> str:
         words = []
         for op in v:
             arg = getattr(op, "size", getattr(op, "p", ""))
+            if isinstance(arg, tuple):  # (h, w): 256 when square, else 224x320
+                arg = arg[0] if arg[0] == arg[1] else f"{arg[0]}x{arg[1]}"
             extra = f", scale={op.scale[0]:g}-{op.scale[1]:g}" if hasattr(op, "scale") else ""
             extra += ", keep_aspect" if getattr(op, "keep_aspect", False) else ""
             words.append(f"{type(op).__name__}({arg}{extra})")
