@@ -85,11 +85,13 @@ def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_
 def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order(
     seg_url, tmp_path, caplog, sig
 ) -> None:
-    expected = _indices(AsyncLoader(DeepLakeSource(seg_url), 8, shuffle=True, seed=3, processes=0))
+    # shuffle_block=1: rows shuffled one by one, read a batch at a time (blocks of contiguous rows would put
+    # both crashing rows in flight together: one restart)
+    expected = _indices(AsyncLoader(DeepLakeSource(seg_url), 8, shuffle=True, seed=3, shuffle_block=1, processes=0))
     rows = {expected[40], expected[130]}  # two crashes, far apart (one batch in flight): two restarts
     src = CrashingSource(seg_url, rows, sig=sig, once_dir=str(tmp_path))
     with caplog.at_level(logging.WARNING, logger="asyncload"):
-        with AsyncLoader(src, 8, shuffle=True, seed=3, concurrency=8) as loader:
+        with AsyncLoader(src, 8, shuffle=True, seed=3, shuffle_block=1, concurrency=8) as loader:
             got = _indices(loader)
             stats = loader.stats()
             pids = loader._isolated.pids
@@ -104,7 +106,7 @@ def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order
 
 def test_out_of_order_two_readers_and_a_crash_still_give_every_row_once(seg_url, tmp_path) -> None:
     src = CrashingSource(seg_url, {5, 77, 150}, sig=signal.SIGSEGV, once_dir=str(tmp_path))
-    with AsyncLoader(src, 8, shuffle=True, processes=2, in_order=False, concurrency=8) as loader:
+    with AsyncLoader(src, 8, shuffle=True, shuffle_block=1, processes=2, in_order=False, concurrency=8) as loader:
         got = _indices(loader)
         assert loader.stats()["worker_restarts"] == 3
     assert sorted(got) == list(range(ROWS))
@@ -131,6 +133,25 @@ def test_a_row_that_always_kills_its_reader_is_named_with_url_row_and_signal(seg
     pids = loader._isolated.pids
     loader.close()
     assert _gone(pids) and loader._isolated.pid is None
+
+
+def test_every_row_of_a_read_that_kills_its_reader_is_named_in_one_error(seg_url) -> None:
+    """One policy with the fan-out (``recovery``): the read is narrowed by halves to every row that kills
+    a reader alone, and the error names them all, not only the first found."""
+    opts = {"shuffle": True, "seed": 1, "shuffle_block": 1}  # rows shuffled one by one, read per request
+    order = _indices(AsyncLoader(DeepLakeSource(seg_url), 8, **opts, processes=0))
+    bad = sorted([order[48], order[49]])  # one request of 2: each row kills two readers alone, 6 deaths in all
+    src = CrashingSource(seg_url, set(bad), sig=signal.SIGKILL)
+    loader = AsyncLoader(src, 8, **opts, read_mode="column", request_size=2, concurrency=8)
+    with pytest.raises(ReaderCrashError) as info:
+        for _ in loader:
+            pass
+    err = info.value
+    assert err.indices == bad and err.signal == "SIGKILL"
+    assert f"reading rows {bad} of {src.url} killed its reader process (SIGKILL)" in str(err)
+    pids = loader._isolated.pids
+    loader.close()
+    assert _gone(pids)
 
 
 def test_skip_leaves_out_the_rows_that_kill_their_reader_counts_and_reports_them(seg_url) -> None:

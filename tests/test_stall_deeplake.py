@@ -113,6 +113,31 @@ def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadli
     assert _gone(pids) and not live_children() and not reader_threads()
 
 
+@pytest.mark.timeout(120)
+def test_a_store_killed_and_restarted_on_its_port_is_ridden_out_through_new_readers(
+    remote_data: RemoteData, running_seaweed
+) -> None:
+    # Nothing listens for a while: the reader's reads get no answer (Deep Lake retries refused connections
+    # inside), it is replaced, and the new reader's open waits for the store as Deep Lake's open does.
+    with AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=20, max_restarts=0) as loader:
+        time.sleep(1.0)
+        running_seaweed.stop(kill=True)
+        back = threading.Timer(6.0, running_seaweed.start)
+        back.start()
+        try:
+            t0 = time.monotonic()
+            seen = read_epoch(iter(loader), remote_data)
+            took = time.monotonic() - t0
+        finally:
+            back.join()
+        stats = loader.stats()
+        pids = list(loader._isolated.pids)
+    assert sorted(seen) == list(range(remote_data.rows))
+    assert 6.0 <= took < 20.0, took
+    assert stats["stalls"] >= 1 and stats["worker_restarts"] >= 1, stats
+    assert _gone(pids) and not live_children()
+
+
 # -- fan-out workers (processes=K) -------------------------------------------------------------------
 @pytest.mark.timeout(120)
 def test_fan_out_workers_stuck_in_a_stall_are_replaced_and_every_row_comes_once(
