@@ -360,9 +360,13 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train.job import run_namespace
+    from ._train_args import config_from_namespace
 
-    return run_namespace(args)
+    cfg = config_from_namespace(args)  # a wrong config or flag fails here, before torch is imported
+    from .train.job import train
+
+    train(cfg)
+    return 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

@@ -54,25 +54,34 @@ Modules: ``config`` (TrainConfig), ``data`` (splits, the synchronous baseline), 
 
 from __future__ import annotations
 
-from ..sources.subset import RangeSource
-from .config import TrainConfig
-from .job import config_from_args, main, train
-from .model import UNet
-from .steps import StepOptions, StepTimes, model_only_rate, sync, timed_steps, train_step
-from .world import cuda_index_for_rank
+import importlib
+from typing import Any
 
-__all__ = [
-    "RangeSource",
-    "StepOptions",
-    "StepTimes",
-    "TrainConfig",
-    "UNet",
-    "config_from_args",
-    "cuda_index_for_rank",
-    "main",
-    "model_only_rate",
-    "sync",
-    "timed_steps",
-    "train",
-    "train_step",
-]
+#: Public names → their module. Imported on first use: ``asyncload train`` reads and checks its config
+#: (``train.config``, no torch) before the job and torch are imported, so a wrong config answers at once.
+_WHERE = {
+    "RangeSource": "asyncload.sources.subset",
+    "StepOptions": ".steps",
+    "StepTimes": ".steps",
+    "TrainConfig": ".config",
+    "UNet": ".model",
+    "config_from_args": ".job",
+    "cuda_index_for_rank": ".world",
+    "main": ".job",
+    "model_only_rate": ".steps",
+    "sync": ".steps",
+    "timed_steps": ".steps",
+    "train": ".job",
+    "train_step": ".steps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_WHERE)

@@ -314,11 +314,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def run_namespace(args: argparse.Namespace) -> int:
-    """``asyncload train``: like ``main``, but errors go to the command's one-line handler (``cli.main``)."""
-    train(config_from_namespace(args))
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
