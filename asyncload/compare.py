@@ -136,14 +136,16 @@ def sequential_deeplake(make: Callable[[], Any], columns: Sequence[str], limit: 
     import numpy as np
 
     source = make()
-    ds = source.dataset()  # its version and creds; the rows of its query below
-    n = min(limit, len(source.open()))
-    for i in source.row_ids(list(range(n))):
-        row = ds[i]
-        for c in columns:
-            np.array(row[c])
-        yield 1
-    source.close()
+    ds = source.handle()  # one open: its version and creds, the rows of its query (row_ids below)
+    try:
+        n = min(limit, len(source))
+        for i in source.row_ids(list(range(n))):
+            row = ds[i]
+            for c in columns:
+                np.array(row[c])
+            yield 1
+    finally:
+        source.close()
 
 
 def sequential_files(make: Callable[[], Any], limit: int) -> Iterator[int]:
@@ -157,8 +159,8 @@ def sequential_files(make: Callable[[], Any], limit: int) -> Iterator[int]:
             loop.run_until_complete(source.read([i]))
             yield 1
     finally:
-        source.close()
-        loop.run_until_complete(asyncio.sleep(0.05))  # the session's close, asked for by close()
+        source.close()  # asks this loop to close the source's session: let it
+        loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(loop), return_exceptions=True))
         loop.close()
 
 

@@ -96,6 +96,7 @@ def test_load_reads_files_under_an_s3_prefix_and_names_a_damaged_file_by_its_key
     assert f"network: S3 endpoint {seaweed.endpoint_url}; asyncload load emulates no latency" in out
     assert "| sequential GETs, one row at a time (4 rows) | 4 |" in out
     assert "| asyncload row reads, concurrency auto, augment [Resize(64)] | 12 |" in out
+    assert "Unclosed" not in done.stderr and "Traceback" not in done.stderr  # the baseline's session closed
 
     done = run("load", f"s3://{bucket}/bad", "--source", "files", "--endpoint", seaweed.endpoint_url,
                "--resize", "64", "--no-baseline", cwd=tmp_path, env=env)  # fmt: skip
