@@ -4,9 +4,9 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
 
 - **Any dataset.** A Deep Lake dataset (any path or URL Deep Lake opens), or image files under an object
   store prefix (``ObjectStoreSource``: ``<prefix>/<column>/<stem>.<ext>``). ``--source auto`` decides by
-  asking Deep Lake whether a dataset is at the URL (``deeplake.exists``): yes, Deep Lake; no, and the URL
-  is ``s3://``, ``gs://``, ``az://`` or ``http(s)://``, the files under it; ``--source deeplake|files``
-  says it outright.
+  opening the URL with Deep Lake (outside the timing): a dataset there, Deep Lake; none, and the URL is an
+  ``s3://``, ``gs://`` or ``az://`` prefix, the files under it; ``http(s)://`` is always files (with
+  ``--manifest``); ``--source deeplake|files`` says it outright.
 - **Photos of any size**: the augmentation flags map to the loader's own ``augment=`` ops (``--resize``:
   ``Resize``, ``--crop``: ``RandomResizedCrop``, ``--flip``: ``RandomHorizontalFlip``), ``--ragged`` to
   ``ragged=``, ``--normalize``/``--layout``/``--dtype`` to the model-ready settings.
@@ -39,7 +39,8 @@ from typing import Any
 from .errors import ConfigError
 from .measure import Measurement, measure
 
-CLOUD_SCHEMES = ("s3", "gs", "gcs", "az", "azure", "http", "https")
+#: URL schemes whose prefixes ``ObjectStoreSource`` reads (Deep Lake names GCS ``gcs://``, not ``gs://``).
+CLOUD_SCHEMES = ("s3", "gs", "az", "azure", "http", "https")
 NORMALIZE = {
     "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
     "half": ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
@@ -108,6 +109,8 @@ def choose_source(
         return ObjectStoreSource(url, tuple(columns), creds=creds, manifest=manifest, profile=profile)
 
     why = f"--source {kind}"
+    if kind == "auto" and scheme_of(url) in ("http", "https"):
+        kind, why = "files", "an http(s):// prefix: files (Deep Lake does not read over plain HTTP)"
     if kind in ("auto", "deeplake"):
         try:
             rows = _rows(make_deeplake())
