@@ -422,10 +422,10 @@ class RetryPolicy:
                 t_wait = time.monotonic()
                 try:
                     probe = await breaker.wait()
-                except TimeoutError:
+                except TimeoutError as away:
                     stats._add(gave_up=1)
-                    assert last is not None
-                    raise GiveUp(what, tries, last, permanent=False, outage_s=breaker.max_outage) from last
+                    cause = last or breaker.last or away  # (a request that met the open breaker before any attempt)
+                    raise GiveUp(what, tries, cause, permanent=False, outage_s=breaker.max_outage) from cause
                 start += time.monotonic() - t_wait  # max_elapsed counts this request's own time, not the outage's
             tries += 1
             charged += 1

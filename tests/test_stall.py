@@ -291,3 +291,21 @@ def test_deep_lake_in_this_process_silent_for_good_ends_in_a_stall_error(
     freezer.cont()
     wait_no_loop_threads(30.0)  # the read answered; the loop stopped itself
     loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_read_outside_a_loader_is_bounded_by_the_breaker(remote_data: RemoteData, freezer: Freezer) -> None:
+    """``source.read`` with no loader (no watchdog): reads waiting at the open breaker give up a little
+    past the source's stall timeout, as ``StallError`` naming the store."""
+    import asyncio
+
+    src = files(remote_data, timeouts=QUICK)
+    src.set_stall_timeout(0.5)  # waits at the open breaker end 0.5 + 5 s after it opened
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StallError) as info:
+        asyncio.run(src.read([0, 1, 2, 3]))  # 8 GETs: each times out after 1.5 s, which opens the breaker
+    wall = time.monotonic() - t0
+    assert 5.0 <= wall < 15.0, wall
+    assert remote_data.files_url in str(info.value) and "has not answered" in str(info.value), str(info.value)
+    assert src.retry_stats()["outage_waits"] >= 1
