@@ -103,4 +103,6 @@ class Stats:
             f"{s['samples_per_s']:,.0f} samples/s {s['bytes_per_s'] / 2**20:,.1f} MiB/s, {s['in_flight']} in flight "
             f"(limit {s['concurrency']}), {s['ready_batches']} ready, read {p}, consumer waited "
             f"{s['consumer_wait_s']:.1f}s, hedges {s['hedges']}, skipped {s['skipped']}"
+            + (f", no answer for {s['stalled_s']:.0f}s (deadline {s['stall_timeout']:.0f}s)" if s["stalled_s"] else "")
+            + (f", stalls {s['stalls']} ({s['stall_wait_s']:.0f}s)" if s["stalls"] else "")
         )
