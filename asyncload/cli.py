@@ -253,7 +253,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
     (``asyncload.compare``)."""
     import logging
 
-    from .compare import choose_source, compare, print_report, report
+    from .compare import choose_source, compare, machine, print_report, report
     from .collate import CollateError
     from .errors import ConfigError
     from .options import LoaderOptions
@@ -277,6 +277,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
             f"{args.repeat} run(s) of each reader",
             file=sys.stderr, flush=True,
         )  # fmt: skip
+    host = machine()  # the load average before our own runs add to it
     try:
         base, ours = compare(
             where, columns, settings, repeat=args.repeat, baseline_rows=args.sequential_rows,
@@ -284,7 +285,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except CollateError as exc:  # the library's words name its settings; here they are flags
         raise CollateError(f"{exc} (on the command line: --resize N, --crop N or --ragged list|pad)") from exc
-    print_report(report(where, columns, rows, base, ours, settings, args.repeat), args.json)
+    print_report(report(where, columns, rows, base, ours, settings, args.repeat, host), args.json)
     return 0
 
 

@@ -262,9 +262,17 @@ def _short(v: Any) -> str:
     return str(v)
 
 
+def machine() -> dict[str, Any]:
+    """The CPUs this process may use and the load average (taken before the runs, by ``asyncload load``):
+    figures taken while other jobs share the cores are lower, and the report says so."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    return {"cpus": cpus, "load_average_1min": load}
+
+
 def report(
     where: Where, columns: Sequence[str], rows: int, base: Runs | None, ours: Runs, settings: Mapping[str, Any],
-    repeat: int,
+    repeat: int, host: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Everything ``--json`` prints; the table is made from it."""
     doc: dict[str, Any] = {
@@ -276,6 +284,7 @@ def report(
         "network": where.network,
         "latency_emulated": False,
         "repeat": repeat,
+        "machine": dict(host) if host is not None else machine(),
         "settings": {k: _short(v) for k, v in settings.items()},
         "readers": [r.summary() for r in (base, ours) if r is not None],
     }
@@ -291,6 +300,10 @@ def table(doc: Mapping[str, Any]) -> str:
         f"{doc['rows']} rows, columns {tuple(doc['columns'])}, from {doc['url']}",
         f"source: {doc['source']} ({doc['source_chosen_because']})",
         f"network: {doc['network']}; asyncload load emulates no latency",
+        f"machine: {doc['machine']['cpus']} CPUs, load average {doc['machine']['load_average_1min']:.1f} "
+        "before the runs (1 min)"
+        if doc["machine"]["load_average_1min"] is not None
+        else f"machine: {doc['machine']['cpus']} CPUs",
         f"each figure: median of {doc['repeat']} run(s), alternating; epoch = opening the dataset to the last "
         "sample; steady = first batch to last; CPU and peak RSS of the whole process tree",
         "",

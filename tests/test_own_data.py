@@ -42,6 +42,7 @@ def test_load_reads_photos_of_any_size_with_a_resize_and_reports_whole_epochs_as
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert (doc["source"], doc["network"], doc["latency_emulated"], doc["rows"]) == ("DeepLakeSource", "local disk", False, 12)
+    assert doc["machine"]["cpus"] >= 1 and doc["machine"]["load_average_1min"] >= 0  # what else ran, said
     assert doc["settings"]["augment"] == "[Resize(64)]" and doc["settings"]["memory_budget"] == str(64 << 20)
     sync, ours = doc["readers"]
     assert sync["name"] == "sequential ds[i][col] (6 rows)" and sync["samples"] == 6
