@@ -49,6 +49,7 @@ def _ensure_data(cfg: TrainConfig, w: World) -> str:
         make_dataset(
             url, rows, height=side, width=side, image_format=cfg.make_format, sizes=cfg.make_sizes,
             aspect=cfg.make_aspect, mask_format=cfg.make_mask_format, seed=cfg.seed, progress=cfg.progress,
+            creds=source_kwargs(cfg)["creds"],
         )  # fmt: skip
     w.barrier()
     return url
