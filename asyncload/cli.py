@@ -340,6 +340,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(
             f"  {col.name:<12} {col.dtype}  numpy {'/'.join(sorted(dtypes)) or '-'}  shapes (first {len(sample)} rows) {shown or '-'}"
         )
+        meta = ds[col.name].metadata  # e.g. a mask column's class_names, which asyncload train reads
+        if meta.keys():
+            print("    metadata: " + ", ".join(f"{k}={meta[k]!r}" for k in meta.keys()))
     if ds.metadata.keys():
         print("  metadata: " + ", ".join(f"{k}={ds.metadata[k]!r}" for k in ds.metadata.keys()))
     return 0

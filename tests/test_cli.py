@@ -32,6 +32,7 @@ def test_make_inspect_load(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert f"file://{path}: 24 rows" in out
     assert "images" in out and "(32, 32, 3)" in out and "(32, 32)" in out
+    assert "    metadata: class_names=['background', 'circle', 'rectangle', 'triangle']" in out  # what train reads
     assert main(["load", str(path), "--batch-size", "8", "--sequential-rows", "8"]) == 0
     out = capsys.readouterr().out
     assert "| sequential ds[i][col] (8 rows) | 8 |" in out
