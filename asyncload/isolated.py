@@ -242,11 +242,12 @@ class IsolatedSource(Source[Any]):
         start-up)."""
         with self._lock:
             self._stats, self._fatal = stats, None
-            # The epoch's pipeline says and counts the stalls it sees itself where it watches its reads
-            # (``Stats.stall_since``); then the policy here only replaces stuck readers.
+            # The epoch's pipeline watches these reads too (its watchdog): it says and counts the stalls
+            # (``Stats.stalls``) and the policy here only replaces stuck readers, so that one outage is said
+            # and counted once.
             self._policy = Recovery(
                 self.url, max_restarts=self._max_restarts, stall_timeout=self._stall_timeout, stats=stats,
-                report=not hasattr(stats, "stall_since"),
+                report=False,
             )  # fmt: skip
             # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
             self._suspects, self._alone = 0, False
@@ -325,8 +326,8 @@ class IsolatedSource(Source[Any]):
             _settle(req.loop, req.fut, payload.exc if failed else payload, failed)
 
     def _watch(self, r: _Reader) -> None:
-        """The receiver thread heard nothing for a tick: kill ``r`` if it is stuck (``recovery``): its
-        oldest read (or its start, or the last answer, whichever came last) is older than the policy's
+        """Every tick, from the receiver thread: kill ``r`` if it is stuck (``recovery``): its oldest read
+        unanswered (counted from the reader's readiness, if that came later) is older than the policy's
         limit. Its receiver then sees the EOF and ``_died`` replaces it."""
         now = time.monotonic()
         with self._lock:
@@ -558,26 +559,25 @@ def _read_frame(fd: int) -> Any:
 
 
 def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
-    """Receiver thread of reader ``r``: settle each answer's read; while none comes, look every tick for a
-    reader stuck in its reads (``IsolatedSource._watch``, which kills it); at EOF, unless ``r`` was told to
-    stop, handle its death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
+    """Receiver thread of reader ``r``: settle each answer's read; every tick, look for a reader stuck in
+    its reads (``IsolatedSource._watch``, which kills it); at EOF, unless ``r`` was told to stop, handle its
+    death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
     fd = r.conn.fileno()
+    watched = time.monotonic()
     while True:
         src = ref()
         if src is None:
             return
         tick = src._tick()
+        if time.monotonic() - watched >= tick:  # also while other reads answer: one may be stuck
+            src._watch(r)
+            watched = time.monotonic()
         del src
         try:
             readable, _, _ = select.select([fd], [], [], tick)
         except (OSError, ValueError):  # closed under us: the reader is being stopped
             break
         if not readable:
-            src = ref()
-            if src is None:
-                return
-            src._watch(r)
-            del src
             continue
         try:
             kind, rid, payload, counts = _read_frame(fd)
