@@ -27,12 +27,22 @@ import numpy as np
 import pytest
 import torch
 
-from asyncload import AsyncLoader, ConfigError, DeepLakeSource, EpochSampler, ReadError, Shard, WorkerError
+from asyncload import (
+    AsyncLoader,
+    ConfigError,
+    DeepLakeSource,
+    EpochSampler,
+    ReaderCrashError,
+    ReadError,
+    Shard,
+    WorkerError,
+)
 from asyncload._protocol import Failure
 from asyncload.errors import LoaderClosedError, read_error
 from asyncload.fanout import FanoutEpoch, sub_shard
 
 from .conftest import ROWS, live_children, loop_threads, wait_no_loop_threads
+from .sources import CrashingSource
 
 OPTS: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 5}
 
@@ -234,6 +244,34 @@ def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> Non
     assert len(ref) == 12 and [80] not in [b[:1] for b in ref]
     with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
         assert [b["index"].tolist() for b in it] == ref
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_row_that_always_kills_its_worker_is_narrowed_down_and_named_by_the_shared_policy(seg_url, on_error) -> None:
+    """The fan-out's batch read alone after a death is narrowed by halves (``recovery.narrow``, as the reader
+    process does) to the row that kills two fresh workers alone: named, or left out and counted."""
+    bad = 21  # batch 5 of 4 rows (20-23), worker 1's
+    src = CrashingSource(seg_url, {bad}, sig=signal.SIGSEGV)
+    plan = EpochSampler(ROWS, 4).batches(0)
+    got: list[int] = []
+    with FanoutEpoch(src, {"batch_size": 4, "on_error": on_error}, Shard(), 0, 2) as it:
+        if on_error == "raise":
+            with pytest.raises(ReaderCrashError) as info:
+                for b in it:
+                    got += b["index"].tolist()
+            err = info.value
+            assert err.indices == [bad] and err.signal == "SIGSEGV" and err.source == src.url
+            assert f"reading row {bad} of {src.url} killed its reader process (SIGSEGV)" in str(err)
+            assert got == [i for b in plan[:5] for i in b]  # every batch before its own, in order
+        else:
+            got = [i for b in it for i in b["index"].tolist()]
+            stats = it.stats()
+            assert sorted(got) == [i for i in range(ROWS) if i != bad]
+            assert stats.skipped == 1 and stats.skipped_samples[0][0] == bad
+            assert "killed its reader process (SIGSEGV)" in stats.skipped_samples[0][1]
+        pids = it.pids.values()
+    assert_gone(pids)
 
 
 @pytest.mark.timeout(60)
