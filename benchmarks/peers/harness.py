@@ -156,7 +156,6 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
 
     from . import batches
 
-    scratch = _apply_env(spec.get("env") or {})
     order = index_order(spec["rows"], spec["order"], spec.get("seed", 0))
     n = spec.get("limit") or spec["rows"]  # the first ``limit`` rows of the order, or all of them
     # every 0.1 s, not PeakRSS's default 20 ms: walking /proc for a process with Deep Lake's ~70 threads
@@ -183,11 +182,6 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         if close is not None:
             close()
     peak = rss.stop()
-    cache_mb = _du_mb(scratch) if scratch else None
-    if scratch:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
     if t_first is None:
         return {"error": "no batch read", "samples": seen}
     net = {k: v - net0[k] for k, v in net1.items()}
@@ -204,7 +198,6 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         "first_batch_s": t_first - t_start,
         "seconds": t1 - t_start,
         "rx_bytes_per_sample": net["rx_bytes"] / seen,
-        **({"disk_cache_mb": cache_mb} if cache_mb is not None else {}),
         "thread_cpu_ms_per_sample": {k: round(v * per, 3) for k, v in sorted(threads.items())},
         "span_unix": [wall_first, wall1],
         "storage_threads": deeplake.storage.concurrency(),
@@ -221,15 +214,31 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _apply_env(env: dict[str, str]) -> str | None:
-    """Set a reader's environment variables in this (measured) process; ``{run}`` in a value becomes a
-    fresh directory of this run's, returned so that its size can be reported and it removed after."""
+def measure_with_env(spec: dict[str, Any]) -> dict[str, Any]:
+    """``measure_reader`` in a new interpreter started with the spec's environment variables: Deep Lake
+    reads its (``DEEPLAKE_FS_CACHE_PATH``...) when it is imported, which a forkserver child has done
+    already. ``{run}`` in a value becomes a fresh directory, whose size at the end is reported as
+    ``disk_cache_mb`` and which is removed after. The child inherits this process's network namespace."""
+    import json
+    import shutil
+    import subprocess
+    import sys
     import tempfile
 
-    scratch = tempfile.mkdtemp(prefix="asyncload-bench-") if any("{run}" in v for v in env.values()) else None
-    for k, v in env.items():
-        os.environ[k] = v.replace("{run}", scratch or "")
-    return scratch
+    scratch = tempfile.mkdtemp(prefix="asyncload-bench-")
+    env = {**os.environ, **{k: v.replace("{run}", scratch) for k, v in spec["env"].items()}}
+    code = "import json, sys; from benchmarks.peers.harness import measure_reader as m; print(json.dumps(m(json.loads(sys.argv[1]))))"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(spec)], env=env, cwd=root, capture_output=True, text=True
+        )
+        lines = done.stdout.strip().splitlines()
+        out = json.loads(lines[-1]) if lines else {"error": f"exit {done.returncode}: {done.stderr[-500:]}"}
+        out["disk_cache_mb"] = _du_mb(scratch)
+        return out  # type: ignore[no-any-return]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _du_mb(path: str) -> float:
@@ -254,6 +263,8 @@ def _child(spec: dict[str, Any], conn: Any) -> None:
 
             module, name, args = spec["call"]
             out = getattr(importlib.import_module(module), name)(*args)
+        elif spec.get("env"):
+            out = measure_with_env(spec)
         else:
             out = measure_reader(spec)
     except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
