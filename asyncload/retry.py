@@ -20,9 +20,10 @@ Why these rules:
   ``trip_after`` connection failures (no HTTP answer) come in a row with no answer between them, the
   breaker opens: the failing reads, and every read that meets it, wait at the breaker instead of
   retrying, uncharged (neither an attempt nor a budget token). One of them at a time is the probe: it
-  tries its own request again after ``probe_delay`` doubling to ``probe_max_delay``; the first answer of
-  any kind (data, or an HTTP error: the store is there) closes the breaker and releases every waiting
-  read. A waiting read gives up past ``max_outage`` (the loader sets it from ``stall_timeout``, whose
+  tries its own request again after ``probe_delay`` doubling to ``probe_max_delay``; the first answer that
+  says the store serves (data, or a 4xx) closes the breaker and releases every waiting read. A 5xx or 429
+  while it is open (a store that restarts listens before it serves: SeaweedFS answered 500 for seconds)
+  keeps it open; while it is closed, 5xx are retried one by one against the budget as before. A waiting read gives up past ``max_outage`` (the loader sets it from ``stall_timeout``, whose
   watchdog normally ends the epoch first) with :class:`GiveUp` ``outage_s`` set. The closed breaker
   costs a read one attribute test.
 - **Counted.** :class:`RetryStats` counts attempts, retries, give-ups and causes, so a run that only
@@ -273,6 +274,7 @@ class Breaker:
                 self._failures = 0
                 if self.is_open:
                     self.is_open = False
+                    self._probing = False
                     away = time.monotonic() - self.opened_at
                     self._stats._add(outages=1)
                     with self._stats._lock:
@@ -445,8 +447,16 @@ class RetryPolicy:
                             probe = False
                             charged -= 1
                             continue
-                    else:
-                        breaker.answered()
+                    elif (status := status_of(exc)) is not None:  # an HTTP answer, now
+                        if breaker.is_open and status in RETRYABLE_STATUS:  # up, not serving yet (a restart)
+                            if breaker.failed(probe, exc):
+                                probe = False
+                                charged -= 1
+                                continue
+                        else:
+                            breaker.answered()
+                    elif probe:  # neither: let another read probe
+                        breaker.release_probe()
                 probe = False
                 if not transient(exc):
                     stats._add(gave_up=1)
