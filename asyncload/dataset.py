@@ -226,9 +226,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             if not self.__dict__.get("_pickled") and not self.source.fork_safe:
                 log_once_forked(  # once in all, not once per forked worker per epoch
                     f"fork {self.source.url}",
-                    f"asyncload: DataLoader workers (the first: pid {os.getpid()}) were forked from a process that "
-                    f"had opened {self.source.url}; Deep Lake's runtime does not survive fork reliably (workers have "
-                    "segfaulted): pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader (said once)",
+                    f"asyncload: DataLoader worker (pid {os.getpid()}) was forked from a process that had opened "
+                    f"{self.source.url}; Deep Lake's runtime does not survive fork reliably (workers have segfaulted): "
+                    "pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader (said once for all the "
+                    "forked workers)",
                 )
             return _WorkerEpoch(it)
         return it
