@@ -18,7 +18,11 @@ FLAGS: dict[str, tuple[str, Any, str]] = {
     "--mask-column": ("mask_column", str, "the mask column, uint8 class ids (default masks)"),
     "--classes": ("classes", int, "number of classes (default: the mask column's class_names metadata, else the data)"),
     "--class-names": ("class_names", str, "comma-separated class names, one per class id"),
-    "--creds": ("creds", str, "a JSON file of Deep Lake creds (aws_access_key_id, aws_secret_access_key, endpoint_url)"),
+    "--creds": (
+        "creds",
+        str,
+        "a JSON file of Deep Lake creds (aws_access_key_id, aws_secret_access_key, endpoint_url)",
+    ),
     "--endpoint": ("endpoint", str, "an S3 endpoint URL (MinIO, SeaweedFS, R2...)"),
     "--profile": ("profile", str, "an AWS shared-config profile"),
     "--token": ("token", str, "an Activeloop token (al:// datasets)"),

@@ -253,8 +253,8 @@ def _cmd_load(args: argparse.Namespace) -> int:
     (``asyncload.compare``)."""
     import logging
 
-    from .compare import choose_source, compare, machine, print_report, report
     from .collate import CollateError
+    from .compare import choose_source, compare, machine, print_report, report
     from .errors import ConfigError
     from .options import LoaderOptions
 
@@ -414,7 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
         "rate, CPU per sample and peak RSS of the whole process tree. No latency is emulated: the network is "
         "the one the URL reaches.",
     )  # fmt: skip
-    ld.add_argument("url", help="a Deep Lake dataset (path, file://, s3://, al://...) or an object-store prefix of files")
+    ld.add_argument(
+        "url", help="a Deep Lake dataset (path, file://, s3://, al://...) or an object-store prefix of files"
+    )
     ld.add_argument(
         "--source", choices=("auto", "deeplake", "files"), default="auto",
         help="auto (default): Deep Lake when a dataset opens at the URL, else the files under an s3://, gs://, "
@@ -425,15 +427,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(ld)
     _add_model_options(ld)
     g = ld.add_argument_group("more loader settings")
-    g.add_argument("--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 512MiB, 2GiB")
+    g.add_argument(
+        "--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 512MiB, 2GiB"
+    )
     g.add_argument("--cpu-workers", type=int, help="threads decoding and augmenting (default: one per core)")
     g.add_argument("--max-concurrency", type=int, help="the most samples in flight concurrency=auto may choose")
     g.add_argument("--on-error", choices=("raise", "skip"), help="skip: leave bad samples out, counted")
-    g.add_argument("--log-every", type=float, metavar="S", help="print the loader's live stats every S seconds (stderr)")
+    g.add_argument(
+        "--log-every", type=float, metavar="S", help="print the loader's live stats every S seconds (stderr)"
+    )
     r = ld.add_argument_group("the report")
     r.add_argument("--sequential-rows", type=int, default=500, help="rows the synchronous baseline reads (default 500)")
     r.add_argument("--no-baseline", action="store_true", help="time asyncload alone")
-    r.add_argument("--repeat", type=int, default=1, metavar="N", help="runs of each reader, alternating: median and range")
+    r.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="runs of each reader, alternating: median and range"
+    )
     r.add_argument("--json", action="store_true", help="the report as JSON on stdout, for scripts")
     ld.set_defaults(func=_cmd_load)
 

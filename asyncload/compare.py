@@ -101,7 +101,9 @@ def choose_source(
     network = network_of(url, creds, profile)
 
     def make_deeplake() -> Any:
-        return DeepLakeSource(url, tuple(columns), creds=creds, token=token, version=version, query=query, profile=profile)
+        return DeepLakeSource(
+            url, tuple(columns), creds=creds, token=token, version=version, query=query, profile=profile
+        )
 
     def make_files() -> Any:
         from .sources.objectstore import ObjectStoreSource
@@ -203,7 +205,9 @@ class Runs:
             "epoch_samples_per_s": statistics.median(ep) if ep else 0.0,
             "epoch_samples_per_s_range": [min(ep), max(ep)] if ep else [0.0, 0.0],
             "steady_samples_per_s": statistics.median(st) if st else None,
-            "first_batch_s": statistics.median([m.first_batch_s for m in self.runs if m.first_batch_s is not None] or [0]),
+            "first_batch_s": statistics.median(
+                [m.first_batch_s for m in self.runs if m.first_batch_s is not None] or [0]
+            ),
             "epoch_s": statistics.median([m.seconds for m in self.runs]) if self.runs else 0.0,
             "cpu_ms_per_sample": statistics.median(cpu) if cpu else 0.0,
             "peak_rss_mb": max(m.peak_rss_mb for m in self.runs) if self.runs else 0.0,

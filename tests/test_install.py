@@ -57,7 +57,9 @@ def test_the_wheel_installs_outside_the_repository_and_its_commands_run(tmp_path
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert "asyncload/train/configs/train_unet.yaml" in names and "asyncload/train/configs/train_unet_photos.yaml" in names
+    assert (
+        "asyncload/train/configs/train_unet.yaml" in names and "asyncload/train/configs/train_unet_photos.yaml" in names
+    )
     assert "Name: torch-asyncload" in meta and "asyncload/py.typed" in names
     with tarfile.open(sdist) as t:
         assert any(n.endswith("asyncload/train/configs/train_unet.yaml") for n in t.getnames())
@@ -65,7 +67,9 @@ def test_the_wheel_installs_outside_the_repository_and_its_commands_run(tmp_path
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
     py = venv / "bin" / "python"
-    site = Path(_run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip())
+    site = Path(
+        _run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=tmp_path).strip()
+    )
     (site / "project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # torch, deeplake, ...
     _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "-q", str(wheel)],
          cwd=tmp_path)  # fmt: skip

@@ -41,7 +41,12 @@ def test_load_reads_photos_of_any_size_with_a_resize_and_reports_whole_epochs_as
                "--memory-budget", "64MiB", "--processes", "0", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
-    assert (doc["source"], doc["network"], doc["latency_emulated"], doc["rows"]) == ("DeepLakeSource", "local disk", False, 12)
+    assert (doc["source"], doc["network"], doc["latency_emulated"], doc["rows"]) == (
+        "DeepLakeSource",
+        "local disk",
+        False,
+        12,
+    )
     assert doc["machine"]["cpus"] >= 1 and doc["machine"]["load_average_1min"] >= 0  # what else ran, said
     assert doc["settings"]["augment"] == "[Resize(64)]" and doc["settings"]["memory_budget"] == str(64 << 20)
     sync, ours = doc["readers"]
@@ -64,7 +69,9 @@ def test_train_counts_the_classes_in_the_data_and_names_a_count_that_is_too_smal
     done = run("train", *common, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "on 9 rows, validating on 3," in done.stdout  # --data: every row, 20% held out
-    assert "5 classes from the data (largest id 4 in 12 rows): class 0, class 1, class 2, class 3, class 4" in done.stdout
+    assert (
+        "5 classes from the data (largest id 4 in 12 rows): class 0, class 1, class 2, class 3, class 4" in done.stdout
+    )
     assert "(class 0 " in done.stdout and "class 4 " in done.stdout.split("mIoU")[1]
     done = run("train", *common, "--classes", "3", "--class-names", "a,b,c", cwd=tmp_path)
     assert done.returncode == 2

@@ -51,7 +51,12 @@ def test_the_readme_recipe_runs_as_written_on_a_real_s3_server(seaweed, tmp_path
 
     load, train = (
         subprocess.run(
-            [ASYNCLOAD, *cmd.split()[1:], *(["--set", "model_only_steps=0"] if " train " in cmd else [])], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150
+            [ASYNCLOAD, *cmd.split()[1:], *(["--set", "model_only_steps=0"] if " train " in cmd else [])],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
         )
         for cmd in commands
     )

@@ -187,7 +187,9 @@ def test_augmentation_settings_name_the_setting_and_the_range(capsys: pytest.Cap
         TrainConfig(crop_scale=0.5)  # type: ignore[arg-type]  # built in Python: checked the same way
     assert main(["--set", "crop_scale=[0, 1]"]) == 2
     # without --config, the shipped train_unet.yaml: the message names it
-    assert capsys.readouterr().err.startswith(f"asyncload train: {CONFIG_DIR / 'train_unet.yaml'}: crop_scale=(0, 1) is not allowed: [min")
+    assert capsys.readouterr().err.startswith(
+        f"asyncload train: {CONFIG_DIR / 'train_unet.yaml'}: crop_scale=(0, 1) is not allowed: [min"
+    )
 
 
 @pytest.mark.timeout(20)

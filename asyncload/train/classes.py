@@ -58,9 +58,7 @@ def largest_id(source: DeepLakeSource, rows: int, batch_size: int = 64) -> int:
     return top
 
 
-def resolve_classes(
-    source: DeepLakeSource, rows: int, classes: int | None, names: tuple[str, ...] | None
-) -> Classes:
+def resolve_classes(source: DeepLakeSource, rows: int, classes: int | None, names: tuple[str, ...] | None) -> Classes:
     """The classes to train (see the module docstring). ``source``: the dataset's mask column alone,
     with its credentials; ``rows``: the rows the job uses."""
     (column,) = source.columns

@@ -138,7 +138,11 @@ class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
         if self._pid != os.getpid():
             import deeplake
 
-            ds = self.source.dataset() if self.source is not None else deeplake.open_read_only(self.url, creds=self.creds)
+            ds = (
+                self.source.dataset()
+                if self.source is not None
+                else deeplake.open_read_only(self.url, creds=self.creds)
+            )
             self._ds, self._pid = ds, os.getpid()
         index = self.start + i
         row = self._ds[index]

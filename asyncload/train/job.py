@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..config import check, load_config, parse_overrides
+from .._train_args import add_train_flags, config_from_namespace
+from ..config import check
 from ..device import DeviceFeed
 from ..errors import ConfigError
 from ..sources.deeplake import normalize_url
 from .classes import Classes, resolve_classes
 from .classes import describe as describe_classes
-from .._train_args import add_train_flags, config_from_namespace
 from .config import TrainConfig
 from .data import Split, dataset_source, describe, first_n, source_kwargs
 from .model import UNet
@@ -271,9 +271,7 @@ def _run(
 
 
 @torch.no_grad()
-def _evaluate(
-    net: nn.Module, split: Split, w: World, how: StepOptions, classes: Classes
-) -> tuple[list[float], float]:
+def _evaluate(net: nn.Module, split: Split, w: World, how: StepOptions, classes: Classes) -> tuple[list[float], float]:
     """Per-class IoU over the held-out split, each row counted once across ranks; and the seconds taken."""
     t0 = time.perf_counter()
     net.eval()
@@ -313,7 +311,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"asyncload train: {exc}", file=sys.stderr)
         return 2
     return 0
-
 
 
 if __name__ == "__main__":
