@@ -477,12 +477,14 @@ class FanoutEpoch(Epoch):
         that a batch that kills a reader again is known, and then its rows); after a stall they are not (a
         stall is the store's, not a row's). Then its stream resumes for the rest."""
         held = self._held(t)
-        rows = [i for j in held for i in self._batches[j]]
+        # What it owes; for a stall, what it may have had in flight (a StallError names the rows in flight).
+        named = held if stuck_since is None else held[: self._window()]
+        rows = [i for j in named for i in self._batches[j]]
         try:
             ended = self._replace(t, stuck_since, rows, f"{len(held)} undelivered batches of indices")
         except WorkerError as err:
             raise err from cause
-        self._policy.log_restart(self._name(t, ended.pid), ended, rows, f"{len(held)} batches (indices)",
+        self._policy.log_restart(self._name(t, ended.pid), ended, rows, f"{len(named)} batches (indices)",
                                  self._pool.pids.get(t.index), charged=True)  # fmt: skip
         gen = self._lease.gen
         assert gen is not None
