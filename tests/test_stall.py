@@ -309,3 +309,26 @@ def test_a_read_outside_a_loader_is_bounded_by_the_breaker(remote_data: RemoteDa
     assert 5.0 <= wall < 15.0, wall
     assert remote_data.files_url in str(info.value) and "has not answered" in str(info.value), str(info.value)
     assert src.retry_stats()["outage_waits"] >= 1
+
+
+@pytest.mark.timeout(60)
+def test_close_during_a_stall_of_deep_lake_in_this_process_raises_loader_closed(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    """``processes=0``: the consumer gets ``LoaderClosedError`` at once; ``close()`` waits
+    ``shutdown_timeout`` for the read it cannot cancel, then abandons it (its loop lingers until it ends)."""
+    src = DeepLakeSource(remote_data.deeplake_url, creds=remote_data.creds())
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, processes=0, stall_timeout=30, shutdown_timeout=2)
+    it = iter(loader)
+    closed: list[float] = []
+
+    def close() -> None:
+        t = time.monotonic()
+        loader.close()
+        closed.append(time.monotonic() - t)
+
+    err = _close_during_stall(freezer, lambda: next(it), close)  # stalled before the first batch
+    assert isinstance(err, LoaderClosedError), repr(err)
+    assert 1.5 <= closed[0] < 6.0, closed  # shutdown_timeout, then abandoned: not a hang
+    freezer.cont()
+    wait_no_loop_threads(30.0)
