@@ -37,7 +37,7 @@ from typing import Any
 
 from .._loop import Stage, on_exit, thread_pool
 from .._protocol import END, Failure
-from ..epoch import Epoch, report_skipped
+from ..epoch import Epoch, closed_error, report_skipped
 from ..errors import ConfigError, LoaderClosedError, StallError, WorkerError
 from ..image.decode import Stage as DecodeStage
 from ..image.gpu import PACKED, finish
@@ -276,10 +276,7 @@ class FanoutEpoch(Epoch):
         self._left.set()
 
     def _closed_error(self) -> LoaderClosedError:
-        return LoaderClosedError(
-            f"the loader of {self._pool.url} was closed while this epoch was being read "
-            f"({self._stats.batches_yielded} of {len(self._order)} batches yielded)"
-        )
+        return closed_error(self._pool.url, self._stats.batches_yielded, len(self._order))
 
     def close(self) -> None:
         """End the epoch: settle it on a shared pool (workers stay, idle), or close a pool it owns. From
