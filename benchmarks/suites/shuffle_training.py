@@ -28,6 +28,10 @@ the weights' initialisation and the loader's seed (seeds 0, 1, 2). Runs of the t
 both see the same load on a shared machine. ``--control`` adds one run read in storage order
 (``shuffle=False``), the worst case, to show how order-sensitive the dataset is at all.
 
+A second block order can be tried and joined to a finished report, e.g. smaller blocks in the same window:
+``--orders variant --variant 4 256 --merge benchmarks/results/large/training_quality.json``;
+``--from-json`` rewrites the report from its JSON without training.
+
 Sizes (48 px, 1,536 + 384 rows, 4 epochs) are what 2 shared cores train in ~3-4 minutes a run; the
 per-epoch held-out curve in the report shows how far from converged that is.
 
@@ -82,6 +86,7 @@ class Settings:
     block: int = 16
     window: int = 256
     seeds: tuple[int, ...] = SEEDS
+    variant: tuple[int, int] | None = None  # a second block order (block, window) to try, if any
 
 
 @dataclass
@@ -210,7 +215,8 @@ def evaluate(net: UNet, source: DeepLakeSource, s: Settings) -> list[float]:
 
 def train_run(order: str, seed: int, source: DeepLakeSource, rows: tuple[np.ndarray, np.ndarray], s: Settings) -> Run:
     """Train a fresh U-Net (initialised from ``seed``) for ``s.epochs`` epochs of the training rows in
-    ``order`` ("full": ``shuffle_block=1``; "block": ``s.block`` / ``s.window``; "storage": no shuffle)."""
+    ``order`` ("full": ``shuffle_block=1``; "block": ``s.block`` / ``s.window``; "variant": ``s.variant``;
+    "storage": no shuffle)."""
     t0 = time.perf_counter()
     how = StepOptions(torch.device("cpu"))
     torch.manual_seed(seed)
@@ -220,6 +226,7 @@ def train_run(order: str, seed: int, source: DeepLakeSource, rows: tuple[np.ndar
         "full": dict(shuffle=True, shuffle_block=1),
         "block": dict(shuffle=True, shuffle_block=s.block, shuffle_window=s.window),
         "storage": dict(shuffle=False),
+        "variant": dict(shuffle=True, shuffle_block=s.variant[0], shuffle_window=s.variant[1]) if s.variant else {},
     }[order]
     run = Run(order, seed, math.nan, {})
     distinct: list[tuple[int, int]] = []  # clips and photos of each batch
@@ -270,7 +277,7 @@ def summary(runs: list[Run]) -> dict[str, float]:
 
 def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: float, out: Path) -> str:
     """The markdown table and the JSON beside it."""
-    by = {o: [r for r in runs if r.order == o] for o in ("full", "block", "storage")}
+    by = {o: [r for r in runs if r.order == o] for o in ("full", "block", "variant", "storage")}
     full, block = summary(by["full"]), summary(by["block"])
     paired = [100 * (b.miou - f.miou) for f, b in zip(by["full"], by["block"], strict=False)]
     diff = block["mean"] - full["mean"]
@@ -300,30 +307,50 @@ def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: f
         f"Target: the block order's mean within 1 point of the full shuffle's: **{'met' if abs(diff) <= 1 else 'not met'}** "
         f"({diff:+.1f} points over {block['seeds']} seeds).",
         "",
+    ]
+    if by["variant"] and s.variant:
+        vb, vw = s.variant
+        v = summary(by["variant"])
+        per_seed = {f.seed: f.miou for f in by["full"]}
+        vd = [100 * (r.miou - per_seed[r.seed]) for r in by["variant"] if r.seed in per_seed]
+        lines += [
+            f"A second block order, **block {vb} / window {vw}** ({vw // vb} blocks mixed per batch, window "
+            f"{vw / s.window:g}× and blocks {vb / s.block:g}× the first's): mIoU {', '.join(f'{100 * r.miou:.1f}' for r in by['variant'])} "
+            f"(seeds {', '.join(str(r.seed) for r in by['variant'])}), **{v['mean']:.1f} ± {v['std']:.1f}**, "
+            f"**{v['mean'] - full['mean']:+.1f}** against the full shuffle "
+            f"(paired: {statistics.fmean(vd) if vd else math.nan:+.1f}).",
+            "",
+        ]
+    lines += [
         "Per-class IoU (mean over seeds):",
         "",
-        "| order | " + " | ".join(CLASS_NAMES) + " | distinct clips per batch | distinct photos per batch |",
-        "|---|" + "---|" * (len(CLASS_NAMES) + 2),
+        "| order | " + " | ".join(CLASS_NAMES) + " | distinct clips per batch | distinct photos per batch "
+        "| training loss, last epoch |",
+        "|---|" + "---|" * (len(CLASS_NAMES) + 3),
     ]
     names = {"full": "full shuffle", "block": block_name, "storage": "storage order (no shuffle)"}
+    if s.variant:
+        names["variant"] = f"block order, block {s.variant[0]} / window {s.variant[1]}"
     for o, rs in by.items():
         if rs:
             per = [statistics.fmean(100 * r.iou[c] for r in rs) for c in CLASS_NAMES]
             lines.append(
                 f"| {names[o]} | "
                 + " | ".join(f"{v:.1f}" for v in per)
-                + f" | {statistics.fmean(r.clips_per_batch for r in rs):.1f} | {statistics.fmean(r.photos_per_batch for r in rs):.1f} |"
+                + f" | {statistics.fmean(r.clips_per_batch for r in rs):.1f} | {statistics.fmean(r.photos_per_batch for r in rs):.1f}"
+                + f" | {statistics.fmean(r.loss[-1] for r in rs):.3f} |"
             )
-    lines += ["", "Held-out mIoU after each epoch (mean over seeds):", "", "| order | " + " | ".join(str(e + 1) for e in range(s.epochs)) + " |",
-              "|---|" + "---|" * s.epochs]  # fmt: skip
-    for o, rs in by.items():
-        if rs:
-            curve = [statistics.fmean(100 * r.curve[e] for r in rs) for e in range(s.epochs)]
-            lines.append(
-                f"| {names[o]} ({len(rs)} seed{'s' if len(rs) > 1 else ''}) | "
-                + " | ".join(f"{v:.1f}" for v in curve)
-                + " |"
-            )
+    for title, key, scale, fmt in (("Held-out mIoU", "curve", 100, ".1f"), ("Training loss", "loss", 1, ".3f")):
+        lines += ["", f"{title} after each epoch (mean over seeds):", "",
+                  "| order | " + " | ".join(str(e + 1) for e in range(s.epochs)) + " |", "|---|" + "---|" * s.epochs]  # fmt: skip
+        for o, rs in by.items():
+            if rs:
+                curve = [statistics.fmean(scale * getattr(r, key)[e] for r in rs) for e in range(s.epochs)]
+                lines.append(
+                    f"| {names[o]} ({len(rs)} seed{'s' if len(rs) > 1 else ''}) | "
+                    + " | ".join(f"{v:{fmt}}" for v in curve)
+                    + " |"
+                )
     lines += [
         "",
         "## Dataset",
@@ -376,6 +403,12 @@ def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: f
     return text
 
 
+def settings_of(doc: dict[str, Any]) -> Settings:
+    """The ``Settings`` a report's JSON was made with (JSON has lists where they have tuples)."""
+    d = doc["settings"]
+    return Settings(**{**d, "seeds": tuple(d["seeds"]), "variant": tuple(d["variant"]) if d.get("variant") else None})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = Settings()
@@ -389,21 +422,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=list(d.seeds))
     ap.add_argument("--control", action="store_true", help="add one run in storage order (no shuffle), seed 0")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/large"))
+    ap.add_argument("--from-json", help="rewrite the report from a training_quality.json, training nothing")
+    ap.add_argument("--variant", type=int, nargs=2, metavar=("BLOCK", "WINDOW"), help="a second block order to try")
+    ap.add_argument("--orders", nargs="+", default=["full", "block"], choices=["full", "block", "variant"])
+    ap.add_argument("--merge", help="a training_quality.json of the same settings whose runs join this report")
     a = ap.parse_args(argv)
+    if a.from_json:  # the report's wording changes without hours of training again
+        doc = json.loads(Path(a.from_json).read_text())
+        s = settings_of(doc)
+        _, photo = layout(s)
+        runs = [Run(**r) for r in doc["runs"]]
+        photos = np.repeat(np.array(photo), s.clip)
+        print(report(runs, s, doc["dataset"]["url"], photos, doc["dataset"]["made_s"], Path(a.out)))
+        return 0
     s = Settings(
         train_rows=a.train_rows, val_rows=a.val_rows, size=a.size, clip=a.clip, epochs=a.epochs, block=a.block, window=a.window,
-        seeds=tuple(a.seeds),
+        seeds=tuple(a.seeds), variant=tuple(a.variant) if a.variant else None,
     )  # fmt: skip
+    merged: list[Run] = []
+    if a.merge:
+        doc = json.loads(Path(a.merge).read_text())
+        merged = [Run(**r) for r in doc["runs"]]
+        same = ("seeds", "variant")  # what may differ between the merged runs and these
+        if {**asdict(settings_of(doc)), **{k: None for k in same}} != {**asdict(s), **{k: None for k in same}}:
+            raise SystemExit(f"--merge {a.merge}: its runs had other settings than these")
     path = ROOT / f"data/bench/photo-clips-{s.size}px-{s.train_rows // s.clip}x{s.clip}+{s.val_rows}-jpg"
     url = f"file://{path}"
     t0 = time.perf_counter()
     existed = path.exists()
     rows = make_data(url, s)
     made_s = 0.0 if existed else time.perf_counter() - t0
+    if a.merge and not made_s:  # the merged runs' report said how long the making took
+        made_s = float(json.loads(Path(a.merge).read_text())["dataset"]["made_s"])
     source = DeepLakeSource(url, ("images", "masks"))
-    runs: list[Run] = []
-    plan = [(o, seed) for seed in s.seeds for o in ("full", "block")] + ([("storage", 0)] if a.control else [])
+    runs: list[Run] = list(merged)
+    plan = [(o, seed) for seed in s.seeds for o in a.orders] + ([("storage", 0)] if a.control else [])
     for k, (order, seed) in enumerate(plan):
+        if order == "variant" and s.variant is None:
+            raise SystemExit("--orders variant needs --variant BLOCK WINDOW")
         print(f"run {k + 1}/{len(plan)}: {order} seed {seed}", flush=True)
         runs.append(train_run(order, seed, source, rows, s))
         r = runs[-1]
