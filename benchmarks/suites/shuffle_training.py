@@ -315,7 +315,8 @@ def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: f
         vd = [100 * (r.miou - per_seed[r.seed]) for r in by["variant"] if r.seed in per_seed]
         lines += [
             f"A second block order, **block {vb} / window {vw}** ({vw // vb} blocks mixed per batch, window "
-            f"{vw / s.window:g}× and blocks {vb / s.block:g}× the first's): mIoU {', '.join(f'{100 * r.miou:.1f}' for r in by['variant'])} "
+            f"{vw / s.window:g}× and blocks {vb / s.block:g}× the first's; at the default's scale block "
+            f"{vb * 64 // s.block} / window {vw * 64 // s.block}; run after the others, joined with `--merge`): mIoU {', '.join(f'{100 * r.miou:.1f}' for r in by['variant'])} "
             f"(seeds {', '.join(str(r.seed) for r in by['variant'])}), **{v['mean']:.1f} ± {v['std']:.1f}**, "
             f"**{v['mean'] - full['mean']:+.1f}** against the full shuffle "
             f"(paired: {statistics.fmean(vd) if vd else math.nan:+.1f}).",
@@ -386,7 +387,8 @@ def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: f
         "|---|---|---|---|",
         *[f"| {names[r.order]} | {r.seed} | {r.train_s:.0f} | {r.wall_s:.0f} |" for r in runs],
         "",
-        f"Machine: {os.cpu_count()} cores, shared with other work while it ran (`nice -n 5`); "
+        f"Machine: {os.cpu_count()} cores, shared with other jobs while it ran (`nice -n 5`; the run times follow their load, "
+        "not the order); "
         f"{platform.python_implementation()} {platform.python_version()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} torch threads, CPU only.",
     ]
