@@ -59,6 +59,19 @@ def reader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "asyncload-reader-receive"]
 
 
+def pids_gone(pids) -> bool:
+    """Whether none of ``pids`` is a live process any more."""
+    import os
+
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        return False
+    return True
+
+
 def wait_no_loop_threads(deadline_s: float = 5.0) -> None:
     """Poll until no asyncload thread is alive; fail with their names after the deadline."""
     end = time.monotonic() + deadline_s

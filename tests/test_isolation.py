@@ -26,7 +26,7 @@ from asyncload import (
 )
 from asyncload.sources.subset import RangeSource
 
-from .conftest import ROWS, live_children, reader_threads
+from .conftest import ROWS, live_children, pids_gone, reader_threads
 from .sources import CrashingSource, ExpiringSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,16 +37,6 @@ def _indices(batches) -> list[int]:
     return [int(i) for b in batches for i in b["index"]]
 
 
-def _gone(pids) -> bool:
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        return False
-    return True
-
-
 def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here(seg_url) -> None:
     with AsyncLoader(DeepLakeSource(seg_url), 16, shuffle=True) as loader:
         assert loader.processes == 1
@@ -55,7 +45,7 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
         assert loader._pool is None  # not the fan-out: only the reads cross, the batches are made here
         # The reader imports the source and Deep Lake, not torch (its start and memory are a fraction).
         assert "libtorch" not in Path(f"/proc/{reader}/maps").read_text()
-    assert sorted(got) == list(range(ROWS)) and reader not in (None, os.getpid()) and _gone([reader])
+    assert sorted(got) == list(range(ROWS)) and reader not in (None, os.getpid()) and pids_gone([reader])
     assert not reader_threads()  # closing the loader ended its reader's receiver thread too
     assert AsyncLoader(DeepLakeSource(seg_url), 16, processes=0).processes == 0  # the documented way out
     assert AsyncLoader(RangeSource(DeepLakeSource(seg_url), 0, 10), 4, processes=3).processes == 3
@@ -78,7 +68,7 @@ def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_
         assert loader.stats()["worker_restarts"] == 2
         pids = loader._isolated.pids
     assert sorted(got) == list(range(16, 48))  # the dataset's own row numbers, each once
-    assert _gone(pids) and not live_children()
+    assert pids_gone(pids) and not live_children()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGSEGV, signal.SIGFPE, signal.SIGKILL])
@@ -101,7 +91,7 @@ def test_a_reader_killed_mid_epoch_is_replaced_and_every_row_comes_once_in_order
     assert len(restarts) == 2, restarts
     assert all(f"killed by signal {sig.name}" in m for m in restarts)
     assert str(expected[40]) in restarts[0]  # the log names the rows the dead reader held
-    assert _gone(pids) and not live_children()
+    assert pids_gone(pids) and not live_children()
 
 
 def test_out_of_order_two_readers_and_a_crash_still_give_every_row_once(seg_url, tmp_path) -> None:
@@ -132,7 +122,7 @@ def test_a_row_that_always_kills_its_reader_is_named_with_url_row_and_signal(seg
             pass
     pids = loader._isolated.pids
     loader.close()
-    assert _gone(pids) and loader._isolated.pid is None
+    assert pids_gone(pids) and loader._isolated.pid is None
 
 
 def test_every_row_of_a_read_that_kills_its_reader_is_named_in_one_error(seg_url) -> None:
@@ -151,7 +141,7 @@ def test_every_row_of_a_read_that_kills_its_reader_is_named_in_one_error(seg_url
     assert f"reading rows {bad} of {src.url} killed its reader process (SIGKILL)" in str(err)
     pids = loader._isolated.pids
     loader.close()
-    assert _gone(pids)
+    assert pids_gone(pids)
 
 
 def test_skip_leaves_out_the_rows_that_kill_their_reader_counts_and_reports_them(seg_url) -> None:
@@ -174,7 +164,7 @@ def test_deaths_past_max_restarts_end_the_epoch_with_worker_error(seg_url, tmp_p
                        r"of indices .*after 1 restarts this epoch \(max_restarts=1\)"):  # fmt: skip
         for _ in loader:
             pass
-    assert loader._isolated.pid is None and _gone(loader._isolated.pids)
+    assert loader._isolated.pid is None and pids_gone(loader._isolated.pids)
     assert not live_children()
 
 
@@ -187,7 +177,7 @@ def test_a_reader_that_cannot_be_replaced_ends_the_epoch_naming_why(seg_url, tmp
                        r"replace it: SourceError: cannot renew the credentials for file://"):  # fmt: skip
         for _ in loader:
             pass
-    assert loader._isolated.pid is None and _gone(loader._isolated.pids) and not live_children()
+    assert loader._isolated.pid is None and pids_gone(loader._isolated.pids) and not live_children()
 
 
 def test_max_restarts_0_keeps_the_first_death_fatal(seg_url, tmp_path) -> None:

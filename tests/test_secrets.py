@@ -147,9 +147,12 @@ def test_no_secret_in_read_errors_or_skip_reports(
         src = make_sources(remote_data, creds)[kind]().open()
         proxy.schedule.always(Fault.HTTP_403, match="/seg/" if kind == "deeplake" else f"images/{stem(5)}.png")
         # Deep Lake's reader process opens the dataset itself, behind the proxy: its open is denied too
+        # closed by the with: a loader whose reader process was denied its open outlives a gc.collect()
+        # (seen after this test: its reader alive until the session's end; see the closing note of 2026-11-27)
         with pytest.raises((ReadError, SourceError) if kind == "deeplake" else ReadError) as info:
-            for _ in AsyncLoader(src, batch_size=8, concurrency=8):
-                pass
+            with AsyncLoader(src, batch_size=8, concurrency=8) as loader:
+                for _ in loader:
+                    pass
         assert secret not in full_text(info.value)
         if kind == "objectstore":  # Deep Lake denies every chunk here, so skipping would skip everything
             loader = AsyncLoader(src, batch_size=8, concurrency=8, on_error="skip")

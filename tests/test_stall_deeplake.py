@@ -21,20 +21,10 @@ import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, LoaderClosedError, StallError
 
-from .conftest import live_children, reader_threads
+from .conftest import live_children, pids_gone, reader_threads
 from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
 
 FIXTURES = (remote_data, running_seaweed, seaweed)
-
-
-def _gone(pids) -> bool:
-    for pid in pids:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            continue
-        return False
-    return True
 
 
 @contextlib.contextmanager
@@ -96,7 +86,7 @@ def test_a_stall_before_the_first_batch_is_ridden_out_by_replacing_the_stuck_rea
     assert f"no answer from {remote_data.deeplake_url} for " in text and "waiting up to 20 s" in text
     assert text.count("no answer from") == 1  # once per outage
     assert f"{remote_data.deeplake_url} answered again after" in text
-    assert _gone(pids) and not live_children() and not reader_threads()
+    assert pids_gone(pids) and not live_children() and not reader_threads()
 
 
 @pytest.mark.timeout(90)
@@ -125,7 +115,7 @@ def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadli
     assert sorted(read_epoch(iter(loader), remote_data)) == list(range(remote_data.rows))
     pids = list(loader._isolated.pids)
     loader.close()
-    assert _gone(pids) and not live_children() and not reader_threads()
+    assert pids_gone(pids) and not live_children() and not reader_threads()
 
 
 @pytest.mark.timeout(120)
@@ -152,7 +142,7 @@ def test_a_store_killed_and_restarted_on_its_port_is_ridden_out_through_new_read
     assert sorted(seen) == list(range(remote_data.rows))
     assert took < 20.0, took  # within stall_timeout
     assert stats["stalls"] >= 1 and stats["worker_restarts"] >= 1, stats
-    assert _gone(pids) and not live_children()
+    assert pids_gone(pids) and not live_children()
 
 
 # -- fan-out workers (processes=K) -------------------------------------------------------------------
@@ -178,7 +168,7 @@ def test_fan_out_workers_stuck_in_a_stall_are_replaced_and_every_row_comes_once(
     assert stats["stalls"] >= 1 and stats["stall_wait_s"] >= 3.0 and stats["worker_restarts"] >= 1, stats
     assert "(a stall: not counted in max_restarts)" in caplog.text
     assert f"{remote_data.deeplake_url} answered again after" in caplog.text
-    assert _gone(first) and not live_children()
+    assert pids_gone(first) and not live_children()
 
 
 @pytest.mark.timeout(120)
@@ -197,7 +187,7 @@ def test_fan_out_on_a_store_silent_for_good_ends_in_stall_error_and_stops_the_wo
     assert took < 60.0, took  # the workers' start (seconds, tens on a busy machine), then 6 s of silence
     assert f"no answer from {remote_data.deeplake_url} for " in str(err) and 5.5 <= err.waited_s < 8.0
     assert err.indices and set(err.indices) <= set(range(remote_data.rows))
-    assert _gone(pids) and not live_children()  # stopped at once, not settled
+    assert pids_gone(pids) and not live_children()  # stopped at once, not settled
     loader.close()
 
 
@@ -231,7 +221,7 @@ def test_close_from_another_thread_during_a_fan_out_stall_raises_loader_closed_i
     assert not consumer.is_alive() and closed_in < 3.0, closed_in
     assert len(got) == 1 and isinstance(got[0], LoaderClosedError), got  # never StopIteration
     assert f"the loader of {remote_data.deeplake_url} was closed while this epoch was being read" in str(got[0])
-    assert _gone(pids) and not live_children()
+    assert pids_gone(pids) and not live_children()
 
 
 _CTRL_C_SCRIPT = """
@@ -295,9 +285,9 @@ def test_ctrl_c_during_a_stall_is_handled_at_once_and_the_process_exits(
     assert handled < 1.0, (handled, err[-2000:])
     assert took < 5.0, (took, err[-2000:])
     end = time.monotonic() + 5.0  # the forkserver and the resource tracker leave once their parent is gone
-    while not _gone(children) and time.monotonic() < end:
+    while not pids_gone(children) and time.monotonic() < end:
         time.sleep(0.1)
-    assert _gone(children)
+    assert pids_gone(children)
 
 
 def _descendants(pid: int) -> list[int]:
