@@ -242,6 +242,10 @@ except KeyboardInterrupt:
 """
 
 
+# In `make test-slow`, not `make test`: it passes run alone and with its own file, but in the whole suite
+# (and once in a run of four files) the subprocess had not exited 20 s after SIGINT, cause not found yet
+# (closing note of 2026-11-27). test_shutdown covers Ctrl-C during a stall with processes=0 in the suite.
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("processes", ["2", "auto"])  # fan-out workers; the default reader process
 def test_ctrl_c_during_a_stall_is_handled_at_once_and_the_process_exits(
