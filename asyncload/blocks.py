@@ -9,7 +9,7 @@ rest out as their batches ask, so every stored byte crosses the network about on
 
 - **What is held is bounded by the order**: a row is kept from its block's read until its own batch
   reads it, then dropped; the block order puts every row of a block within ~``window`` positions of its
-  first, so about half a window of rows is held at any time (``held_bytes``), steadily.
+  first, so about half a window of rows is held at any time, steadily.
 - **Only the rows this epoch asks for** are read with a block (a resumed epoch's consumed batches, another
   worker's batches, stay out), each once. A row asked for again (a retry, a hedge, a re-read of a failed
   request) that is no longer held is read alone, as it would be without this layer.
@@ -28,7 +28,6 @@ import asyncio
 from collections.abc import Iterable
 from typing import Any
 
-from .image.codecs import is_stored
 from .sources.base import Columns, Source
 
 
@@ -43,8 +42,6 @@ class BlockReads:
             self._due.setdefault(i // block, []).append(i)
         self._held: dict[int, dict[str, Any]] = {}  # row -> its value per column, read and not yet asked for
         self._reading: dict[int, asyncio.Task[None]] = {}  # block -> its read in flight
-        self.held_bytes = 0
-        self.held_bytes_peak = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._source, name)
@@ -76,7 +73,6 @@ class BlockReads:
                     out[c].append(values[pos[i]])
             else:
                 row = self._held.pop(i)
-                self.held_bytes -= _row_bytes(row)
                 for c in out:
                     out[c].append(row[c])
         return out  # type: ignore[return-value]
@@ -95,15 +91,7 @@ class BlockReads:
         finally:
             del self._reading[b]
         for k, i in enumerate(rows):
-            row = {c: values[k] for c, values in cols.items()}
-            self._held[i] = row
-            self.held_bytes += _row_bytes(row)
-        self.held_bytes_peak = max(self.held_bytes_peak, self.held_bytes)
-
-
-def _row_bytes(row: dict[str, Any]) -> int:
-    """Bytes of one row's values: stored bytes by length, arrays by ``nbytes``."""
-    return sum(len(v) if is_stored(v) else int(getattr(v, "nbytes", 0)) for v in row.values())
+            self._held[i] = {c: values[k] for c, values in cols.items()}
 
 
 __all__ = ["BlockReads"]
