@@ -56,7 +56,7 @@ class BlockReads:
             try:
                 await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read...
             except asyncio.CancelledError:
-                if getattr(self._source, "cancel_safe", False):  # ...unless the store's reads may be cancelled
+                if self._source.cancel_safe:  # ...unless the store's reads may be cancelled
                     for t in waits:  # (an epoch abandoned: nothing is left running past its loop)
                         t.cancel()
                 raise
