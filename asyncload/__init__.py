@@ -20,62 +20,61 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import (
     AsyncLoadError,
+    BucketNotFoundError,
+    CollateError,
     ColumnNotFoundError,
     ConfigError,
     DatasetNotFoundError,
+    DecodeError,
     LoaderClosedError,
     ReaderCrashError,
     ReadError,
     RemoteError,
     SourceError,
     StallError,
+    StoreAccessError,
+    StoreEndpointError,
     WorkerError,
 )
 
 if TYPE_CHECKING:
-    from .config import load_config
     from .dataset import AsyncIterableDataset
     from .device import DeviceFeed
-    from .epoch import Epoch, EpochIterator
+    from .engine.epoch import Epoch, EpochIterator
+    from .engine.options import LoaderOptions
+    from .engine.sampler import EpochSampler, Shard
     from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
-    from .image.codecs import DecodeError
     from .loader import AsyncLoader
-    from .options import LoaderOptions
-    from .retry import RetryPolicy
-    from .sampler import EpochSampler, Shard
-    from .sources._http import Timeouts
-    from .sources._store import BucketNotFoundError, StoreAccessError, StoreEndpointError
+    from .runtime.settings import load_config
     from .sources.base import Source
     from .sources.deeplake import DeepLakeSource
     from .sources.objectstore import ObjectStoreSource
+    from .sources.stores.http import Timeouts
+    from .sources.stores.retry import RetryPolicy
     from .sources.subset import RangeSource
-    from .synthetic import make_dataset
+    from .tools.synthetic import make_dataset
 
 #: where each public name that costs an import is defined
 _LAZY = {
-    "load_config": ".config",
+    "load_config": ".runtime.settings",
     "AsyncIterableDataset": ".dataset",
     "DeviceFeed": ".device",
-    "Epoch": ".epoch",
-    "EpochIterator": ".epoch",
+    "Epoch": ".engine.epoch",
+    "EpochIterator": ".engine.epoch",
     "RandomHorizontalFlip": ".image.augment",
     "RandomResizedCrop": ".image.augment",
     "Resize": ".image.augment",
-    "DecodeError": ".image.codecs",
     "AsyncLoader": ".loader",
-    "LoaderOptions": ".options",
-    "RetryPolicy": ".retry",
-    "Timeouts": ".sources._http",
-    "EpochSampler": ".sampler",
-    "Shard": ".sampler",
-    "BucketNotFoundError": ".sources._store",
-    "StoreAccessError": ".sources._store",
-    "StoreEndpointError": ".sources._store",
+    "LoaderOptions": ".engine.options",
+    "RetryPolicy": ".sources.stores.retry",
+    "Timeouts": ".sources.stores.http",
+    "EpochSampler": ".engine.sampler",
+    "Shard": ".engine.sampler",
     "Source": ".sources.base",
     "DeepLakeSource": ".sources.deeplake",
     "ObjectStoreSource": ".sources.objectstore",
     "RangeSource": ".sources.subset",
-    "make_dataset": ".synthetic",
+    "make_dataset": ".tools.synthetic",
 }
 
 
@@ -100,6 +99,7 @@ __all__ = [
     "AsyncIterableDataset",
     "AsyncLoadError",
     "AsyncLoader",
+    "CollateError",
     "ColumnNotFoundError",
     "ConfigError",
     "DatasetNotFoundError",

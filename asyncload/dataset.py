@@ -40,14 +40,14 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from ._log import log_once_forked
-from .epoch import Epoch
+from .engine.epoch import Epoch
+from .engine.options import LoaderOptions
+from .engine.progress import check_dataset_version
+from .engine.sampler import Remainder, Shard, distributed_rank_world
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
-from .options import LoaderOptions
-from .sampler import Remainder, Shard, distributed_rank_world
+from .runtime.log import log_once_forked
 from .sources.base import Source
-from .state import check_dataset_version
 
 log = logging.getLogger("asyncload")
 
@@ -233,7 +233,6 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
                 )
             return _WorkerEpoch(it)
         return it
-
 
     def close(self) -> None:
         """Stop the epoch this process is iterating, if any (``DataLoader(num_workers=0)`` iterates here;

@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._loop import Stage, on_exit, start_thread
-from ._protocol import END, Failure, Sentinel
+from .engine.progress import EpochProgress, with_progress
+from .engine.protocol import END, Failure, Sentinel
 from .errors import ConfigError
 from .image.normalize import ModelReady
-from .state import EpochProgress, with_progress
+from .runtime.loop import Stage, on_exit, start_thread
 
 __all__ = ["DeviceFeed", "map_tensors"]
 

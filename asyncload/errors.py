@@ -103,6 +103,38 @@ class ColumnNotFoundError(SourceError, KeyError):
     """A requested column is not in the dataset."""
 
 
+class StoreEndpointError(SourceError, ConnectionError):
+    """The store's endpoint did not answer (down, refused, unreachable, too slow)."""
+
+
+class StoreAccessError(SourceError, PermissionError):
+    """The store refused the credentials, or denied access to the bucket or container."""
+
+
+class BucketNotFoundError(DatasetNotFoundError):
+    """The bucket (or container) does not exist at the endpoint."""
+
+
+class S3EndpointError(StoreEndpointError):
+    """The S3 endpoint did not answer (down, refused, unreachable, too slow)."""
+
+
+class S3AccessError(StoreAccessError):
+    """The S3 endpoint refused the credentials, or denied access to the bucket."""
+
+
+class S3BucketNotFoundError(BucketNotFoundError):
+    """The bucket does not exist at the endpoint."""
+
+
+class CollateError(AsyncLoadError, ValueError):
+    """Samples of one column cannot be stacked into a batch tensor."""
+
+
+class DecodeError(ValueError):
+    """Bytes that do not decode as the image they claim to be; the message is the decoder's."""
+
+
 class ReadError(AsyncLoadError):
     """Reading samples failed. ``source``, ``column`` and ``indices`` say which; ``__cause__`` says why."""
 
@@ -119,9 +151,7 @@ class StallError(ReadError):
     """The store gave no answer for longer than ``stall_timeout``: the epoch stopped waiting. ``waited_s``
     says how long it waited; ``indices`` are the rows that were in flight."""
 
-    def __init__(
-        self, message: str, *, source: str = "", indices: Sequence[int] = (), waited_s: float = 0.0
-    ) -> None:
+    def __init__(self, message: str, *, source: str = "", indices: Sequence[int] = (), waited_s: float = 0.0) -> None:
         super().__init__(message, source=source, indices=indices)
         self.waited_s = waited_s
 

@@ -20,17 +20,17 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .config import check as _check
-from .epoch import Epoch, EpochIterator
+from .engine.epoch import Epoch, EpochIterator
+from .engine.options import LoaderOptions, ReadMode
+from .engine.progress import EpochProgress
+from .engine.sampler import Shard, resolve_shard
+from .engine.shard import ShardReader
+from .engine.stats import Stats
 from .errors import ConfigError
-from .fanout import WorkerPool
-from .isolated import IsolatedSource
-from .options import LoaderOptions, ReadMode
-from .reader import ShardReader
-from .sampler import Shard, resolve_shard
+from .processes.fanout import WorkerPool
+from .processes.isolated import IsolatedSource
+from .runtime.settings import check as _check
 from .sources.base import Source
-from .state import EpochProgress
-from .stats import Stats
 
 log = logging.getLogger("asyncload")
 

@@ -8,7 +8,7 @@ import asyncio
 import logging
 from typing import Any
 
-from asyncload._loop import LoopKind, LoopThread
+from asyncload.runtime.loop import LoopKind, LoopThread
 
 log = logging.getLogger("harness")
 

@@ -36,7 +36,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal, cast
 
-from asyncload._loop import LoopKind, LoopThread
+from asyncload.runtime.loop import LoopKind, LoopThread
 
 from ._service import LoopService
 

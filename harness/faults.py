@@ -10,7 +10,7 @@ Why an HTTP proxy, and why this shape:
   same code a user runs. (:mod:`.delayline` works a level lower, on TCP chunks; this one understands
   requests, which is what "the next 20 requests" needs.)
 - **Signatures still verify.** SigV4 signs the ``Host`` header (``host:port`` of the endpoint the client
-  was given, see :meth:`asyncload.sigv4.SigV4Signer.sign`), the exact encoded path and query, and the
+  was given, see :meth:`asyncload.sources.stores.sigv4.SigV4Signer.sign`), the exact encoded path and query, and the
   ``x-amz-*`` headers. The client is given the *proxy's* URL, so it signs the proxy's ``host:port``; the
   proxy forwards every request header unchanged, ``Host`` included (aiohttp's client keeps an explicit
   ``Host`` header instead of deriving one from the URL), and the raw path and query byte for byte.
@@ -61,7 +61,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from asyncload._loop import LoopKind, LoopThread
+from asyncload.runtime.loop import LoopKind, LoopThread
 
 from ._service import LoopService
 

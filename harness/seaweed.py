@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-from asyncload.sigv4 import Credentials, SigV4Signer, quote_key
+from asyncload.sources.stores.sigv4 import Credentials, SigV4Signer, quote_key
 
 _STATE_FILE = "asyncload-seaweed.json"  # keys and ports, so a data folder restarts the same way
 _IDENTITIES_FILE = "s3-identities.json"

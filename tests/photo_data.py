@@ -1,7 +1,7 @@
 """Photo-like Deep Lake datasets for the decode and augmentation tests: JPEG or PNG images (encoded here,
 stored verbatim) of fixed or varied sizes, masks stored as lz4 or PNG.
 
-The pixels are ``asyncload.synthetic``'s shapes with sensor noise, so JPEG q90 and PNG sizes are those of
+The pixels are ``asyncload.tools.synthetic``'s shapes with sensor noise, so JPEG q90 and PNG sizes are those of
 photos rather than of flat drawings. ``aligned=True`` makes each mask a function of its image's own pixels
 (a threshold of a noise-free luminance ramp drawn into both), which is what the geometry tests check
 after every augmentation.
@@ -16,7 +16,7 @@ import deeplake
 import numpy as np
 from PIL import Image
 
-from asyncload.synthetic import make_sample
+from asyncload.tools.synthetic import make_sample
 
 
 def encode(arr: np.ndarray, fmt: Literal["jpg", "png"], quality: int = 90) -> bytes:

@@ -37,7 +37,7 @@ import numpy as np
 import pytest
 
 from asyncload import make_dataset
-from asyncload.synthetic import make_sample
+from asyncload.tools.synthetic import make_sample
 from harness.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 REMOTE_ROWS = 96  # a few batches at any batch size used here; small enough to write in about a second
@@ -317,7 +317,7 @@ def azure_request(
     endpoint: str, method: str, path: str, body: bytes = b"", extra: dict[str, str] | None = None
 ) -> None:
     """One Shared Key-signed request to Azurite (setup only), signed by asyncload's own signer."""
-    from asyncload.sources.azure import _AZURITE_KEY, API_VERSION, SharedKey
+    from asyncload.sources.stores.azure import _AZURITE_KEY, API_VERSION, SharedKey
 
     url = f"{endpoint}{path}"
     headers = {"x-ms-date": email.utils.formatdate(usegmt=True), "x-ms-version": API_VERSION, **(extra or {})}
@@ -331,7 +331,7 @@ def azure_request(
 @pytest.fixture(scope="session")
 def azure_data(azurite: str) -> EmulatedData:
     """The synthetic rows as PNG blobs in container ``asyncload-az`` (read-only for tests)."""
-    from asyncload.sources.azure import _AZURITE_KEY
+    from asyncload.sources.stores.azure import _AZURITE_KEY
 
     container = "asyncload-az"
     azure_request(azurite, "PUT", f"/{container}?restype=container")

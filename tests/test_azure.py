@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, ReadError
-from asyncload.sources._store import BucketNotFoundError, StoreAccessError
-from asyncload.sources.azure import AzureContainer, resolve_azure
+from asyncload.sources.stores.azure import AzureContainer, resolve_azure
+from asyncload.sources.stores.store import BucketNotFoundError, StoreAccessError
 
 from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch, reply, serving
 

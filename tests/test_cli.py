@@ -13,7 +13,7 @@ import deeplake
 import pytest
 
 from asyncload import AsyncLoader, make_dataset
-from asyncload.cli import main
+from asyncload.tools.cli import main
 
 from .remote_fixtures import remote_data, seaweed
 from .sources import DelayedSource
@@ -222,7 +222,7 @@ def test_ctrl_c_exits_130_quietly(small, capsys, monkeypatch) -> None:
     def interrupted(args: object) -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("asyncload.cli._cmd_inspect", interrupted)
+    monkeypatch.setattr("asyncload.tools.cli._cmd_inspect", interrupted)
     assert main(["inspect", str(small)]) == 130
     assert capsys.readouterr().err == ""
 

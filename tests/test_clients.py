@@ -38,11 +38,10 @@ from asyncload import (
     ObjectStoreSource,
     ReadError,
 )
-from asyncload.collate import CollateError
-from asyncload.errors import RemoteError, read_error
-from asyncload.retry import GiveUp
-from asyncload.sources._http import HTTPStatusError
-from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
+from asyncload.errors import CollateError, RemoteError, read_error
+from asyncload.sources.stores.http import HTTPStatusError
+from asyncload.sources.stores.probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
+from asyncload.sources.stores.retry import GiveUp
 
 from .conftest import ROWS, shuffled
 from .remote_fixtures import serving

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asyncload import AsyncLoader, ConfigError, DeepLakeSource
-from asyncload.collate import CollateError
+from asyncload.errors import CollateError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -89,7 +89,7 @@ def test_the_default_allocator_gives_every_dtype_a_writable_contiguous_batch_ten
     """Batch tensors come through numpy where it has the dtype, each mapped to numpy's own, and through
     torch where numpy has none (bfloat16): either way a writable, contiguous tensor of that dtype and
     shape."""
-    from asyncload.collate import heap_empty
+    from asyncload.runtime.alloc import heap_empty
 
     t = heap_empty((3, 4, 5), dtype)
     assert t.dtype == dtype and t.shape == (3, 4, 5) and t.is_contiguous() and t.device.type == "cpu"

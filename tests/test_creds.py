@@ -33,7 +33,7 @@ import deeplake
 import pytest
 
 from asyncload import AsyncLoader, ObjectStoreSource, SourceError
-from asyncload.sources.s3probe import S3AccessError, probe_s3_url
+from asyncload.sources.stores.probe import S3AccessError, probe_s3_url
 from harness.seaweed import _free_ports
 
 from .remote_fixtures import (
@@ -248,7 +248,7 @@ def test_a_configured_region_is_kept(remote_data: RemoteData, aws_files: Path, r
 
 def test_credentials_and_expiry_dates_use_aware_times() -> None:
     """botocore hands back aware datetimes, google-auth naive UTC ones: both become the same instant."""
-    from asyncload.sources._creds import _epoch
+    from asyncload.sources.stores.creds import _epoch
 
     aware = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     assert _epoch(aware) == _epoch(aware.replace(tzinfo=None)) == aware.timestamp()
@@ -262,7 +262,7 @@ async def test_renewal_runs_once_off_the_loop_for_many_waiting_requests() -> Non
     import asyncio
     import threading as th
 
-    from asyncload.sources._creds import Renewing
+    from asyncload.sources.stores.creds import Renewing
 
     calls: list[str] = []
 
@@ -283,7 +283,7 @@ async def test_renewal_runs_once_off_the_loop_for_many_waiting_requests() -> Non
 def test_http_status_error_keeps_the_buckets_region_across_processes() -> None:
     import pickle
 
-    from asyncload.sources._http import HTTPStatusError
+    from asyncload.sources.stores.http import HTTPStatusError
 
     err = HTTPStatusError(400, "Bad Request", "AuthorizationHeaderMalformed", "wrong region", None, "eu-north-1")
     back = pickle.loads(pickle.dumps(err))
@@ -353,7 +353,7 @@ def test_without_botocore_the_aws_variables_still_work(remote_data: RemoteData) 
         "import sys, logging; sys.modules['botocore'] = None\n"
         "logging.basicConfig(level=logging.WARNING)\n"
         "from asyncload import ObjectStoreSource\n"
-        "from asyncload.sources.s3 import resolve_s3\n"
+        "from asyncload.sources.stores.s3 import resolve_s3\n"
         f"print(len(ObjectStoreSource({remote_data.files_url!r})))\n"
         "import os; [os.environ.pop(k) for k in list(os.environ) if k.startswith('AWS_')]\n"
         "resolve_s3(); resolve_s3()\n"

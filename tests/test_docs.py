@@ -69,7 +69,7 @@ def test_a_warning_for_forked_workers_is_said_once_across_the_forks() -> None:
     code = """
 import logging, os, sys
 logging.basicConfig(stream=sys.stderr, format="%(message)s")
-from asyncload._log import log_once_forked
+from asyncload.runtime.log import log_once_forked
 def child():
     log_once_forked("fork s3://b/seg", f"forked {os.getpid()}")
     if os.fork() == 0:

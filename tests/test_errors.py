@@ -16,7 +16,7 @@ from asyncload import (
     DatasetNotFoundError,
     DeepLakeSource,
 )
-from asyncload.collate import CollateError
+from asyncload.errors import CollateError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -127,7 +127,7 @@ def test_samples_of_different_shapes_name_column_and_index(tmp_path) -> None:
 def test_a_failure_the_receiver_cannot_rebuild_arrives_as_remote_error_with_its_story() -> None:
     """The one error carrier: an exception whose pickle the receiving process cannot load (a class only the
     sender imports) still arrives, with its type name, its text and the sender's traceback."""
-    from asyncload._protocol import Failure, _arrived
+    from asyncload.engine.protocol import Failure, _arrived
     from asyncload.errors import RemoteError
 
     got = _arrived(b"not a pickle", "workers_only.ChunkError", "chunk 7 is corrupt", "Traceback: line 1\n")

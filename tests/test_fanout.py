@@ -37,9 +37,9 @@ from asyncload import (
     Shard,
     WorkerError,
 )
-from asyncload._protocol import Failure
+from asyncload.engine.protocol import Failure
 from asyncload.errors import LoaderClosedError, read_error
-from asyncload.fanout import FanoutEpoch, sub_shard
+from asyncload.processes.fanout import FanoutEpoch, sub_shard
 
 from .conftest import ROWS, live_children, loop_threads, wait_no_loop_threads
 from .sources import CrashingSource
@@ -343,7 +343,7 @@ def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
 INTERRUPT_SCRIPT = """
 import multiprocessing, os, signal, sys, threading, time
 from asyncload import AsyncLoader, DeepLakeSource, Shard
-from asyncload.fanout import FanoutEpoch
+from asyncload.processes.fanout import FanoutEpoch
 
 def slow(sample):
     time.sleep(0.05)  # the epoch lasts seconds: Ctrl-C comes while the parent waits for a batch

@@ -33,7 +33,7 @@ import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError
 from asyncload.errors import StallError
-from asyncload.retry import RetryPolicy
+from asyncload.sources.stores.retry import RetryPolicy
 from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer
 

@@ -16,8 +16,8 @@ from urllib.parse import parse_qs
 import pytest
 
 from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, ReadError, SourceError
-from asyncload.sources._store import BucketNotFoundError, StoreEndpointError
-from asyncload.sources.gcs import GCSBucket, resolve_gcs
+from asyncload.sources.stores.gcs import GCSBucket, resolve_gcs
+from asyncload.sources.stores.store import BucketNotFoundError, StoreEndpointError
 from harness.seaweed import _free_ports
 
 from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, reply, serving

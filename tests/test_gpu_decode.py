@@ -140,8 +140,8 @@ def test_decode_cuda_with_workers_refuses_a_transform(photo_url: str) -> None:
 def device_pool(url: str, processes: int, **opts):  # noqa: ANN201 - a WorkerPool
     """A fan-out pool whose workers ship packed batches (``decode="cuda"``) and whose training-process
     stage runs on the CPU: the window of device threads, as on a GPU node, without one."""
-    from asyncload.fanout import WorkerPool
-    from asyncload.sampler import Shard
+    from asyncload.engine.sampler import Shard
+    from asyncload.processes.fanout import WorkerPool
 
     kw = {"batch_size": 4, "decode": "cuda", "augment": CROP, "shuffle": True, "seed": 5, **opts}
     pool = WorkerPool(DeepLakeSource(url), kw, Shard(), processes, context="spawn")
@@ -188,7 +188,7 @@ def test_fanout_device_threads_yield_the_batches_one_process_makes(photo_url: st
 
 @pytest.mark.timeout(180)
 def test_fanout_device_window_marks_a_batch_consumed_only_when_it_is_yielded(photo_url: str) -> None:
-    from asyncload.state import EpochProgress
+    from asyncload.engine.progress import EpochProgress
 
     pool = device_pool(photo_url, 2)
     try:

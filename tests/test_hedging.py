@@ -11,8 +11,8 @@ import asyncio
 import pytest
 
 from asyncload import AsyncLoader
-from asyncload.hedging import Hedger
-from asyncload.stats import Stats
+from asyncload.engine.hedging import Hedger
+from asyncload.engine.stats import Stats
 
 from .conftest import ROWS, wait_no_loop_threads
 from .sources import StragglerSource

@@ -58,11 +58,12 @@ def test_the_wheel_installs_outside_the_repository_and_its_commands_run(tmp_path
         names = z.namelist()
         meta = z.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert (
-        "asyncload/train/configs/train_unet.yaml" in names and "asyncload/train/configs/train_unet_photos.yaml" in names
+        "asyncload/tools/train/configs/train_unet.yaml" in names
+        and "asyncload/tools/train/configs/train_unet_photos.yaml" in names
     )
     assert "Name: torch-asyncload" in meta and "asyncload/py.typed" in names
     with tarfile.open(sdist) as t:
-        assert any(n.endswith("asyncload/train/configs/train_unet.yaml") for n in t.getnames())
+        assert any(n.endswith("asyncload/tools/train/configs/train_unet.yaml") for n in t.getnames())
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)

@@ -269,7 +269,7 @@ def test_a_reader_process_starts_numpy_with_one_blas_thread_unless_the_environme
     """numpy's import starts one OpenBLAS thread per core, which spin while they wait: a reader, which does
     no linear algebra, gets one; a count the user set is kept. Without ``quiet_blas`` a child on a machine
     of several cores runs more."""
-    from asyncload._procs import start_child
+    from asyncload.runtime.procs import start_child
 
     from .numpy_child import count_threads
 
@@ -300,8 +300,8 @@ def test_answers_cross_in_frames_with_stored_bytes_as_views_and_arrays_writable(
 
     import numpy as np
 
-    from asyncload._protocol import Failure
-    from asyncload.isolated import _read_frame, _write_frame
+    from asyncload.engine.protocol import Failure
+    from asyncload.processes.isolated import _read_frame, _write_frame
 
     rng = np.random.default_rng(0)
     blobs = [rng.bytes(n) for n in (0, 1, 20_000, 3_000_000)]

@@ -195,7 +195,7 @@ def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None
         """
         import gc
         import functools
-        from asyncload._loop import Stage, on_exit
+        from asyncload.runtime.loop import Stage, on_exit
 
         say = functools.partial(print, flush=True)
 
@@ -256,7 +256,7 @@ def test_a_read_completed_after_its_waiter_was_cancelled_is_not_reported_but_oth
     import asyncio
     import logging
 
-    from asyncload._loop import _late_completion, _new_event_loop
+    from asyncload.runtime.loop import _late_completion, _new_event_loop
 
     loop = _new_event_loop(kind)
     loop.set_exception_handler(_late_completion)

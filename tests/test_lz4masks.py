@@ -117,7 +117,7 @@ def test_the_budgets_first_guess_counts_lz4_masks_at_their_decoded_size(lz4_url:
     import asyncio
     from types import SimpleNamespace
 
-    from asyncload.pipeline import _decoded_ratio
+    from asyncload.engine.pipeline import _decoded_ratio
     from asyncload.sources.base import stored_bytes
 
     src = DeepLakeSource(lz4_url).open()

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from asyncload import AsyncLoader, DatasetNotFoundError, DeepLakeSource, ObjectStoreSource, ReadError, SourceError
-from asyncload.retry import RetryPolicy, is_transient
-from asyncload.sigv4 import Credentials, SigV4Signer
-from asyncload.sources._http import HTTPStatusError
-from asyncload.sources.s3probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
+from asyncload.sources.stores.http import HTTPStatusError
+from asyncload.sources.stores.probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
+from asyncload.sources.stores.retry import RetryPolicy, is_transient
+from asyncload.sources.stores.sigv4 import Credentials, SigV4Signer
 from harness.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 from .conftest import wait_no_loop_threads

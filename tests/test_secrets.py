@@ -41,8 +41,8 @@ import numpy as np
 import pytest
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, ObjectStoreSource, ReadError, SourceError
-from asyncload.retry import RetryPolicy
-from asyncload.sources._http import ssl_option
+from asyncload.sources.stores.http import ssl_option
+from asyncload.sources.stores.retry import RetryPolicy
 from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer, _free_ports
 
@@ -355,8 +355,12 @@ PICKLE_OK = {"asyncload.errors"}
 
 def test_read_paths_never_unpickle() -> None:
     modules = read_path_modules()
-    assert {"asyncload.sources.objectstore", "asyncload.sources.deeplake", "asyncload.sources._http"} <= modules
-    assert {"asyncload.sources.gcs", "asyncload.sources.azure", "asyncload.sources._creds"} <= modules
+    assert {"asyncload.sources.objectstore", "asyncload.sources.deeplake", "asyncload.sources.stores.http"} <= modules
+    assert {
+        "asyncload.sources.stores.gcs",
+        "asyncload.sources.stores.azure",
+        "asyncload.sources.stores.creds",
+    } <= modules
     for name in sorted(modules - PICKLE_OK):
         tree = ast.parse(inspect.getsource(importlib.import_module(name)))
         for node in ast.walk(tree):

@@ -10,7 +10,7 @@ import deeplake
 import numpy as np
 import pytest
 
-from asyncload.synthetic import CLASSES, encode, make_dataset, make_photo, make_sample, photo_size
+from asyncload.tools.synthetic import CLASSES, encode, make_dataset, make_photo, make_sample, photo_size
 
 ROWS, SIZES, ASPECT = 48, (40, 120), (0.6, 1.7)
 

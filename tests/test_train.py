@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, Resize, make_dataset
-from asyncload.config import load_config, parse_overrides, setting, validate
-from asyncload.synthetic import CLASSES
-from asyncload.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
-from asyncload.train.config import CONFIG_DIR
-from asyncload.train.data import SyncSegmentation, split_augment
+from asyncload.runtime.settings import load_config, parse_overrides, setting, validate
+from asyncload.tools.synthetic import CLASSES
+from asyncload.tools.train import RangeSource, TrainConfig, UNet, cuda_index_for_rank, main, train
+from asyncload.tools.train.config import CONFIG_DIR
+from asyncload.tools.train.data import SyncSegmentation, split_augment
 
 from .conftest import live_children, wait_no_loop_threads
 
@@ -512,8 +512,8 @@ def test_more_ranks_than_gpus_under_torchrun_fails_with_both_counts(tiny_url: st
 def test_model_ready_batches_are_unets_prepare_and_train_without_the_step_converting(
     tiny_url: str, tmp_path: Path
 ) -> None:
-    from asyncload.train.data import Split
-    from asyncload.train.steps import StepOptions
+    from asyncload.tools.train.data import Split
+    from asyncload.tools.train.steps import StepOptions
 
     cfg = tiny(tiny_url, tmp_path, model_ready=True, decode="cpu", max_steps_per_epoch=2)
     plain = tiny(tiny_url, tmp_path, decode="cpu")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from asyncload import AsyncLoader
-from asyncload.reader import TUNER_START
-from asyncload.tuning import ConcurrencyTuner, Observation
+from asyncload.engine.shard import TUNER_START
+from asyncload.engine.tuning import ConcurrencyTuner, Observation
 
 from .conftest import ROWS
 from .sources import CapacitySource

@@ -21,7 +21,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..config import check
+from ..runtime.settings import check
 
 Size = int | tuple[int, int]
 #: ``auto``: area averaging where a side shrinks 2x or more (after a JPEG's scaled decode, which does the

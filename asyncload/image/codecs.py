@@ -30,14 +30,12 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from ..errors import DecodeError
+
 #: ``rgb``: ``H×W×3`` uint8; ``gray``: ``H×W`` uint8 (class ids, palette indices or grey values).
 Mode = Literal["rgb", "gray"]
 Format = Literal["jpeg", "png", "lz4", "other"]
 Buffer = bytes | bytearray | memoryview
-
-
-class DecodeError(ValueError):
-    """Bytes that do not decode as the image they claim to be; the message is the decoder's."""
 
 
 class Header(NamedTuple):

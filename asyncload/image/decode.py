@@ -26,9 +26,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .._log import log_once
-from ..collate import CollateError, allocate
-from ..errors import read_error
+from ..errors import CollateError, read_error
+from ..runtime.alloc import allocate
+from ..runtime.log import log_once
 from .augment import Augment, Draw
 from .codecs import DecodeError, Header, Mode, header, is_stored, lz4_header, lz4_size
 from .codecs import decode as decode_bytes

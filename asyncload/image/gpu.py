@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._log import log_once
-from ..collate import allocate
+from ..runtime.alloc import allocate
+from ..runtime.log import log_once
 from .augment import Draw
 from .codecs import DecodeError, is_stored, sniff
 from .codecs import decode as decode_bytes
@@ -60,7 +60,7 @@ def run(
         for k, s in zip(good, sizes, strict=True):
             got = tuple(pixels[c][k].shape[1:])  # type: ignore[union-attr]
             if stage.augment is not None and got != s:
-                from ..collate import CollateError
+                from ..errors import CollateError
 
                 raise CollateError(
                     f"row {rows[k]} of {stage.url}: column {c!r} is {got[0]}x{got[1]} but {image_cols[0]!r} is "

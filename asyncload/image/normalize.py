@@ -31,8 +31,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from ..collate import allocate
 from ..errors import ConfigError
+from ..runtime.alloc import allocate
 
 Layout = Literal["NHWC", "NCHW"]
 LAYOUTS = ("NHWC", "NCHW")

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from .._loop import Stage, on_exit
+from ..runtime.loop import Stage, on_exit
 
 if TYPE_CHECKING:
     from ..image.decode import ImageColumn

@@ -182,7 +182,7 @@ class DeepLakeSource(Source[Any]):
         chain = self.profile is not None or not (creds or {}).get("aws_access_key_id")
         if self.url.startswith("s3://") and not self._checked and (self.probe or chain):
             if self._s3 is None or self._s3[0] != os.getpid():
-                from .s3probe import probe_s3_url  # imports aiohttp: only where a probe or the chain runs
+                from .stores.probe import probe_s3_url  # imports aiohttp: only where a probe or the chain runs
 
                 self._s3 = (os.getpid(), probe_s3_url(self.url, creds, profile=self.profile, enabled=self.probe))
             if chain:

@@ -20,13 +20,13 @@ Design, and why:
   :mod:`.azure`, plain HTTP): the same pool, timeouts, retry policy and typed errors whatever the cloud.
   Credentials come from each cloud's standard chain (:mod:`._creds`), resolved where the source opens
   (never on the loop) and renewed before they expire; the store is per process and never pickled.
-- **SigV4 with our own signer** (:mod:`asyncload.sigv4`) over the same session: on 2 cores the client's
+- **SigV4 with our own signer** (:mod:`asyncload.sources.stores.sigv4`) over the same session: on 2 cores the client's
   CPU per GET caps throughput, and ours costs less of it than botocore's signer or aiobotocore and needs
   no botocore import (figures: ``benchmarks/results/design_notes.md``; obstore: ``benchmarks/results/transport/``).
-- **Retries by policy** (:mod:`asyncload.retry`): transient failures are retried with full-jitter
+- **Retries by policy** (:mod:`asyncload.sources.stores.retry`): transient failures are retried with full-jitter
   backoff within per-request attempts and a per-source-per-process budget; 403/404 fail at once with the
   key named. ``retry_stats()`` shows what it took.
-- **One outage, one event** (:class:`asyncload.retry.Breaker`, per source and process): when the store
+- **One outage, one event** (:class:`asyncload.sources.stores.retry.Breaker`, per source and process): when the store
   stops answering (restart, partition, a silent server), the reads in flight wait for it together while
   one probes it, uncharged to the budget, and resume when it answers; past the loader's
   ``stall_timeout`` (``set_stall_timeout``) they end in ``StallError``.
@@ -50,17 +50,17 @@ from typing import Any, Literal
 import aiohttp
 import numpy as np
 
-from .._loop import LoopLocal, run_blocking, thread_pool
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, name_objects, read_error
 from ..image.files import DecodeMode, decode_image, decode_modes, default_workers
-from ..retry import Breaker, GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
-from ._http import HTTPStatusError, Timeouts, new_session, request_bytes
-from ._store import HTTPStore, Store, probe_store
-from .azure import resolve_azure, split_az_url
+from ..runtime.loop import LoopLocal, run_blocking, thread_pool
 from .base import Columns, Source, stored_bytes
-from .gcs import resolve_gcs, split_gs_url
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
-from .s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
+from .stores.azure import resolve_azure, split_az_url
+from .stores.gcs import resolve_gcs, split_gs_url
+from .stores.http import HTTPStatusError, Timeouts, new_session, request_bytes
+from .stores.retry import Breaker, GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
+from .stores.s3 import S3Bucket, S3Endpoint, resolve_s3, split_s3_url
+from .stores.store import HTTPStore, Store, probe_store
 
 #: The clouds' URL schemes → how ``scheme://bucket/prefix`` splits into bucket and prefix.
 _CLOUDS = {
@@ -143,7 +143,7 @@ class ObjectStoreSource(Source[_Index]):
     a URL (``s3://``, ``http(s)://``), a local path, or a list of stems / ``{column: key}`` rows.
     ``suffixes``: the extension per column for manifest stems (default ``.png``). ``decode``: ``rgb`` or
     ``gray`` per column (default: ``gray`` for columns whose name contains "mask", else ``rgb``).
-    ``retry``: a :class:`~asyncload.retry.RetryPolicy`; ``timeouts``: a :class:`Timeouts`.
+    ``retry``: a :class:`~asyncload.sources.stores.retry.RetryPolicy`; ``timeouts``: a :class:`Timeouts`.
     ``connections``: fix the pool size instead of deriving it from the loader (capped by
     ``max_connections``). ``verify_tls``: False turns certificate checks off, a path names a CA bundle.
     ``open_deadline``: seconds the bucket probe may take. ``list_page_size``: keys per listing page (S3
@@ -478,7 +478,9 @@ class ObjectStoreSource(Source[_Index]):
             if g.outage_s is not None:  # the store was away past the deadline (outside a loader's watchdog)
                 raise StallError(
                     f"no answer from {self.url} for {g.outage_s:.1f} s (stall_timeout): {g}",
-                    source=self.url, indices=[i], waited_s=g.outage_s,
+                    source=self.url,
+                    indices=[i],
+                    waited_s=g.outage_s,
                 ) from g.last
             raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
         if col in stored_bytes.get():  # the loader's decode stage decodes it, into the batch

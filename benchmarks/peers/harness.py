@@ -58,7 +58,7 @@ def proc_cpu_s(pid: int, reaped: bool = False) -> float:
 
 def tree_cpu_s(pid: int | None, reaped: bool = False) -> float:
     """CPU seconds of a process and its live descendants (see ``proc_cpu_s``); 0 for no process."""
-    from asyncload.measure import _children
+    from asyncload.tools.measure import _children
 
     total, todo = 0.0, [pid] if pid else []
     while todo:
@@ -120,7 +120,7 @@ def index_order(rows: int, order: str, seed: int = 0) -> list[int]:
     if order == "sequential":
         return list(range(rows))
     if order.startswith("blocks:"):
-        from asyncload.sampler import block_order
+        from asyncload.engine.sampler import block_order
 
         block, window = (int(x) for x in order.split(":")[1:])
         return block_order(rows, block, window, np.random.default_rng(seed)).tolist()
@@ -152,7 +152,7 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
     ``epoch_s`` seconds of the first batch, in this process; report what it cost (module docstring)."""
     import deeplake
 
-    from asyncload.measure import PeakRSS
+    from asyncload.tools.measure import PeakRSS
 
     from . import batches
 

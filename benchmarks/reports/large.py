@@ -55,7 +55,9 @@ def render(out: Path) -> str:
         )
     errors = [r for r in rows if "error" in r["m"]]
     if errors:
-        lines += ["", "Failed runs:"] + [f"- {r['loader']}, {r['dataset']}, {_where(r['latency_ms'])}: {r['m']['error']}" for r in errors]
+        lines += ["", "Failed runs:"] + [
+            f"- {r['loader']}, {r['dataset']}, {_where(r['latency_ms'])}: {r['m']['error']}" for r in errors
+        ]
     targets = []
     if {"small", "large"} <= set(doc["datasets"]):  # the config's names
         small, large = "small", "large"
@@ -68,7 +70,11 @@ def render(out: Path) -> str:
                     f"peak RSS {a['peak_rss_mb'] - b['peak_rss_mb']:+,.0f} MB"
                 )
     if targets:
-        lines += ["", "The issue's targets (defaults, same run): ≥ 0.9× the small dataset's samples/s, ≤ 1.3× bytes, ≤ +250 MB:", *targets]
+        lines += [
+            "",
+            "The issue's targets (defaults, same run): ≥ 0.9× the small dataset's samples/s, ≤ 1.3× bytes, ≤ +250 MB:",
+            *targets,
+        ]
     text = "\n".join(lines) + "\n"
     (out / "table.md").write_text(text)
     return text

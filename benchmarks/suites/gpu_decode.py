@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from asyncload import AsyncLoader, DeepLakeSource, DeviceFeed  # noqa: E402
-from asyncload.measure import _children  # noqa: E402
+from asyncload.tools.measure import _children  # noqa: E402
 
 CLK = os.sysconf("SC_CLK_TCK")
 

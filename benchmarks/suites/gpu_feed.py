@@ -32,8 +32,8 @@ import torch
 
 from asyncload import AsyncLoader, DeepLakeSource, make_dataset
 from asyncload.device import DeviceFeed
-from asyncload.measure import Measurement, measure
-from asyncload.synthetic import CLASSES
+from asyncload.tools.measure import Measurement, measure
+from asyncload.tools.synthetic import CLASSES
 from asyncload.train import StepOptions, TrainConfig, UNet, sync, timed_steps, train, train_step
 
 

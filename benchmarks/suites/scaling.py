@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))  # benchmarks, harness; and this checkout's asyncl
 
 import deeplake  # noqa: E402
 import torch  # noqa: E402
+from asyncload.train.data import SyncSegmentation  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, make_dataset  # noqa: E402
-from asyncload.train.data import SyncSegmentation  # noqa: E402
 
 LOCAL = "local disk"
 
@@ -128,7 +128,7 @@ def run_adapter(url: str, creds: dict[str, str] | None, rows: int, workers: int,
 
 
 def run_dataloader(url: str, creds: dict[str, str] | None, rows: int, workers: int, batch: int, epochs: int) -> Row:
-    """The synchronous baseline (``asyncload.train``'s): one blocking read per column and row, in the workers."""
+    """The synchronous baseline (``asyncload.tools.train``'s): one blocking read per column and row, in the workers."""
     dl = DataLoader(
         SyncSegmentation(url, 0, rows, creds), batch_size=batch, shuffle=True, num_workers=workers, persistent_workers=True,
         multiprocessing_context="spawn", generator=torch.Generator().manual_seed(0),

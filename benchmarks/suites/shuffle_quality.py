@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from asyncload.sampler import block_order  # noqa: E402
+from asyncload.engine.sampler import block_order  # noqa: E402
 
 #: (block, window) pairs measured; (1, 1) is the full shuffle
 ORDERS = [(1, 1), (8, 1024), (16, 1024), (64, 1024), (64, 4096), (64, 16384), (256, 4096), (64, 64), (1024, 1024)]

@@ -22,8 +22,8 @@ Scaling. The Deep Lake default is ``shuffle_block=64``, ``shuffle_window=1024`` 
 of rows. On ~1,500 training rows that window would be most of the dataset, and the order nearly a full
 shuffle. So the block order is scaled to keep its shape: block 16, window 256 (the same 16 blocks mixed
 per batch; the dataset 6 windows long). Everything else is the same for both orders: rows, image size,
-model (``asyncload.train.UNet``, width 16), optimizer (Adam, lr 3e-3), batch 32, epochs, the steps
-(``asyncload.train.train_step``, timed by ``timed_steps``, as ``asyncload train`` runs them), and per seed
+model (``asyncload.tools.train.UNet``, width 16), optimizer (Adam, lr 3e-3), batch 32, epochs, the steps
+(``asyncload.tools.train.train_step``, timed by ``timed_steps``, as ``asyncload train`` runs them), and per seed
 the weights' initialisation and the loader's seed (seeds 0, 1, 2). Runs of the two orders alternate, so
 both see the same load on a shared machine. ``--control`` adds one run read in storage order
 (``shuffle=False``), the worst case, to show how order-sensitive the dataset is at all.
@@ -60,10 +60,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from asyncload.train.steps import iou_counts  # noqa: E402
+
 from asyncload import AsyncLoader  # noqa: E402
 from asyncload.sources.deeplake import DeepLakeSource  # noqa: E402
 from asyncload.train import RangeSource, StepOptions, UNet, timed_steps, train_step  # noqa: E402
-from asyncload.train.steps import iou_counts  # noqa: E402
 from benchmarks.testbeds.photos import PHOTOS, _sources, encode, photo_sample  # noqa: E402
 
 CLASS_NAMES = ("darkest quarter", "dark quarter", "light quarter", "lightest quarter")
@@ -286,7 +287,7 @@ def report(runs: list[Run], s: Settings, url: str, photos: np.ndarray, made_s: f
     lines = [
         "# Training quality: full shuffle against the block order",
         "",
-        f"The compact U-Net (`asyncload.train.UNet`, width {s.width}) trained on the same rows for the same "
+        f"The compact U-Net (`asyncload.tools.train.UNet`, width {s.width}) trained on the same rows for the same "
         f"{by['full'][0].steps if by['full'] else 0} steps ({s.epochs} epochs of {s.train_rows} rows, batch {s.batch}, "
         f"Adam lr {s.lr:g}), read by `AsyncLoader(DeepLakeSource(url), shuffle=True, seed=s)` with "
         f"`shuffle_block=1` (full shuffle) and with `shuffle_block={s.block}, shuffle_window={s.window}`; "

@@ -37,9 +37,9 @@ TRANSPORTS = ("aiohttp-sigv4", "obstore")
 
 
 async def _client_aiohttp(endpoint: str, region: str, keys: list[str], gets: int, inflight: int, warmup: int) -> dict:
-    from asyncload.sigv4 import Credentials
-    from asyncload.sources._http import Timeouts, new_session, request_bytes
-    from asyncload.sources.s3 import S3Endpoint
+    from asyncload.sources.stores.http import Timeouts, new_session, request_bytes
+    from asyncload.sources.stores.s3 import S3Endpoint
+    from asyncload.sources.stores.sigv4 import Credentials
 
     s3 = S3Endpoint(endpoint, region, Credentials(os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"]))
     async with new_session(2 * inflight, Timeouts(), True) as session:
@@ -97,7 +97,7 @@ async def _drive(get: Any, keys: list[str], gets: int, inflight: int, warmup: in
 
 def client_main(args: argparse.Namespace) -> int:
     """One measurement in this process; JSON on stdout."""
-    from asyncload._loop import _new_event_loop
+    from asyncload.runtime.loop import _new_event_loop
 
     fn = {"aiohttp-sigv4": _client_aiohttp, "obstore": _client_obstore}[args.transport]
     keys = [f"obj/{i:05d}.bin" for i in range(args.objects)]

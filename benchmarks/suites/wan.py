@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run as a file (make, ``asyncload bench``): the checkout's packages first
 
-from asyncload.config import load_config, parse_overrides, setting, validate  # noqa: E402
 from asyncload.errors import ConfigError  # noqa: E402
+from asyncload.runtime.settings import load_config, parse_overrides, setting, validate  # noqa: E402
 
 ORDERS = ("sequential", "shuffled")  # and "blocks:B:W": asyncload's block order (peers.harness.index_order)
 READER_KINDS = ("column", "ceiling", "bytes", "spdl", "asyncload", "sync", "pytorch", "augref")
@@ -114,9 +114,7 @@ class Section:
     latencies_ms: tuple[int, ...] = setting((50,), "a list of ints >= 0", lambda v: all(x >= 0 for x in v))
     local: bool = False
     local_readers: tuple[str, ...] = ()
-    orders: tuple[str, ...] = setting(
-        ("shuffled",), f"a list from {ORDERS} or 'blocks:B:W'", _orders_ok
-    )
+    orders: tuple[str, ...] = setting(("shuffled",), f"a list from {ORDERS} or 'blocks:B:W'", _orders_ok)
     repeats: int = setting(3, "an int >= 1", _pos)
     repeats_other: int = setting(1, "an int >= 1 (latencies other than focus_ms)", _pos)
     focus_ms: int | None = None

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from asyncload.config import parse_overrides  # noqa: E402
+from asyncload.runtime.settings import parse_overrides  # noqa: E402
 from benchmarks.peers.harness import Runner, proc_cpu_s, tree_cpu_s  # noqa: E402
 from benchmarks.suites import wan  # noqa: E402
 from benchmarks.testbeds import netem  # noqa: E402

@@ -1,6 +1,6 @@
 """Photo-like benchmark data: crops of the photographs scikit-image ships, with segmentation masks.
 
-Why not ``asyncload.synthetic``: its gradients-and-shapes images compress to ~18 KB as PNG, while
+Why not ``asyncload.tools.synthetic``: its gradients-and-shapes images compress to ~18 KB as PNG, while
 256×256 photographs are 100–150 KB (JPEG q90 20–30 KB), so bytes on the wire and decode work were 5–7×
 lower than what a training job reads. Crops of real photographs at random scales, flipped and slightly
 re-exposed, have natural-image statistics and sizes; the masks (4 classes from smoothed luminance)
@@ -117,7 +117,7 @@ def make_photo_dataset(
 ) -> str:
     """Write ``rows`` photo-like samples to a new Deep Lake dataset at ``url`` (replacing one there).
 
-    Columns as ``asyncload.synthetic``: ``images`` (``Image``, png or jpg) and ``masks`` (``SegmentMask``,
+    Columns as ``asyncload.tools.synthetic``: ``images`` (``Image``, png or jpg) and ``masks`` (``SegmentMask``,
     lz4, or PNG bytes stored verbatim). ``size``: a side in pixels, or ``None`` for variable shapes
     (``variable_shape``).
 

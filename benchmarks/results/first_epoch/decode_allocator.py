@@ -11,9 +11,9 @@ import time
 import torch
 
 sys.path.insert(0, ".")
-import asyncload.collate as C
+import asyncload.engine.collate as C
+from asyncload.engine.options import LoaderOptions
 from asyncload.image import decode as D
-from asyncload.options import LoaderOptions
 from asyncload.sources.deeplake import DeepLakeSource
 
 src = DeepLakeSource("data/bench/photos-4000-jpg")

@@ -7,7 +7,7 @@ import time
 
 sys.path.insert(0, ".")
 from asyncload import DeepLakeSource
-from asyncload.isolated import IsolatedSource
+from asyncload.processes.isolated import IsolatedSource
 from benchmarks.peers.harness import proc_cpu_s
 
 src = DeepLakeSource(sys.argv[1])

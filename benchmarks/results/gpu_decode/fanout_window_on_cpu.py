@@ -7,8 +7,8 @@ import sys
 import time
 
 from asyncload import DeepLakeSource
-from asyncload.fanout import WorkerPool
-from asyncload.sampler import Shard
+from asyncload.engine.sampler import Shard
+from asyncload.processes.fanout import WorkerPool
 
 URL = "data/bench/photos-4000-jpg"
 OPTIONS = {"batch_size": 32, "decode": "cuda", "shuffle": True, "seed": 0}

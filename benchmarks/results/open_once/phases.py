@@ -34,8 +34,8 @@ def phases(url: str, creds: dict[str, str]) -> dict[str, float]:
     import asyncio
 
     from asyncload import DeepLakeSource
-    from asyncload.isolated import IsolatedSource
-    from asyncload.sources.s3probe import probe_s3_url
+    from asyncload.processes.isolated import IsolatedSource
+    from asyncload.sources.stores.probe import probe_s3_url
     from benchmarks.peers.harness import proc_cpu_s
 
     out: dict[str, float] = {}

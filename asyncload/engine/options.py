@@ -1,0 +1,197 @@
+"""``LoaderOptions``: how a loader reads, as one frozen, validated value.
+
+Why one object: the loader, the torch adapter and every fan-out worker build their epochs from the same
+settings. Validated once where the user wrote them (with the messages ``config`` gives every setting:
+``prefetch=0 is not allowed: an int >= 1``), then passed around whole and pickled into worker processes,
+so no copy of the rules lives anywhere else and no throwaway loader is built just to check them.
+
+What is *not* here: the source (what to read) and the shard (which share of it), which differ between the
+processes that share one set of options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+import multiprocessing
+import numbers
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import ConfigError
+from ..image.augment import Augment, Op
+from ..image.normalize import ModelReady
+from ..runtime.log import log_once
+from ..runtime.loop import LoopKind
+from ..runtime.settings import setting, validate
+from ..sources.base import Source
+from .collate import RAGGED, CollateFn, RaggedSpec, Transform
+from .sampler import EpochSampler, Remainder, Shard
+
+ReadMode = Literal["auto", "row", "column"]
+OnError = Literal["raise", "skip"]
+MpContext = Literal["spawn", "forkserver"]
+
+
+def _decode_ok(v: Any) -> bool:
+    return v in ("auto", "cpu", "store", "cuda") or (isinstance(v, str) and v.startswith("cuda:") and v[5:].isdigit())
+
+
+def _budget_ok(v: Any) -> bool:
+    return v == "auto" or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1)
+
+
+def _ragged_ok(v: Any) -> bool:
+    if v is None or isinstance(v, str):
+        return v is None or v in RAGGED
+    return all(isinstance(k, str) and p in RAGGED for k, p in v.items())
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every setting of ``AsyncLoader`` but the source and the shard; see ``AsyncLoader`` for each."""
+
+    batch_size: int = setting(32, "an int >= 1", lambda v: v >= 1)
+    shuffle: bool = False
+    shuffle_block: int | Literal["auto"] = setting(
+        "auto", "'auto' or an int >= 1 (1: a full shuffle)", lambda v: v == "auto" or v >= 1
+    )
+    shuffle_window: int = setting(1024, "an int >= 1 (rows)", lambda v: v >= 1)
+    seed: Any = setting(0, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
+    concurrency: int | Literal["auto"] = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or v >= 1)
+    max_concurrency: int = setting(512, "an int >= 1", lambda v: v >= 1)
+    prefetch: int = setting(4, "an int >= 1", lambda v: v >= 1)
+    in_order: bool = True
+    drop_last: bool = False
+    transform: Transform | None = setting(None, "None or a callable")
+    collate_fn: CollateFn | None = setting(None, "None or a callable")
+    ragged: RaggedSpec = setting(None, "None, 'list', 'pad' or a dict of column -> 'list' | 'pad'", _ragged_ok)
+    read_mode: ReadMode = setting("auto", "'auto', 'row' or 'column'")
+    request_size: int | None = setting(None, "None or an int >= 1", lambda v: v is None or v >= 1)
+    with_index: bool = True
+    on_error: OnError = setting("raise", "'raise' or 'skip'")
+    remainder: Remainder = setting("pad", "'pad' or 'drop'")
+    start_batch: int = setting(0, "an int >= 0", lambda v: v >= 0)
+    cpu_workers: int | None = setting(None, "an int >= 1", lambda v: v is None or v >= 1)
+    loop: LoopKind = setting("auto", "'auto', 'uvloop' or 'asyncio'")
+    shutdown_timeout: float = setting(10.0, "a number of seconds > 0", lambda v: v > 0)
+    stall_timeout: float = setting(120.0, "a number of seconds > 0", lambda v: v > 0)
+    log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
+    hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
+    decode: str = setting("auto", "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'", _decode_ok)
+    augment: Augment | Sequence[Op] | Op | None = setting(
+        None, "None or a list of Resize, RandomResizedCrop and RandomHorizontalFlip"
+    )
+    memory_budget: int | Literal["auto"] = setting("auto", "'auto' or a number of bytes >= 1", _budget_ok)
+    processes: int | Literal["auto"] = setting(
+        "auto", "'auto' or an int >= 0 (0: read in this process)", lambda v: v == "auto" or v >= 0
+    )
+    max_restarts: int = setting(3, "an int >= 0", lambda v: v >= 0)
+    mp_context: MpContext = setting(
+        "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
+    )
+    # Model-ready image columns (``normalize``): checked together by ``ModelReady.of``.
+    normalize: Any = None
+    layout: Any = "NHWC"
+    dtype: Any = None
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if isinstance(self.ragged, Mapping):  # frozen and hashable-free: keep a private copy
+            object.__setattr__(self, "ragged", dict(self.ragged))
+        if self.decode.startswith("cuda") and self.processes not in (0, "auto") and (self.transform or self.collate_fn):
+            raise ConfigError(
+                f"decode={self.decode!r} with processes={self.processes} is not allowed with a transform or "
+                "collate_fn: the workers ship stored bytes and the training process decodes; use processes=0"
+            )
+        ready = ModelReady.of(self.normalize, self.layout, self.dtype)  # ConfigError naming the setting
+        if ready is not None and (self.transform or self.collate_fn):
+            given = [f"{k}={getattr(self, k)!r}" for k, d in (("normalize", None), ("layout", "NHWC"), ("dtype", None))
+                     if getattr(self, k) != d]  # fmt: skip  # only what the user set, not the defaults
+            raise ConfigError(
+                f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not allowed with a transform or "
+                "collate_fn: model-ready settings apply to the default batch; normalize in your collate_fn"
+            )
+        if isinstance(self.normalize, Sequence) and len(self.normalize) == 2:  # lists (YAML) kept as tuples
+            object.__setattr__(self, "normalize", (tuple(self.normalize[0]), tuple(self.normalize[1])))
+        if self.augment is not None and not isinstance(self.augment, Augment):
+            object.__setattr__(self, "augment", Augment(self.augment))  # validated: names the op that is wrong
+
+    @property
+    def budget_bytes(self) -> int:
+        """``memory_budget`` in bytes: ``"auto"`` is 1 GiB, or an eighth of this machine's memory where
+        that is less."""
+        if self.memory_budget != "auto":
+            return int(self.memory_budget)
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            total = 8 << 30
+        return min(1 << 30, total // 8)
+
+    @property
+    def cpu_pool(self) -> int:
+        """Threads of the loop's CPU pool (decode, transform, collate): ``cpu_workers``, or one per core
+        this process may run on (decoding releases the GIL and scales with cores), at least 2."""
+        from ..image.files import default_workers
+
+        return self.cpu_workers or max(2, default_workers())
+
+    def reader_processes(self, source: Source[Any]) -> int:
+        """Worker processes that read ``source``: ``processes``, or with ``"auto"`` one reader process for a
+        source whose native reads can crash the process that runs them (``Source.isolate_reads``: Deep
+        Lake), so that a crash costs a restarted reader, not the training run. 0 inside a daemonic
+        process (a DataLoader worker), which may not start children: there the worker itself is the
+        isolation, and DataLoader reports its death."""
+        if self.processes != "auto":
+            return int(self.processes)
+        if not source.isolate_reads:
+            return 0
+        if multiprocessing.current_process().daemon:
+            log_once(
+                f"asyncload: {source.url} is read in this daemonic process (pid {os.getpid()}, a DataLoader worker): "
+                "it cannot start a reader process, so a crash of a native read ends this worker and DataLoader "
+                "raises it in the training process",
+                logging.INFO,
+            )
+            return 0
+        return 1
+
+    @property
+    def model_ready(self) -> ModelReady | None:
+        """``normalize``, ``layout`` and ``dtype`` as one value (None: uint8 NHWC, as decoded)."""
+        return ModelReady.of(self.normalize, self.layout, self.dtype)
+
+    def sampler(self, n: int, shard: Shard, block_rows: int = 1) -> EpochSampler:
+        """The plan of epochs these options cut for ``shard`` of ``n`` rows; ``block_rows``: the source's
+        ``Source.block_rows``, what ``shuffle_block="auto"`` takes."""
+        block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
+        return EpochSampler(
+            n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
+            remainder=self.remainder, shard=shard, start=self.start_batch, block=block,
+            window=self.shuffle_window,
+        )  # fmt: skip
+
+    @classmethod
+    def of(cls, settings: Mapping[str, Any], base: LoaderOptions | None = None) -> LoaderOptions:
+        """Options from keyword arguments (on top of ``base``). An unknown name is refused with the
+        nearest known one: a misspelt setting must never be silently ignored."""
+        names = tuple(cls.__dataclass_fields__)
+        for name in settings:
+            if name not in names:
+                near = difflib.get_close_matches(name, names, n=1)
+                hint = f"; did you mean {near[0]!r}?" if near else ""
+                raise ConfigError(f"{name}={settings[name]!r} is not allowed: no such option{hint}")
+        if base is None:
+            return cls(**settings)
+        return base.replace(**settings) if settings else base
+
+    def replace(self, **changes: Any) -> LoaderOptions:
+        """A copy with ``changes`` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+__all__ = ["LoaderOptions", "MpContext", "OnError", "ReadMode"]

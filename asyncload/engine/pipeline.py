@@ -1,0 +1,583 @@
+"""The coroutines of one epoch: producer, fetchers, flow control, ordered delivery. On the loop thread.
+
+What a fetcher calls to read is in ``hedging`` (a straggler gets a second request); what turns a batch's
+parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to read is the ``plan``.
+
+::
+
+    plan ─▶ producer ──(batch slot)──▶ work queue ─▶ N fetchers ─await source.read─▶ parts
+               ▲                                                                       │
+               └──── slot released when the consumer takes a batch ◀── ready queue ◀── assemble (CPU pool)
+
+- A batch takes a *slot* before its reads are issued and gives it back only when the consumer takes it,
+  so everything held (in flight, assembling, waiting for its turn, ready) is bounded by the slot count.
+  The producer waits for a slot by awaiting; nothing on the loop thread blocks.
+- ``N`` fetchers each keep one request of ``request_size`` indices in flight, so at most ``N * request_size`` samples
+  (the loader's ``concurrency``) are being read.
+- The first batch's requests go out alone; the rest follow once the first read has answered. Issued all
+  at once, the first batch queued behind everyone else's transfers and decoding on a busy client.
+- Stopping: ``stop()`` drains the work queue; reads in flight are cancelled where the source says that is
+  safe (``Source.cancel_safe``: HTTP requests, a reader process's answers) and awaited otherwise (a
+  cancelled Deep Lake future hangs for ever). ``abandon()`` gives up on those too: the fetchers stop
+  waiting and the reads are left to end on a loop kept running for them (``LoopThread.linger``).
+- A deadline for a silent store (``plan.stall_timeout``): a watchdog notes the last time any read
+  answered. Reads in flight with none answering for a while is a stall: warned once past
+  ``min(30 s, stall_timeout / 4)``, counted in ``stats.stalls`` when the store answers again, and past
+  ``stall_timeout`` the consumer gets ``StallError`` (naming the store, the wait, the rows in flight)
+  and the reads are abandoned. The watchdog costs the read path one clock read per request.
+- With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
+  left out; each is recorded (index and cause) in the stats.
+- Memory is bounded in bytes too (``plan.budget``): a new batch takes a slot only while the batches alive
+  (being read, decoded or ready) are estimated to fit, at the bytes per sample seen so far (stored bytes
+  read plus decoded output). One batch is always allowed, so a sample larger than the budget cannot
+  deadlock; until the first read has answered, the first batch is the only one alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ReadError, StallError, WorkerError, read_error
+from ..image.codecs import is_stored
+from ..image.decode import unpaired
+from ..runtime.loop import LoopThread
+from ..sources.base import stored_bytes
+from .assembly import assemble
+from .hedging import Hedger
+from .plan import Plan
+from .protocol import END, Failure, Ready
+from .stats import Stats
+from .tuning import Observation
+
+log = logging.getLogger("asyncload")
+#: A line every ``STALL_SHOW_S`` while a stall lasts, at INFO: silent unless asked for (``asyncload load``
+#: shows them); the warning once and the line when the store answers again go to ``log``.
+stall_log = logging.getLogger("asyncload.stall")
+STALL_SHOW_S = 5.0
+
+#: A silence shorter than this (or than a quarter of ``stall_timeout``) is not counted as a stall.
+STALL_NOTICE_S = 5.0
+#: A silence longer than this (or than a quarter of ``stall_timeout``) is logged as a warning, once.
+STALL_WARN_S = 30.0
+
+
+class _RequestGate:
+    """Requests in flight, at most ``allowed`` (the tuner moves it while fetchers wait on the gate)."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed = allowed
+        self.active = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def acquire(self) -> None:
+        while self.active >= self.allowed:
+            fut = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            await fut
+        self.active += 1
+
+    def release(self) -> None:
+        self.active -= 1
+        self._wake()
+
+    def allow(self, requests: int) -> None:
+        self.allowed = requests
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.allowed - self.active
+        while free > 0 and self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                free -= 1
+
+
+@dataclass
+class _Batch:
+    pos: int  # position in this run's plan (drives the reorder buffer)
+    seq: int  # sequence number in the shard's epoch plan (what resume state names)
+    indices: list[int]
+    pending: int
+    parts: dict[int, tuple[list[int], Any]] = field(default_factory=dict)
+    held: int = 0  # bytes of ``parts``, counted in ``Stats.bytes_held`` until the batch is assembled
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    failed: bool = False
+
+
+class Pipeline:
+    """One epoch's coroutines. ``run()`` is submitted to the loop; ``stop``/``release_slot`` are
+    scheduled onto the loop by the consumer."""
+
+    def __init__(self, plan: Plan, out: queue.SimpleQueue[Any], lt: LoopThread, stats: Stats) -> None:
+        self.plan = plan
+        self.out = out
+        self.lt = lt
+        self.stats = stats
+        self.stopping = False
+        self._next_pos = 0
+        self._reorder: dict[int, Any] = {}
+        self._assembling: set[asyncio.Task[None]] = set()
+        self._issued_all = False  # the producer has issued every batch of the epoch
+        self._cancel_safe = plan.source.cancel_safe
+        # Reads that cannot be cancelled run as tasks of their own, shielded, so that giving up on them
+        # (``abandon``) stops the waiting without touching the read.
+        self._uncancellable: set[asyncio.Future[Any]] = set()
+        self._hedger = Hedger(
+            plan.source.read if self._cancel_safe else self._shielded, stats, plan.hedge, plan.hedge_min_s
+        )
+        self._fetchers: list[asyncio.Task[None]] = []
+        self._reading: dict[int, list[int]] = {}  # the rows of each request in flight (for a stall's message)
+        self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
+        self._stall_warned = False  # the silence in progress was warned about (the watchdog's)
+        self._abandoned = False
+        # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
+        # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
+        self._slots = asyncio.Semaphore(plan.slots(plan.requests))
+        self._slot_count = plan.slots(plan.requests)
+        self._slot_debt = 0  # slots to swallow on release after the requests allowed went down
+        first = math.ceil(plan.batch_size / plan.request_size)  # the first batch's requests
+        self._held: int | None = plan.requests if plan.requests > first else None  # the rest, until a read answers
+        self._gate = _RequestGate(first if self._held else plan.requests)
+        self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
+        self.stats.concurrency = plan.requests * plan.request_size
+        # the byte budget: batches alive, and the bytes a sample has cost (read, and decoded) so far
+        self._alive = 0
+        self._read_cost = 0.0  # bytes read per sample (stored bytes, or the store's decoded arrays)
+        self._out_cost = 0.0  # bytes per sample of assembled batches
+        self._room: asyncio.Future[None] | None = None
+        self._ready_bytes: collections.deque[int] = collections.deque()  # of delivered batches, in order
+        self.stats.memory_budget = plan.budget
+
+    async def run(self) -> None:
+        plan = self.plan
+        cpu0 = time.thread_time()  # this is the loop thread: its CPU is the fetch side's share
+        if plan.stage is not None:  # the fetchers' reads return these columns' stored bytes
+            stored_bytes.set(plan.stage.encoded)
+        self._fetchers = fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
+        watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
+        watchdog = asyncio.create_task(self._watchdog())
+        for pos, (seq, indices) in enumerate(plan.batches):
+            await self._budget_room()
+            await self._slots.acquire()
+            if self.stopping:
+                break
+            self._alive += 1
+            starts = range(0, len(indices), plan.request_size)
+            batch = _Batch(pos, seq, indices, pending=len(starts))
+            for s in starts:
+                self._work.put_nowait((batch, s, min(s + plan.request_size, len(indices))))
+        self._issued_all = True
+        for _ in fetchers:
+            self._work.put_nowait(None)
+        for done in await asyncio.gather(*fetchers, return_exceptions=True):  # cancelled by stop/abandon
+            if isinstance(done, BaseException) and not isinstance(done, asyncio.CancelledError):
+                raise done
+        # Wait on tasks not yet done: from Python 3.12 ``gather`` of finished futures returns without
+        # letting the loop run, so a finished task whose discard callback is still queued would keep
+        # ``while self._assembling`` spinning forever (seen under Ctrl-C on a 16-core machine).
+        while busy := [t for t in self._assembling if not t.done()]:
+            await asyncio.gather(*busy, return_exceptions=self.stopping)
+        if not self._abandoned:
+            await self._hedger.drain()  # reads lost to a hedge must end before the loop may close
+        watchdog.cancel()
+        self._stall_ended()
+        if watcher is not None:
+            watcher.cancel()  # it only sleeps and reads counters: safe to cancel
+        if self._abandoned:
+            self.lt.linger(self._uncancellable)  # reads that could not be cancelled end on this loop
+        self.stats.cpu_loop_s = time.thread_time() - cpu0
+        if not self.stopping:
+            self.out.put(END)
+
+    # -- concurrency tuning and the periodic stats line -----------------------------------------
+    def allow(self, requests: int) -> None:
+        """Move the requests allowed in flight, and the batch slots with them (memory follows)."""
+        self._held = None
+        self._gate.allow(requests)
+        self.stats.concurrency = requests * self.plan.request_size
+        want = self.plan.slots(requests)
+        delta, self._slot_count = want - self._slot_count, want
+        if delta < 0:
+            self._slot_debt -= delta
+            return
+        paid = min(delta, self._slot_debt)
+        self._slot_debt -= paid
+        for _ in range(delta - paid):
+            self._slots.release()
+
+    async def _watch(self) -> None:
+        plan, st, tuner = self.plan, self.stats, self.plan.tuner
+        last_log = t0 = time.perf_counter()
+        n0, w0, thr0 = st.samples_read, st.consumer_wait(t0), plan.source.throttle_count()
+        while True:
+            await asyncio.sleep(0.1)
+            now = time.perf_counter()
+            if plan.log_every and now - last_log >= plan.log_every:
+                last_log = now
+                log.info("asyncload %s: %s", plan.source.url, st.line())
+            if tuner is None:
+                continue
+            done = st.samples_read - n0
+            # An interval is a few read round trips (so the change of the last step has shown), and
+            # enough completed reads to measure, or at most 2 s.
+            recent = sorted(list(st.latencies)[-64:])
+            p50 = recent[len(recent) // 2] if recent else 0.05
+            throttled = plan.source.throttle_count() - thr0
+            enough = done >= max(4, min(2 * st.concurrency, 64)) or now - t0 >= 2.0
+            if not throttled and (now - t0 < max(0.1, 4 * p50) or not enough):
+                continue  # (a throttling answer is acted on at once)
+            waited = st.consumer_wait(now) - w0
+            # Judge only the middle of an epoch: its first interval pays the start-up, and once every
+            # batch has been issued the tail drains, so throughput falls whatever is in flight.
+            if throttled or (st.batches_yielded > 0 and not self._issued_all):  # throttling: back off always
+                obs = Observation(
+                    done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50
+                )  # fmt: skip
+                samples = tuner.observe(obs)
+                self.allow(max(1, samples // plan.request_size))
+            t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
+
+    # -- the byte budget -------------------------------------------------------------------------
+    def _fits(self) -> bool:
+        if self._alive == 0 or self.stopping:
+            return True
+        if not self._read_cost:  # nothing measured yet: the first batch alone
+            return False
+        per_batch = self.plan.batch_size * (self._read_cost + self._out_cost)
+        return (self._alive + 1) * per_batch <= self.plan.budget
+
+    async def _budget_room(self) -> None:
+        while not self._fits():
+            self._room = asyncio.get_running_loop().create_future()
+            await self._room
+
+    def _budget_changed(self) -> None:
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
+
+    def _hold(self, nbytes: int) -> None:
+        st = self.stats
+        st.bytes_held += nbytes
+        st.bytes_held_peak = max(st.bytes_held_peak, st.bytes_held)
+
+    # -- scheduled by the consumer ---------------------------------------------------------------
+    def release_slot(self) -> None:
+        self._alive -= 1
+        if self._ready_bytes:
+            self.stats.bytes_held -= self._ready_bytes.popleft()
+        self._budget_changed()
+        if self._slot_debt:
+            self._slot_debt -= 1
+            return
+        self._slots.release()
+
+    def stop(self) -> None:
+        """Issue no more reads; cancel those in flight where that is safe, else let them finish; wake the
+        producer so it can exit."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self._budget_changed()
+        while not self._work.empty():
+            self._work.get_nowait()
+        for _ in range(self.plan.fetchers):  # the drain may have taken the producer's end markers
+            self._work.put_nowait(None)
+        self._slots.release()
+        if self._cancel_safe:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Stop waiting for the reads in flight: cancel the fetchers (a read that cannot be cancelled runs
+        on, shielded, and the loop lingers for it), the batches being assembled and the hedged-away reads
+        (where cancelling is safe). For a silent store, Ctrl-C, or a stop past ``shutdown_timeout``."""
+        self.stop()
+        if self._abandoned:
+            return
+        self._abandoned = True
+        for task in (*self._fetchers, *self._assembling):
+            task.cancel()
+        if self._cancel_safe:
+            self._hedger.cancel()
+
+    async def _shielded(self, idx: list[int]) -> Any:
+        """``source.read(idx)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
+        task = asyncio.ensure_future(self.plan.source.read(idx))
+        self._uncancellable.add(task)
+        task.add_done_callback(self._uncancellable.discard)
+        return await asyncio.shield(task)
+
+    # -- the deadline for a silent store ---------------------------------------------------------
+    async def _watchdog(self) -> None:
+        """Give up on a store that has not answered for ``stall_timeout`` while reads were in flight;
+        warn once it has been silent a while; count the stalls it came back from (module docstring)."""
+        plan, st = self.plan, self.stats
+        limit = plan.stall_timeout
+        notice, warn = min(STALL_NOTICE_S, limit / 4), min(STALL_WARN_S, limit / 4)
+        tick = min(0.25, limit / 20)
+        st.stall_timeout = limit
+        quiet_from = time.perf_counter()  # reads have been in flight since (or the last answer, if later)
+        shown = 0.0  # the silence last shown on ``stall_log``
+        while True:
+            await asyncio.sleep(tick)
+            now = time.perf_counter()
+            answered = self._last_answer
+            self._stall_ended()
+            if not st.in_flight:
+                quiet_from = now
+                continue
+            since = max(answered, quiet_from)
+            silent = now - since
+            if silent >= notice and st.stall_since is None:
+                st.stall_since = since
+                shown = -STALL_SHOW_S  # shown at once, then every STALL_SHOW_S
+            if st.stall_since is not None and silent - shown >= STALL_SHOW_S:
+                shown = silent
+                stall_log.info(
+                    "waiting for %s: no answer for %.0f s (deadline %.0f s)", plan.source.url, silent, limit
+                )  # fmt: skip
+            if silent >= warn and not self._stall_warned:
+                self._stall_warned = True
+                log.warning(
+                    "asyncload: no answer from %s for %.0f s (%d rows in flight); waiting up to %.0f s (stall_timeout)",
+                    plan.source.url, silent, st.in_flight, limit,
+                )  # fmt: skip
+            if silent >= limit:
+                self._give_up(silent)
+                return
+
+    def _stall_ended(self) -> None:
+        """The store answered after a stall began: count it, and say so where it was warned about. From the
+        watchdog's tick, and once more when the run ends (an answer in the last tick ends the epoch first)."""
+        st = self.stats
+        if st.stall_since is None or self._last_answer <= st.stall_since:
+            return
+        waited = self._last_answer - st.stall_since
+        st.stalls += 1
+        st.stall_wait_s += waited
+        st.stall_since = None
+        if self._stall_warned:
+            log.info("asyncload: %s answered again after %.1f s without an answer", self.plan.source.url, waited)
+            self._stall_warned = False
+
+    def _give_up(self, silent: float) -> None:
+        """``stall_timeout`` passed without an answer: the consumer gets ``StallError`` now (ahead of any
+        batch still waiting for its turn) and the reads in flight are abandoned."""
+        url, limit = self.plan.source.url, self.plan.stall_timeout
+        rows = sorted(i for idx in self._reading.values() for i in idx)
+        shown = ", ".join(map(str, rows[:16])) + (", ..." if len(rows) > 16 else "")
+        where = "" if self._cancel_safe else "; those reads cannot be cancelled and are left to end on their own"
+        try:
+            why = self.plan.source.outage()
+        except Exception:  # noqa: BLE001 - only a message
+            why = None
+        why = f" ({why})" if why else ""
+        err = StallError(
+            f"no answer from {url} for {silent:.1f} s (stall_timeout={limit:g} s): the store stopped answering{why} "
+            f"with {len(rows)} rows in flight [{shown}]{where}. Raise stall_timeout to wait longer for this store",
+            source=url, indices=rows, waited_s=silent,
+        )  # fmt: skip
+        log.error("asyncload: %s", err)
+        self.stats.stall_since = None
+        self.out.put(Failure(err))
+        self.abandon()  # (stops: no batch is delivered after this error)
+
+    # -- fetch -----------------------------------------------------------------------------------
+    async def _read(self, idx: list[int]) -> tuple[Any, int]:
+        """The columns read for ``idx``, and their bytes (now held against the budget)."""
+        stats = self.stats
+        await self._gate.acquire()
+        stats.requests += 1
+        stats.in_flight += len(idx)
+        key = id(idx)
+        self._reading[key] = idx
+        try:
+            part, seconds = await self._hedger.read(idx)
+        except (ReadError, WorkerError):  # WorkerError: the reader process died past its restart budget
+            raise
+        except Exception as exc:
+            raise read_error(self.plan.source.url, None, idx, exc) from None
+        finally:
+            self._last_answer = time.perf_counter()  # (cancelled: no answer, but nothing waits any more)
+            del self._reading[key]
+            stats.in_flight -= len(idx)
+            self._gate.release()
+            if self._held is not None:  # the first read has answered: the rest may go
+                self._gate.allow(self._held)
+                self._held = None
+        if self.plan.stage is not None and self.plan.stage.lz4:
+            part = await self._store_decode_unpaired(idx, part)
+        stats.latencies.append(seconds)
+        stats.samples_read += len(idx)
+        nbytes = _nbytes(part)
+        stats.bytes_read += nbytes
+        self._hold(nbytes)
+        first = not self._read_cost
+        self._read_cost = max(self._read_cost, nbytes / max(1, len(idx)), 1.0)  # > 0: measured
+        if first:
+            self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
+            self._budget_changed()
+        return part, nbytes
+
+    async def _store_decode_unpaired(self, idx: list[int], part: Any) -> Any:
+        """lz4 masks whose size is not their image's cannot be decoded from their bytes (which hold no
+        shape): those samples are read again, the mask column decoded by the store (a valid read, rare)."""
+        stage = self.plan.stage
+        assert stage is not None
+        fix = unpaired(stage, part)
+        if not fix:
+            return part
+        part = dict(part)
+        for c, ks in fix.items():
+            token = stored_bytes.set(stage.encoded - {c})
+            try:
+                again = await self.plan.source.read([idx[k] for k in ks])
+            finally:
+                stored_bytes.reset(token)
+            values = list(part[c])
+            for j, k in enumerate(ks):
+                values[k] = again[c][j]
+            part[c] = values
+        return part
+
+    async def _fetch(self) -> None:
+        while (item := await self._work.get()) is not None:
+            batch, start, end = item
+            if batch.failed or self.stopping:
+                continue
+            idx = batch.indices[start:end]
+            try:
+                part, nbytes = await self._read(idx)
+                batch.parts[start] = (idx, part)
+                batch.held += nbytes
+            except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
+                if self.plan.on_error == "raise" or isinstance(exc, (WorkerError, StallError)):  # no sample's fault
+                    self._fail(batch, exc)
+                    continue
+                await self._salvage(batch, start, idx, exc)
+            batch.pending -= 1
+            if batch.pending == 0 and not self.stopping:
+                task = asyncio.create_task(self._finish(batch))
+                self._assembling.add(task)
+                task.add_done_callback(self._assembling.discard)
+
+    async def _salvage(self, batch: _Batch, start: int, idx: list[int], exc: Exception) -> None:
+        """``on_error="skip"``: keep the good samples of a failed group, record the bad ones."""
+        if len(idx) == 1:
+            batch.skipped.append((idx[0], f"{type(exc).__name__}: {exc}"))
+            return
+        for k, i in enumerate(idx):
+            if self.stopping:
+                return
+            try:
+                part, nbytes = await self._read([i])
+                batch.parts[start + k] = ([i], part)
+                batch.held += nbytes
+            except Exception as one:  # noqa: BLE001 - recorded
+                batch.skipped.append((i, f"{type(one).__name__}: {one}"))
+
+    # -- assemble and deliver --------------------------------------------------------------------
+    async def _finish(self, batch: _Batch) -> None:
+        ordered = [batch.parts[s] for s in sorted(batch.parts)]
+        try:
+            done = await self.lt.run_cpu(assemble, self.plan, ordered)
+        except Exception as exc:  # noqa: BLE001 - delivered to the consumer
+            exc.add_note(
+                f"asyncload: while assembling the batch of indices {batch.indices[:16]} from {self.plan.source.url}"
+            )
+            self._fail(batch, exc)
+            return
+        finally:
+            batch.parts.clear()
+            self.stats.bytes_held -= batch.held
+        st = self.stats
+        st.cpu_decode_s += done.decode_s
+        st.cpu_collate_s += done.collate_s
+        out_bytes = _batch_bytes(done.batch)
+        self._hold(out_bytes)
+        if done.count:
+            self._out_cost = max(self._out_cost, out_bytes / done.count)
+        st.record_skipped(batch.skipped + done.skipped)
+        self._ready_bytes.append(out_bytes)
+        self._deliver(batch.pos, Ready(batch.seq, done.count, done.batch))
+
+    def _fail(self, batch: _Batch, exc: BaseException) -> None:
+        if batch.failed:
+            return
+        batch.failed = True
+        self._deliver(batch.pos, Failure(exc))
+
+    def _deliver(self, pos: int, item: Any) -> None:
+        self.stats.batches_ready += 1
+        if not self.plan.in_order:
+            self.out.put(item)
+            return
+        self._reorder[pos] = item
+        while self._next_pos in self._reorder:
+            self.out.put(self._reorder.pop(self._next_pos))
+            self._next_pos += 1
+
+
+def _nbytes(part: Any) -> int:
+    """Bytes in a read result (``{column: ndarray, or a list of ndarrays or stored bytes}``)."""
+    total = 0
+    for value in part.values():
+        if hasattr(value, "nbytes"):
+            total += int(value.nbytes)
+        else:
+            total += sum(map(_sample_bytes, value))
+    return total
+
+
+def _sample_bytes(v: Any) -> int:
+    """Bytes of one sample as read: stored bytes (or a view of a reader's answer), else an array."""
+    return len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
+
+
+def _batch_bytes(batch: Any) -> int:
+    """Bytes of the tensors in a batch (a dict of tensors or lists of them; anything else counts 0)."""
+    if isinstance(batch, dict):
+        return sum(_batch_bytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_batch_bytes(v) for v in batch)
+    nbytes = getattr(batch, "nbytes", None)
+    return int(nbytes) if isinstance(nbytes, int) else 0
+
+
+def _decoded_ratio(plan: Plan, part: Any) -> float:
+    """Decoded bytes per byte read, guessed from the first read before any batch is assembled: the
+    stored images' headers say how big they decode, an lz4 mask's first 4 bytes too (or the
+    augmentation's output size does)."""
+    stage = plan.stage
+    if stage is None or not stage.encoded:
+        return 1.0
+    from ..image.codecs import DecodeError, header, lz4_size
+
+    out = stage.augment.out_size if stage.augment and stage.augment.out_size else None
+    read = decoded = 0
+    for c, values in part.items():
+        col = stage.columns.get(c)
+        for v in values:
+            if col is None or not is_stored(v):
+                n = _sample_bytes(v)
+                read += n
+                decoded += n
+                continue
+            read += len(v)
+            if col.stored == "lz4":  # no header to read, and not an image format to sniff
+                pixels = out[0] * out[1] if out else max(lz4_size(v), 0)
+            else:
+                try:
+                    h = header(v)
+                except DecodeError:
+                    continue
+                pixels = out[0] * out[1] if out else h.height * h.width
+            decoded += pixels * (3 if col.role == "image" else 1)
+    return max(1.0, decoded / read) if read else 1.0

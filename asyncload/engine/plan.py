@@ -1,0 +1,50 @@
+"""``Plan``: everything one epoch's pipeline needs, fixed when the epoch starts.
+
+``reader.ShardReader`` makes it (which batches, how many indices per request, how many requests in
+flight); ``pipeline``, ``hedging`` and ``assembly`` only read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ..image.decode import Stage
+from ..sources.base import Source
+from .collate import CollateFn, RaggedSpec, Transform
+from .options import OnError
+from .tuning import ConcurrencyTuner
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's work and how to do it."""
+
+    source: Source[Any]
+    batches: list[tuple[int, list[int]]]  # (sequence number in the shard's plan, indices)
+    request_size: int  # indices per request (the public ``request_size``; 1 when reading row by row)
+    fetchers: int  # fetcher tasks (the most requests that can ever be in flight)
+    requests: int  # requests allowed in flight at the start (the tuner moves it)
+    batch_size: int
+    prefetch: int
+    in_order: bool
+    transform: Transform | None
+    collate_fn: CollateFn | None
+    with_index: bool
+    on_error: OnError
+    tuner: ConcurrencyTuner | None = None
+    log_every: float | None = None
+    hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
+    hedge_min_s: float = 0.05
+    ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
+    stage: Stage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
+    budget: int = 1 << 30  # bytes of batches alive (read, decoded, ready) the pipeline aims to stay within
+    stall_timeout: float = 120.0  # seconds with reads in flight and none answering before the epoch gives up
+
+    def slots(self, requests: int) -> int:
+        """Batches alive at once for ``requests`` in flight: prefetch + those being read + 1."""
+        return self.prefetch + math.ceil(requests * self.request_size / self.batch_size) + 1
+
+
+__all__ = ["Plan"]

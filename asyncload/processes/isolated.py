@@ -1,0 +1,669 @@
+"""Reads of a source in a reader process the loader owns: what makes a native crash survivable.
+
+Deep Lake 4.7.4 segfaults now and then while delivering a failed read (docs/deeplake_failing_read.py).
+``IsolatedSource`` wraps such a source: the training process keeps the whole pipeline (fetchers, hedging,
+the byte budget, decoding into the batch, ordering), and only ``read(indices)`` crosses to a persistent
+reader process, which runs the wrapped source's ``read`` on its own event loop and answers with what it
+returned: stored bytes for the columns the loader decodes itself, arrays for the others. What crosses is
+the store's bytes, not batches, so no shared memory is allocated per batch and decoding stays on the
+training process's CPU pool, where it is when nothing is isolated.
+
+::
+
+    loop thread ── ("read", rid, indices) ─▶ reader process: source.read on its loop ─▶ sender thread
+         ▲                                                                                    │
+         └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ┘
+
+Requests go down the pipe as ``Connection`` messages. Answers come up the same socket in frames of their
+own (``_write_frame``): pickled with protocol 5, every stored-bytes sample and array out of band, written
+with one gather write and read with one read into one buffer, so that a sample is copied once on each side
+(into the socket, out of it) and arrives as a read-only view of that buffer, which the decoders take as
+they take ``bytes``.
+
+When the reader dies (EOF on its pipe), the receiver thread reaps it, starts a new one at once, and fails
+every read it held with ``_Died``. Those reads, the *suspects*, are read again one at a time while every
+other read waits, so that a second death names its request; a request that kills the reader while alone
+is narrowed down by halves (``recovery.narrow``) until the rows that kill two fresh readers alone are
+found: ``ReaderCrashError`` names them all (``on_error="skip"`` leaves them out), and they are never read
+again. When the reader stops answering (a store that accepts connections and goes silent: Deep Lake sets
+no deadline and its reads cannot be cancelled), the receiver thread, which wakes every tick while it
+waits, kills it once its oldest read has had no answer for the policy's limit, and its reads are sent
+again to the new reader as they were. What each costs (``max_restarts`` for deaths, ``stall_timeout``
+for one outage), the backoff between replacements, and the errors: ``recovery``, shared with the fan-out.
+
+Every piece of state is behind one lock: reads come from an epoch's loop thread, deaths from a receiver
+thread, ``close`` from the consumer. Futures belong to the loop that made them and are settled with
+``call_soon_threadsafe``; the epoch that made them has awaited them all before it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import functools
+import importlib
+import logging
+import os
+import pickle
+import queue
+import select
+import struct
+import threading
+import time
+import weakref
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..engine.protocol import Failure
+from ..engine.stats import Stats
+from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
+from ..runtime.loop import LoopThread, Stage, on_exit, start_thread
+from ..runtime.procs import kill_processes, reap_process, run_child, start_child
+from ..sources.base import Columns, Source, stored_bytes
+from .recovery import Ended, Recovery, beat_interval, narrow
+
+if TYPE_CHECKING:
+    from ..image.decode import ImageColumn
+
+log = logging.getLogger("asyncload")
+
+
+class _Died(Exception):
+    """The reader ended (died, or was killed stuck) with this read in flight (never leaves this module)."""
+
+    def __init__(self, ended: Ended) -> None:
+        super().__init__(ended.how)
+        self.ended = ended
+
+
+@dataclass
+class _Request:
+    fut: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+    indices: list[int]
+    sent: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _Reader:
+    """One live reader process, the parent's end of its pipe and the thread that reads that end."""
+
+    proc: BaseProcess
+    conn: Connection
+    stopping: bool = False
+    thread: threading.Thread | None = field(default=None, repr=False)
+    started: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None  # when it said it had imported what it reads with (its store not yet asked)
+    stuck_since: float | None = None  # set when it was killed for not answering: the store silent since then
+
+
+#: Seconds a new reader may take to import Deep Lake and say it is ready before its reads' clock runs
+#: anyway (a start is this machine's work, not the store's; it is not meant to take this long).
+_START_ALLOWANCE = 30.0
+#: Seconds an idle reader asked to stop may take to exit before it is killed (see ``_procs.kill_processes``).
+_STOP_GRACE = 0.5
+
+
+def _settle(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], outcome: Any, failed: bool = False) -> None:
+    """From any thread: complete ``fut`` on its own loop (dropped if that loop is closed, or if ``fut`` is
+    done: its awaiting task was cancelled when an epoch stopped past its timeout)."""
+
+    def done() -> None:
+        if fut.done():
+            return
+        if failed:
+            fut.set_exception(outcome)
+        else:
+            fut.set_result(outcome)
+
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:
+        pass
+
+
+def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int, Any] | bool = False) -> None:
+    """The finaliser (it must not hold the source): ask the live reader to exit, kill it if it has not
+    within ``_STOP_GRACE``, or at once when it is ``busy`` with reads (it holds nothing of the user's; a
+    reader stuck in a read of a silent store would never exit), and join its receiver thread."""
+    r, holder[0] = holder[0], None
+    if r is None:
+        return
+    r.stopping = True
+    try:
+        r.conn.send(None)
+    except OSError:
+        pass
+    kill_processes([r.proc], 0.0 if busy else _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
+    if r.thread is not None and r.thread is not threading.current_thread():
+        r.thread.join(timeout)
+    r.conn.close()
+
+
+class IsolatedSource(Source[Any]):
+    """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
+    ``inner`` in this process, which has opened it (length, version, columns, row numbers).
+    ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
+    which the reader must then import (``_procs.start_child``). ``max_restarts``: deaths per epoch that are
+    survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``)."""
+
+    def __init__(
+        self,
+        inner: Source[Any],
+        *,
+        needs_main: bool,
+        context: str = "spawn",
+        max_restarts: int = 3,
+        timeout: float = 10.0,
+        stall_timeout: float = 120.0,
+    ) -> None:
+        super().__init__(inner.url, inner.columns)
+        self.inner = inner
+        self._context = context
+        self._max_restarts = max_restarts
+        self._stall_timeout = stall_timeout
+        self._timeout = timeout
+        self._needs_main = needs_main  # the pickled ``inner`` names ``__main__``: the reader must import it
+        self._lock = threading.Lock()
+        self._holder: list[_Reader | None] = [None]  # the live reader; a list so the finaliser can clear it
+        self._rid = 0
+        self._inflight: dict[int, _Request] = {}
+        self._suspects = 0  # reads held by a reader that died, not yet read again alone
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []  # until no suspects
+        self._alone = False  # a read is in flight alone: its reader's death is not charged
+        self._alone_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._policy = Recovery(self.url, max_restarts=max_restarts, stall_timeout=stall_timeout)
+        self._last_answer = 0.0  # monotonic time of the last answer of any reader
+        self._fatal: WorkerError | StallError | None = None
+        self._stats: Stats | None = None
+        self._crashers: dict[int, Ended] = {}  # position → how the readers it killed alone ended
+        self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
+        self._configured: tuple[int, int | None] | None = None
+        #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
+        self.pids: list[int] = []
+        self._finalizer = on_exit(self, Stage.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
+
+    # -- what ``inner`` answers in this process --------------------------------------------------
+    def _open(self) -> Any:
+        return self.inner.open()
+
+    def _length(self, handle: Any) -> int:
+        return len(self.inner)
+
+    @property
+    def version(self) -> str | None:
+        return self.inner.version
+
+    def row_ids(self, positions: list[int]) -> list[int]:
+        return self.inner.row_ids(positions)
+
+    @property
+    def preferred_read_mode(self) -> Literal["row", "column"]:
+        return self.inner.preferred_read_mode
+
+    @property
+    def block_rows(self) -> int:
+        return self.inner.block_rows
+
+    def image_columns(self) -> Mapping[str, ImageColumn]:
+        return self.inner.image_columns()
+
+    def retry_count(self) -> int:
+        return self._counts[0]
+
+    def throttle_count(self) -> int:
+        return self._counts[1]
+
+    def configure(self, requests_in_flight: int, samples_in_flight: int | None = None) -> None:
+        with self._lock:
+            self._configured = (requests_in_flight, samples_in_flight)
+            r = self._holder[0]
+            if r is not None:
+                self._send(r, ("configure", *self._configured))
+
+    # -- the reader's life -----------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The live reader's pid (None before the first start and after ``close``)."""
+        r = self._holder[0]
+        return r.proc.pid if r is not None else None
+
+    def start(self) -> None:
+        """Start the reader now, if none is live (the loader calls it at construction)."""
+        with self._lock:
+            self._live()
+
+    def begin_epoch(self, stats: Stats) -> None:
+        """A new epoch: its restarts and stalls are counted in ``stats`` and against a fresh budget; a
+        reader stopped by ``close`` or by the last epoch's fatal error is started again (now, to overlap its
+        start-up)."""
+        with self._lock:
+            self._stats, self._fatal = stats, None
+            # The epoch's pipeline watches these reads too (its watchdog): it says and counts the stalls
+            # (``Stats.stalls``) and the policy here only replaces stuck readers, so that one outage is said
+            # and counted once.
+            self._policy = Recovery(
+                self.url, max_restarts=self._max_restarts, stall_timeout=self._stall_timeout, stats=stats,
+                report=False,
+            )  # fmt: skip
+            # Suspects of an epoch that stopped before reading them again (its loop is gone) wait no more.
+            self._suspects, self._alone = 0, False
+            waiters, self._waiters = self._waiters, []
+            self._live()
+        for loop, w in waiters:
+            _settle(loop, w, None)
+
+    def close(self) -> None:
+        """Stop the reader now (killed if it does not exit at once: it holds nothing of the user's). Reads
+        still in flight fail with ``LoaderClosedError``. A later read starts a new one."""
+        with self._lock:
+            holder = [self._holder[0]]
+            self._holder[0] = None
+            held = list(self._inflight.values())
+            self._inflight.clear()
+        _stop_reader(holder, self._timeout, bool(held))
+        closed = LoaderClosedError(f"asyncload: the reader process for {self.url} was stopped by close()")
+        for req in held:
+            _settle(req.loop, req.fut, closed, True)
+
+    def _live(self) -> _Reader:
+        """The live reader, started if there is none (lock held)."""
+        r = self._holder[0]
+        if r is None:
+            self._spawn()
+            r = self._holder[0]
+            assert r is not None
+        return r
+
+    def _spawn(self) -> None:
+        """Start a reader (lock held). By spawn: a new interpreter that imports the source's module and Deep
+        Lake and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
+        torch. The source follows as its first message, once ``reader_copy`` has checked here what the
+        reader need not check again (a bucket probe): that check overlaps the reader's imports, and the
+        store's open overlaps this process's work. A failed check stops the reader it started."""
+        proc, conn = start_child(self._context, _reader_main, (self.inner.reader_module,), name="asyncload-reader",
+                                 needs_main=self._needs_main, quiet_blas=True)  # fmt: skip
+        r = _Reader(proc, conn)
+        try:
+            checked = self.inner.reader_copy()
+        except BaseException:
+            _stop_reader([r], self._timeout)
+            raise
+        self._send(r, checked)  # a reader that died meanwhile is handled as any death, by its receiver thread
+        if self._configured is not None:
+            self._send(r, ("configure", *self._configured))
+        self._holder[0] = r
+        self.pids.append(proc.pid)  # type: ignore[arg-type]
+        # A weak reference: the thread must not keep the source alive (its GC is what stops the reader).
+        r.thread = start_thread(_receive, weakref.ref(self), r, name="asyncload-reader-receive")
+
+    @staticmethod
+    def _send(r: _Reader, msg: object) -> None:
+        try:
+            r.conn.send(msg)
+        except OSError:
+            pass  # it is dying: its receiver thread sees the EOF and settles what it held
+
+    def _tick(self) -> float:
+        """How often the receiver thread looks for a stuck reader while it waits for answers."""
+        return beat_interval(self._stall_timeout)
+
+    def _answered(self, r: _Reader, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
+        now = time.monotonic()
+        if kind == "ready":
+            r.ready_at = now
+            return
+        self._counts = counts
+        with self._lock:
+            self._last_answer = now
+            self._policy.answered(now)
+            req = self._inflight.pop(rid, None)
+        if req is not None:
+            failed = kind == "failed"
+            _settle(req.loop, req.fut, payload.exc if failed else payload, failed)
+
+    def _watch(self, r: _Reader) -> None:
+        """Every tick, from the receiver thread: kill ``r`` if it is stuck (``recovery``): its oldest read
+        unanswered (counted from the reader's readiness, if that came later) is older than the policy's
+        limit. Its receiver then sees the EOF and ``_died`` replaces it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._holder[0] is not r or r.stopping or r.stuck_since is not None or not self._inflight:
+                return
+            oldest = min(req.sent for req in self._inflight.values())
+            if r.ready_at is None:  # still starting: its imports are not the store's silence
+                since = max(oldest, r.started)
+                if now - since < _START_ALLOWANCE + self._policy.limit(since):
+                    return
+            else:
+                since = max(oldest, r.ready_at)
+                if not self._policy.stuck(since, now):
+                    return
+            r.stuck_since = max(oldest, self._last_answer)
+        r.proc.kill()
+
+    def _died(self, r: _Reader) -> None:
+        """Reap ``r``; replace it (a crash within the budget, or a stall within its deadline) and fail what
+        it held with ``_Died``, or with the error that ends the epoch (``recovery``)."""
+        pid, exitcode = reap_process(r.proc, self._timeout)
+        r.conn.close()
+        now = time.monotonic()
+        with self._lock:
+            if self._holder[0] is r:
+                self._holder[0] = None
+            held = list(self._inflight.values())
+            self._inflight.clear()
+            rows = sorted(i for req in held for i in req.indices)
+            name = f"reader process (pid {pid}) for {self.url}"
+            what = "reads of indices"
+            policy = self._policy
+            stalled = r.stuck_since is not None
+            if r.stuck_since is not None:
+                ended = Ended(pid, exitcode, stalled=True, silent_s=now - r.stuck_since)
+                charged = False
+                fatal: WorkerError | StallError | None = policy.stalled(r.stuck_since, rows, now)
+            else:
+                ended = Ended(pid, exitcode)
+                charged = not self._alone
+                fatal = policy.charge(name, ended, rows, what) if charged else None
+            if fatal is None:
+                try:
+                    self._spawn()
+                except Exception as exc:  # noqa: BLE001 - e.g. a credential chain that no longer renews
+                    fatal = policy.fatal(
+                        name, ended, rows, what, f"; no reader could replace it: {type(exc).__name__}: {exc}"
+                    )
+            error: BaseException
+            if fatal is not None:
+                self._fatal = error = fatal
+                waiters, self._waiters = self._waiters, []
+            else:
+                if self._stats is not None:
+                    self._stats.worker_restarts += 1
+                if charged:  # a read alone is retried by ``_read_alone`` itself, already a suspect
+                    self._suspects += len(held)
+                error, waiters = _Died(ended), []
+                policy.log_restart(name, ended, rows, what, self.pid, charged=charged or stalled)
+        for req in held:
+            _settle(req.loop, req.fut, error, True)
+        for loop, w in waiters:
+            _settle(loop, w, None)
+
+    # -- reads -----------------------------------------------------------------------------------
+    async def read(self, indices: list[int]) -> Columns:
+        cols = stored_bytes.get()
+        while True:
+            try:
+                return await self._ask(indices, cols, alone=False)
+            except _Died as died:
+                if not died.ended.stalled:
+                    break  # read again below, alone; a stuck reader's reads are sent again as they were
+        try:
+            async with self._alone_gate():
+                return await self._read_alone(indices, cols)
+        finally:
+            self._unsuspect()
+
+    async def _read_alone(self, indices: list[int], cols: frozenset[str]) -> Columns:
+        """Read ``indices`` with nothing else in flight; when that kills the reader, find the rows that do
+        (``recovery.narrow``) and raise ``ReaderCrashError`` naming them all. A death whose rows kill no
+        reader when read again (it came and went) costs one restart, and the read is tried again."""
+        while True:
+            outcome = await self._alone_once(indices, cols)
+            if not isinstance(outcome, Ended):
+                return outcome
+            found = await self._search(narrow(indices, outcome), cols)
+            if found:
+                with self._lock:
+                    self._crashers.update(found)
+                raise self._crash_error([i for i, _ in found])
+            with self._lock:
+                name = f"reader process (pid {outcome.pid}) for {self.url}"
+                err = self._policy.charge(name, outcome, indices, "reads of indices")
+            if err is not None:
+                raise err
+
+    async def _alone_once(self, indices: list[int], cols: frozenset[str]) -> Any:
+        """One read of ``indices`` alone: its answer, or how the reader it killed ended (a reader stuck in it
+        is no answer: it is read again in the new one)."""
+        while True:
+            try:
+                return await self._ask(indices, cols, alone=True)
+            except _Died as died:
+                if not died.ended.stalled:
+                    return died.ended
+
+    async def _search(self, search: Generator[list[int], Ended | None, list[tuple[int, Ended]]],
+                      cols: frozenset[str]) -> list[tuple[int, Ended]]:  # fmt: skip
+        """Drive ``recovery.narrow``: each part it names is read alone; a read that answers (even with an
+        error) did not kill its reader."""
+        try:
+            part = next(search)
+            while True:
+                try:
+                    outcome = await self._alone_once(part, cols)
+                except (WorkerError, StallError, LoaderClosedError):
+                    raise
+                except Exception:  # noqa: BLE001 - an answer: the reader lived
+                    outcome = None
+                part = search.send(outcome if isinstance(outcome, Ended) else None)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+
+    async def _ask(self, indices: list[int], cols: frozenset[str], *, alone: bool) -> Any:
+        """Send one read to the live reader and await its answer. A read that is not ``alone`` waits while
+        suspects are being read again, so that those are alone."""
+        loop = asyncio.get_running_loop()
+        while True:
+            with self._lock:
+                if self._fatal is not None:
+                    raise self._fatal
+                known = [i for i in indices if i in self._crashers]
+                if known:  # never read again (each read would kill a reader), also when found while waiting
+                    raise self._crash_error(known)
+                if alone or not self._suspects:
+                    r = self._live()  # a new one after ``close()``
+                    self._rid += 1
+                    fut = loop.create_future()
+                    self._inflight[self._rid] = _Request(fut, loop, indices)
+                    self._alone = alone
+                    self._send(r, ("read", self._rid, indices, cols))
+                    break
+                waiter = loop.create_future()
+                self._waiters.append((loop, waiter))
+            await waiter
+        try:
+            return await fut
+        finally:
+            if alone:
+                with self._lock:
+                    self._alone = False
+
+    def _alone_gate(self) -> asyncio.Lock:
+        """The lock that reads suspects again one at a time (one per loop: each epoch has its own)."""
+        loop = asyncio.get_running_loop()
+        if self._alone_lock is None or self._alone_lock[0] is not loop:
+            self._alone_lock = (loop, asyncio.Lock())
+        return self._alone_lock[1]
+
+    def _unsuspect(self) -> None:
+        with self._lock:
+            self._suspects = max(0, self._suspects - 1)  # 0 already when a new epoch began
+            waiters = []
+            if not self._suspects:
+                waiters, self._waiters = self._waiters, []
+        for loop, w in waiters:
+            _settle(loop, w, None)
+
+    def _crash_error(self, positions: list[int]) -> ReaderCrashError:
+        rows = self.inner.row_ids(sorted(positions))
+        return self._policy.crash_error(rows, [self._crashers[p] for p in sorted(positions)])
+
+    def __repr__(self) -> str:
+        return f"IsolatedSource({self.inner!r})"
+
+
+# -- answers on the wire --------------------------------------------------------------------------
+def _write_frame(fd: int, msg: tuple[Any, ...]) -> None:
+    """Write ``msg`` as one frame: ``u32 n``, ``n`` sizes (``u64``), then the pickle and its ``n - 1``
+    out-of-band buffers. Stored bytes are wrapped as ``PickleBuffer`` (they would be copied into the
+    pickle); numpy arrays go out of band by themselves under protocol 5."""
+    kind, rid, payload, counts = msg
+    if kind == "done":
+        payload = {c: [pickle.PickleBuffer(v) if isinstance(v, bytes) else v for v in vals]
+                   if isinstance(vals, list) else vals for c, vals in payload.items()}  # fmt: skip
+    buffers: list[pickle.PickleBuffer] = []
+    head = pickle.dumps((kind, rid, payload, counts), protocol=5, buffer_callback=buffers.append)
+    parts = [memoryview(head), *(b.raw() for b in buffers)]
+    sizes = struct.pack(f"<I{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
+    _write_all(fd, [memoryview(sizes), *parts])
+
+
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """``os.writev`` until every byte of ``parts`` is written (a socket takes what its buffer holds)."""
+    while parts:
+        n = os.writev(fd, parts[:512])  # under IOV_MAX
+        while n:
+            if n >= parts[0].nbytes:
+                n -= parts.pop(0).nbytes
+            else:
+                parts[0], n = parts[0][n:], 0
+        while parts and not parts[0].nbytes:
+            parts.pop(0)
+
+
+def _read_exact(fd: int, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])  # the GIL is released while it waits
+        if not k:
+            raise EOFError
+        got += k
+    return buf
+
+
+def _read_frame(fd: int) -> Any:
+    """One frame of ``_write_frame``: its message, whose stored bytes are read-only views of one buffer."""
+    (n,) = struct.unpack("<I", _read_exact(fd, 4))
+    sizes = struct.unpack(f"<{n}Q", _read_exact(fd, 8 * n))
+    body = memoryview(_read_exact(fd, sum(sizes)))
+    parts, at = [], 0
+    for size in sizes:
+        parts.append(body[at : at + size])
+        at += size
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
+    """Receiver thread of reader ``r``: settle each answer's read; every tick, look for a reader stuck in
+    its reads (``IsolatedSource._watch``, which kills it); at EOF, unless ``r`` was told to stop, handle its
+    death. It ends with the reader: the source's stop (``close``, its GC, exit) ends that."""
+    fd = r.conn.fileno()
+    watched = time.monotonic()
+    while True:
+        src = ref()
+        if src is None:
+            return
+        tick = src._tick()
+        if time.monotonic() - watched >= tick:  # also while other reads answer: one may be stuck
+            src._watch(r)
+            watched = time.monotonic()
+        del src
+        try:
+            readable, _, _ = select.select([fd], [], [], tick)
+        except (OSError, ValueError):  # closed under us: the reader is being stopped
+            break
+        if not readable:
+            continue
+        try:
+            kind, rid, payload, counts = _read_frame(fd)
+        except (EOFError, OSError):
+            break
+        src = ref()
+        if src is None:
+            return
+        src._answered(r, rid, kind, payload, counts)
+        del src
+    src = ref()
+    if src is not None and not r.stopping:
+        src._died(r)
+
+
+# -- in the reader process -----------------------------------------------------------------------
+def _reader_main(conn: Connection, module: str, environ: dict[str, str]) -> None:
+    """Entry point of a reader process (started by reference: a module-level name)."""
+    run_child(environ, _serve_reads, conn, module)
+
+
+async def _read_one(source: Source[Any], indices: list[int], cols: frozenset[str]) -> Columns:
+    stored_bytes.set(cols)  # this task's own context
+    return await source.read(indices)
+
+
+def _answer(out: queue.SimpleQueue[Any], source: Source[Any], rid: int, f: concurrent.futures.Future[Any]) -> None:
+    counts = (source.retry_count(), source.throttle_count())
+    exc = f.exception()
+    out.put(("failed", rid, Failure(exc), counts) if exc is not None else ("done", rid, f.result(), counts))
+
+
+def _send_all(conn: Connection, out: queue.SimpleQueue[Any]) -> None:
+    """The reader's sender thread: pickling and writing answers off the loop and the receiving thread."""
+    fd = conn.fileno()
+    while (msg := out.get()) is not None:
+        try:
+            _write_frame(fd, msg)
+        except OSError:
+            return
+        except Exception as exc:  # noqa: BLE001 - an answer that does not pickle fails its read, not the reader
+            _write_frame(fd, ("failed", msg[1], Failure(exc), msg[3]))
+
+
+def _serve_reads(conn: Connection, module: str) -> None:
+    """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned. The
+    source's module (Deep Lake) is imported before the source arrives, while the parent checks its access."""
+    if module != "__main__":  # the user's script is imported by the preparation data, when it is needed
+        importlib.import_module(module)
+    try:
+        source = conn.recv()
+    except (EOFError, OSError):
+        return
+    if source is None:  # the parent's check failed: nothing was opened
+        return
+    lt = LoopThread("asyncload-reader-loop", cpu_workers=1)
+    lt.start()
+    out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    sender = start_thread(_send_all, conn, out, name="asyncload-reader-send")
+    out.put(("ready", 0, None, (0, 0)))  # imports done: from now on a silence is the store's (``_watch``)
+    pending: set[concurrent.futures.Future[Any]] = set()
+    try:
+        try:
+            # Now, while the training process opens its own handle and starts its epoch, not at the first
+            # read; a failure here is each read's to raise.
+            source.open()
+        except Exception:  # noqa: BLE001
+            pass
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg is None:
+                break
+            if msg[0] == "configure":
+                source.configure(*msg[1:])
+                continue
+            _, rid, indices, cols = msg
+            f = lt.submit(_read_one(source, indices, cols))
+            pending.add(f)
+            f.add_done_callback(pending.discard)
+            f.add_done_callback(functools.partial(_answer, out, source, rid))
+    finally:
+        concurrent.futures.wait(list(pending), timeout=30)  # never leave a Deep Lake read running
+        lt.stop()
+        source.close()
+        out.put(None)
+        sender.join(5)

@@ -1,0 +1,225 @@
+"""One recovery policy for the processes that read for a loader: the Deep Lake reader process
+(``isolated``) and the fan-out workers (``fanout``).
+
+A reading process ends in one of two ways, and each costs against its own budget:
+
+- **It died** (a signal, an exit): a *crash*. Deep Lake 4.7.4 kills the process that delivers a failed
+  read now and then, and a corrupt chunk kills it every time. The process is replaced and what it held is
+  read again; a death with other reads in flight says nothing about which read killed it, so the held
+  reads are read again *alone*, one at a time. A read that kills its reader while alone is narrowed down
+  by halves (``narrow``) until single rows are left: a row that kills two fresh readers alone is named
+  (``ReaderCrashError``, every such row of the read in one message) and never read again. Deaths with
+  other reads in flight, and reads alone that died although no part of them kills a reader, count
+  against ``max_restarts`` per epoch (``Recovery.charge``); deaths while narrowing do not (each halves
+  what is left, so they are bounded). Past the budget: ``WorkerError``.
+- **It stopped answering**: a *stall*. Deep Lake sets no deadline on a read of a store that accepts
+  connections and goes silent, and a read's future cannot be cancelled: the only way out of a stuck read
+  is to end the process that runs it. A reader whose oldest read has had no answer for ``limit()``
+  seconds is killed (SIGKILL), replaced, and its reads are sent again as they were (a stall is the
+  store's, not a row's: nothing is read alone). A stall never spends ``max_restarts``: one outage of the
+  store would otherwise end the epoch long before ``stall_timeout``. It is bounded by time instead: the
+  whole outage, from the moment the store stopped answering, may last ``stall_timeout`` seconds; past
+  it, ``StallError`` names the store, the wait and the rows in flight.
+
+Why these numbers (``read_limit``): a read is declared stuck after a quarter of ``stall_timeout``, at
+most 30 s (what the AWS CRT client allows a connection that moves under 1 B/s before it calls it dead;
+healthy reads, even cold ones at 50 ms RTT with hundreds in flight, answer within a few seconds). Each
+further replacement within one outage waits twice as long as the one before (backoff: a store that stays
+silent is not hammered with new processes and new connections, and a replacement's own start and open,
+which may stall as well, get more time), and never past the deadline: with the default 120 s, readers
+are replaced at 30 s and 90 s and the epoch ends at 120 s. A warning is logged once per outage, when the
+first reader is found stuck ("no answer from <url> for 30 s; waiting up to 120 s"), and an info line when
+the store answers again; ``Stats.stalls`` and ``Stats.stall_wait_s`` count the outages ridden out.
+
+The module holds the decisions and the words; the two callers hold the processes: ``isolated`` awaits
+reads on an event loop, ``fanout.epoch`` blocks in ``multiprocessing.connection.wait``. So the search by
+halves is a generator (``narrow``) that each drives its own way.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+
+from ..engine.stats import Stats
+from ..errors import ReaderCrashError, StallError, WorkerError, _short
+from ..runtime.procs import cause_of_death, how_it_ended
+
+log = logging.getLogger("asyncload")
+
+#: The longest a read may go unanswered before its reader is declared stuck (see the module doc).
+MAX_READ_LIMIT = 30.0
+
+
+def read_limit(stall_timeout: float) -> float:
+    """Seconds without an answer after which a reader is stuck: a quarter of ``stall_timeout``, at most
+    ``MAX_READ_LIMIT`` (so that a deadline leaves room for a replacement and its backoff)."""
+    return min(MAX_READ_LIMIT, stall_timeout / 4)
+
+
+def beat_interval(stall_timeout: float) -> float:
+    """How often a stuck reader is looked for (and a fan-out worker says how its reads go): a tenth of the
+    read limit, between 50 ms and 1 s."""
+    return max(0.05, min(1.0, read_limit(stall_timeout) / 10))
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a reading process ended: ``exitcode`` as ``multiprocessing`` gives it; ``stalled``: it was
+    killed here because it stopped answering (``silent_s`` seconds without an answer)."""
+
+    pid: int | None
+    exitcode: int | None
+    stalled: bool = False
+    silent_s: float = 0.0
+
+    @property
+    def how(self) -> str:
+        if self.stalled:
+            return f"stopped answering (no answer for {self.silent_s:.1f} s: killed)"
+        return how_it_ended(self.exitcode)
+
+    @property
+    def signal(self) -> str:
+        return cause_of_death(self.exitcode)
+
+
+def narrow(rows: list[int], ended: Ended) -> Generator[list[int], Ended | None, list[tuple[int, Ended]]]:
+    """The search for the rows whose read kills a reader. ``rows`` were read alone and that killed a
+    reader (``ended``). Yields a part of ``rows`` to read alone (only to learn whether it kills a fresh
+    reader) and is sent how that reader ended, or None when the read answered (data or an error: either
+    way the reader lived). A stall is no answer: the caller reads the same part again. Returns every row
+    that killed two readers alone, with how the last one ended (none when the death came and went)."""
+    if len(rows) == 1:
+        again = yield rows
+        return [(rows[0], again)] if again is not None else []
+    found: list[tuple[int, Ended]] = []
+    half = len(rows) // 2
+    for part in (rows[:half], rows[half:]):
+        died = yield part
+        if died is not None:
+            found += yield from narrow(part, died)
+    return found
+
+
+class Recovery:
+    """One epoch's decisions for the processes that read ``url``: what a death or a stall costs, when the
+    epoch ends, and what is said. Not thread-safe: each caller holds it under its own lock (``isolated``)
+    or uses it from the consumer's thread only (``fanout``)."""
+
+    def __init__(
+        self, url: str, *, max_restarts: int, stall_timeout: float, stats: Stats | None = None, report: bool = True
+    ) -> None:
+        self.url = url
+        #: say and count the outages (the warning, the line when the store answers, ``stats.stalls``); off
+        #: where the epoch's own pipeline watches the same reads and says so itself
+        self.report = report
+        self.max_restarts = max_restarts
+        self.stall_timeout = stall_timeout
+        self.base_limit = read_limit(stall_timeout)
+        self.stats = stats
+        self.crashes = 0  # charged deaths this epoch
+        self.outage_since: float | None = None  # monotonic time the store stopped answering, during an outage
+        self.replaced = 0  # stuck readers replaced in this outage
+
+    # -- crashes ---------------------------------------------------------------------------------
+    def charge(self, name: str, ended: Ended, rows: Sequence[int], held: str) -> WorkerError | None:
+        """Count one death against ``max_restarts``. Past it, the ``WorkerError`` that ends the epoch,
+        naming the process (``name``), how it ended, and what it held (``held``, e.g. "reads of indices")."""
+        self.crashes += 1
+        if self.crashes <= self.max_restarts:
+            return None
+        budget = self.max_restarts
+        more = f", after {budget} restarts this epoch (max_restarts={budget})" if budget else ""
+        return self.fatal(name, ended, rows, held, more)
+
+    def fatal(self, name: str, ended: Ended, rows: Sequence[int], held: str, why: str) -> WorkerError:
+        """The ``WorkerError`` that ends the epoch after ``name`` ended (``why``: what follows, e.g. why no
+        process could replace it); carries ``pid``, ``exitcode`` and ``indices``."""
+        err = WorkerError(f"asyncload {name} {ended.how} holding {held} {_short(list(rows))}{why}")
+        err.pid, err.exitcode, err.indices = ended.pid, ended.exitcode, list(rows)  # type: ignore[attr-defined]
+        return err
+
+    def log_restart(self, name: str, ended: Ended, rows: Sequence[int], held: str, new_pid: int | None,
+                    *, charged: bool) -> None:  # fmt: skip
+        """One warning per replaced process: who ended, how, what it held, who reads it now."""
+        if ended.stalled:
+            note = " (a stall: not counted in max_restarts)"
+        elif charged:
+            note = f" (restart {self.crashes} of {self.max_restarts} this epoch)"
+        else:
+            note = " (read alone, to find the row that kills it)"
+        log.warning(
+            "asyncload: %s %s holding %s %s; a new reader (pid %s) reads them again%s",
+            name, ended.how, held, _short(list(rows), limit=1024), new_pid, note,
+        )  # fmt: skip
+
+    def crash_error(self, rows: Sequence[int], ended: Sequence[Ended]) -> ReaderCrashError:
+        """The error for dataset rows ``rows`` (row ids, not positions) whose reads killed their reader
+        each time, alone: every one of them is named, with how the readers ended."""
+        sigs = ", ".join(sorted({e.signal for e in ended}))
+        which = f"row {rows[0]}" if len(rows) == 1 else f"rows {_short(list(rows))}"
+        return ReaderCrashError(
+            f"reading {which} of {self.url} killed its reader process ({sigs}) each time it was read, alone, "
+            f"in a new reader", source=self.url, indices=list(rows), signal=sigs,
+        )  # fmt: skip
+
+    @staticmethod
+    def skip_reason(ended: Ended) -> str:
+        """What ``on_error="skip"`` records for a row that kills its reader."""
+        return f"ReaderCrashError: reading it killed its reader process ({ended.signal})"
+
+    # -- stalls ----------------------------------------------------------------------------------
+    def limit(self, since: float) -> float:
+        """Seconds a reader may leave its oldest read (sent, or the reader ready, at ``since``) without an
+        answer before it is stuck: ``base_limit``, doubled for each reader already replaced in this outage,
+        and never past the outage's deadline."""
+        limit = self.base_limit * 2**self.replaced
+        if self.outage_since is not None:
+            limit = min(limit, max(0.0, self.outage_since + self.stall_timeout - since))
+        return limit
+
+    def stuck(self, since: float, now: float) -> bool:
+        """Whether a reader whose oldest unanswered read dates from ``since`` is stuck at ``now``."""
+        return now - since >= self.limit(since)
+
+    def stalled(self, silent_since: float, rows: Sequence[int], now: float | None = None) -> StallError | None:
+        """A stuck reader was killed; the store has not answered since ``silent_since``. Begins the
+        outage (the warning, once), counts a replacement, and returns the ``StallError`` that ends the epoch
+        once the outage has lasted ``stall_timeout`` (None: replace it and read again)."""
+        now = time.monotonic() if now is None else now
+        if self.outage_since is None:
+            self.outage_since = silent_since
+        if self.replaced == 0 and self.report:
+            log.warning(
+                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it, "
+                "replacing readers stuck in their reads", self.url, now - silent_since, self.stall_timeout,
+            )  # fmt: skip
+        self.replaced += 1
+        waited = now - self.outage_since
+        if waited >= self.stall_timeout - 0.05:  # the limits are cut at the deadline: this is it
+            return self.stall_error(waited, rows)
+        return None
+
+    def stall_error(self, waited: float, rows: Sequence[int]) -> StallError:
+        return StallError(
+            f"no answer from {self.url} for {waited:.1f} s (stall_timeout={self.stall_timeout:g} s): gave up "
+            f"with {len(rows)} rows in flight {_short(sorted(rows))}",
+            source=self.url, indices=sorted(rows), waited_s=waited,
+        )  # fmt: skip
+
+    def answered(self, now: float | None = None) -> None:
+        """The store answered: an outage in progress is over (counted in ``stats``, said in the log)."""
+        if self.outage_since is None:
+            return
+        now = time.monotonic() if now is None else now
+        waited = now - self.outage_since
+        self.outage_since, self.replaced = None, 0
+        if not self.report:
+            return
+        if self.stats is not None:
+            self.stats.stalls += 1
+            self.stats.stall_wait_s += waited
+        log.info("asyncload: %s answered again after %.1f s without an answer", self.url, waited)

@@ -1,0 +1,193 @@
+"""Measuring a loader the same way everywhere: samples/s, CPU seconds per sample, peak RSS.
+
+The demo, the ``load`` command and the benchmarks all report through ``measure`` so their figures are
+comparable, and the plain sequential ``ds[i][col]`` loop lives here as the baseline every run measures
+alongside the loader.
+
+- Throughput is taken from the first batch to the last (the samples after the first batch over that
+  time): a DataLoader's worker start-up is reported as time to first batch instead of diluting
+  samples/s. The whole span, not a later window: in-order delivery is bursty (a late batch holds back
+  the ones behind it), so a window that starts mid-run can catch one burst and report nonsense.
+- CPU time counts this process and its children (DataLoader workers, fan-out processes) once they have
+  been reaped, which is why the iterator is closed before the clock stops.
+- Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only;
+  ``rss_growth_mb`` is that peak minus the RSS at the start, which is what the loader itself added when
+  several runs are measured one after another in one long-lived process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..runtime.loop import start_thread
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass
+class Measurement:
+    """One timed pass: what was read and what it cost."""
+
+    name: str
+    samples: int
+    seconds: float
+    cpu_seconds: float
+    first_batch_s: float | None
+    peak_rss_mb: float
+    steady_samples: int = 0
+    steady_seconds: float = 0.0
+    rss_growth_mb: float = 0.0  # peak during the run minus the RSS when it started: what this loader added
+
+    @property
+    def samples_per_s(self) -> float:
+        if self.steady_seconds > 0 and self.steady_samples > 0:
+            return self.steady_samples / self.steady_seconds
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def cpu_per_sample_ms(self) -> float:
+        return 1e3 * self.cpu_seconds / self.samples if self.samples else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "samples_per_s": self.samples_per_s, "cpu_per_sample_ms": self.cpu_per_sample_ms}
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    return kids
+
+
+def tree_rss_bytes(pid: int | None = None) -> int:
+    """Resident memory of a process and all its descendants (Linux ``/proc``; 0 elsewhere)."""
+    pid = os.getpid() if pid is None else pid
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += _rss_bytes(p)
+        todo += _children(p)
+    return total
+
+
+class PeakRSS:
+    """Samples ``tree_rss_bytes`` on a thread while active; ``peak_mb`` after ``stop``."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        self.every_s = every_s
+        self.peak = self.start = tree_rss_bytes()
+        self._stop = threading.Event()
+        self._thread = start_thread(self._run, name="peak-rss")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.peak = max(self.peak, tree_rss_bytes())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, tree_rss_bytes())
+        return self.peak / 2**20
+
+
+def count_samples(batch: Any) -> int:
+    """Samples in a batch: a dict of tensors, a list/tuple of them, or a sized object."""
+    if isinstance(batch, dict):
+        return len(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)):
+        return len(batch[0]) if batch and hasattr(batch[0], "__len__") else len(batch)
+    return len(batch)
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def measure(
+    name: str,
+    batches: Iterable[Any],
+    count: Callable[[Any], int] = count_samples,
+    *,
+    max_samples: int | None = None,
+    max_seconds: float | None = None,
+    on_batch: Callable[[Any], None] | None = None,
+) -> Measurement:
+    """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it."""
+    rss = PeakRSS()
+    t0, c0 = time.perf_counter(), _cpu()
+    first: float | None = None
+    n = n_first = batches_seen = 0
+    last = 0.0
+    it = iter(batches)
+    try:
+        for b in it:
+            n += count(b)
+            batches_seen += 1
+            last = now = time.perf_counter() - t0
+            if first is None:
+                first, n_first = now, n
+            if on_batch is not None:
+                on_batch(b)
+            if max_samples is not None and n >= max_samples:
+                break
+            if max_seconds is not None and first is not None and now - first >= max_seconds:
+                break  # counted from the first batch: start-up is not part of the budget
+    finally:
+        end = time.perf_counter()
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
+        del it  # DataLoader workers are joined here, so their CPU time is counted
+    cpu = _cpu() - c0
+    steady_n, steady_s = 0, 0.0
+    if first is not None and batches_seen >= 3 and last > first:  # too few batches: no steady state
+        steady_n, steady_s = n - n_first, last - first
+    peak_mb = rss.stop()
+    return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
+
+
+def sequential(source: Any, columns: Sequence[str], limit: int | None = None) -> Iterable[int]:
+    """The baseline: ``ds[i][col]`` for each row and column, one after another, copied like a batch is.
+
+    ``source``: a ``DeepLakeSource``, opened: the baseline reads what the loader reads (its credentials,
+    its version, the rows of its query, in the query's order), or the comparison would not be fair."""
+    import numpy as np
+
+    ds = source.dataset()  # at the source's version, with its credentials
+    n = len(source) if limit is None else min(limit, len(source))
+    for i in source.row_ids(list(range(n))):
+        row = ds[i]
+        for c in columns:
+            np.array(row[c])
+        yield 1
+
+
+def table(rows: Sequence[Measurement], baseline: Measurement | None = None) -> str:
+    """A markdown table of measurements, with throughput as a ratio to ``baseline``."""
+    head = "| loader | samples | samples/s | × baseline | CPU ms/sample | first batch s | peak RSS MB |\n|---|---|---|---|---|---|---|"
+    lines = [head]
+    for m in rows:
+        ratio = f"{m.samples_per_s / baseline.samples_per_s:.2f}" if baseline and baseline.samples_per_s else "-"
+        fb = f"{m.first_batch_s:.3f}" if m.first_batch_s is not None else "-"
+        lines.append(
+            f"| {m.name} | {m.samples} | {m.samples_per_s:,.0f} | {ratio} | {m.cpu_per_sample_ms:.2f} | {fb} | {m.peak_rss_mb:,.0f} |"
+        )
+    return "\n".join(lines)

@@ -1,7 +1,0 @@
-"""``python -m asyncload.train``: the training job (see ``asyncload.train``)."""
-
-import sys
-
-from .job import main
-
-sys.exit(main())
