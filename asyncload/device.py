@@ -50,7 +50,7 @@ from .engine.progress import EpochProgress, with_progress
 from .engine.protocol import END, Failure, Sentinel
 from .errors import ConfigError
 from .image.normalize import ModelReady
-from .runtime.loop import Stage, on_exit, start_thread
+from .runtime.loop import ExitOrder, on_exit, start_thread
 
 __all__ = ["DeviceFeed", "map_tensors"]
 
@@ -352,7 +352,7 @@ class DeviceFeed(Iterator[Any]):
         )
         self._handoff = _Handoff(max(depth, 1)) if cuda else None
         self._pin = _Pinning(self._source, self._handoff, join_timeout)
-        self._finalizer = on_exit(self, Stage.WORK, self._pin.stop)
+        self._finalizer = on_exit(self, ExitOrder.WORK, self._pin.stop)
         self._ahead: deque[Any] = deque()  # the CPU path's batches pulled ahead
         self._exhausted = False
         self._closed = False

@@ -24,7 +24,7 @@ from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
 from .engine.progress import EpochProgress
 from .engine.sampler import Shard, resolve_shard
-from .engine.shard import ShardReader
+from .engine.shard import ShardEpochs
 from .engine.stats import Stats
 from .errors import ConfigError
 from .processes.fanout import WorkerPool
@@ -194,7 +194,7 @@ class AsyncLoader:
         if self._isolated is not None:
             self._isolated.start()  # (started already, unless the open above drew the rows)
         self.shard = shard
-        self._reader = ShardReader(self._isolated or self.source, o, shard)
+        self._reader = ShardEpochs(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._reader.read_mode
         self.sampler = self._reader.sampler
         if shard.world_size > 1 or shard_from != "no process group":

@@ -39,7 +39,7 @@ from asyncload import (
 )
 from asyncload.engine.protocol import Failure
 from asyncload.errors import LoaderClosedError, read_error
-from asyncload.processes.fanout import FanoutEpoch, sub_shard
+from asyncload.processes.fanout import FanoutIterator, sub_shard
 
 from .conftest import ROWS, live_children, loop_threads, wait_no_loop_threads
 from .sources import CrashingSource
@@ -161,13 +161,13 @@ def test_bad_settings_are_refused_before_any_process_starts(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     before = set(multiprocessing.active_children())  # readers of earlier tests' loaders not yet collected
     with pytest.raises(ConfigError, match="context='fork' is not allowed: forking"):
-        FanoutEpoch(src, OPTS, Shard(), 0, 2, context="fork")
+        FanoutIterator(src, OPTS, Shard(), 0, 2, context="fork")
     with pytest.raises(ConfigError, match="processes=0"):
-        FanoutEpoch(src, OPTS, Shard(), 0, 0)
+        FanoutIterator(src, OPTS, Shard(), 0, 0)
     with pytest.raises(ConfigError, match="batch_size=0"):
-        FanoutEpoch(src, {"batch_size": 0}, Shard(), 0, 2)
+        FanoutIterator(src, {"batch_size": 0}, Shard(), 0, 2)
     with pytest.raises(ConfigError, match="pickled"):
-        FanoutEpoch(src, {"transform": lambda s: s}, Shard(), 0, 2)
+        FanoutIterator(src, {"transform": lambda s: s}, Shard(), 0, 2)
     assert set(multiprocessing.active_children()) <= before
     # The shared-memory allocator is a worker's setting only: this process still collates on the heap
     # (its reads in the default reader process: a Deep Lake read here can crash the test process).
@@ -190,7 +190,7 @@ def test_a_typed_read_error_keeps_both_types_across_processes() -> None:
 def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, processes) -> None:
     src = DeepLakeSource(seg_url)
     ref = list(AsyncLoader(src, **OPTS, processes=0))
-    with FanoutEpoch(src, OPTS, Shard(), 0, processes) as it:
+    with FanoutIterator(src, OPTS, Shard(), 0, processes) as it:
         assert len(it) == len(ref)
         got = list(it)
         pids = it.pids.values()
@@ -203,7 +203,7 @@ def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, 
     got[0]["images"][0, 0, 0, 0] = 1
     assert_gone(pids)
 
-    with FanoutEpoch(src, OPTS, Shard(), 0, processes, in_order=False) as it:
+    with FanoutIterator(src, OPTS, Shard(), 0, processes, in_order=False) as it:
         any_order = [b["index"].tolist() for b in it]
     assert sorted(i for b in any_order for i in b) == list(range(ROWS))
     assert sorted(any_order) == sorted(b["index"].tolist() for b in ref)
@@ -215,7 +215,7 @@ def test_cpu_heavy_transform_and_custom_collate_give_what_one_loader_gives(seg_u
     src = DeepLakeSource(seg_url)
     opts = {**OPTS, "transform": heavy, "collate_fn": pair_collate}
     ref = list(AsyncLoader(src, **opts, processes=0))
-    with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
+    with FanoutIterator(src, opts, Shard(), 0, 2) as it:
         got = list(it)
     assert [type(b) for b in got] == [Pair] * len(ref)
     for a, b in zip(got, ref, strict=True):
@@ -230,7 +230,7 @@ def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     ref = [b["index"].tolist() for b in AsyncLoader(src, **OPTS, processes=0)]
     skip = frozenset({0, 1, 2, 5, len(ref) - 1})
-    with FanoutEpoch(src, OPTS, Shard(), 0, 2, skip=skip) as it:
+    with FanoutIterator(src, OPTS, Shard(), 0, 2, skip=skip) as it:
         assert len(it) == len(ref) - len(skip)
         got = [b["index"].tolist() for b in it]
     assert got == [b for j, b in enumerate(ref) if j not in skip]
@@ -242,7 +242,7 @@ def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> Non
     opts = {"batch_size": 16, "transform": empty_batch_5, "on_error": "skip"}
     ref = [b["index"].tolist() for b in AsyncLoader(src, **opts, processes=0)]
     assert len(ref) == 12 and [80] not in [b[:1] for b in ref]
-    with FanoutEpoch(src, opts, Shard(), 0, 2) as it:
+    with FanoutIterator(src, opts, Shard(), 0, 2) as it:
         assert [b["index"].tolist() for b in it] == ref
 
 
@@ -255,7 +255,7 @@ def test_a_row_that_always_kills_its_worker_is_narrowed_down_and_named_by_the_sh
     src = CrashingSource(seg_url, {bad}, sig=signal.SIGSEGV)
     plan = EpochSampler(ROWS, 4).batches(0)
     got: list[int] = []
-    with FanoutEpoch(src, {"batch_size": 4, "on_error": on_error}, Shard(), 0, 2) as it:
+    with FanoutIterator(src, {"batch_size": 4, "on_error": on_error}, Shard(), 0, 2) as it:
         if on_error == "raise":
             with pytest.raises(ReaderCrashError) as info:
                 for b in it:
@@ -279,7 +279,7 @@ def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> 
     src = DeepLakeSource(seg_url)
     opts = {"batch_size": 8, "max_restarts": 0}  # the first death is fatal: what this test checks
     plan = EpochSampler(ROWS, 8).batches(0)
-    it = FanoutEpoch(src, opts, Shard(), 0, 2)
+    it = FanoutIterator(src, opts, Shard(), 0, 2)
     assert next(it)["index"].tolist() == plan[0]
     assert next(it)["index"].tolist() == plan[1]
     pids = it.pids
@@ -303,7 +303,7 @@ def test_a_worker_killed_mid_allocation_leaves_no_shm_file(seg_url) -> None:
     """torch unlinks a batch's shm file right after creating it; SIGKILL in between leaves the file (a CI
     run caught one). The pool removes what a worker that did not exit cleanly left."""
     opts = {"batch_size": 16, "transform": killed_while_allocating_at_85, "max_restarts": 0}
-    it = FanoutEpoch(DeepLakeSource(seg_url), opts, Shard(), 0, 2)
+    it = FanoutIterator(DeepLakeSource(seg_url), opts, Shard(), 0, 2)
     got = []
     with pytest.raises(WorkerError) as info:  # reading ahead, worker 1 may die before batch 0 arrives
         for b in it:
@@ -316,7 +316,7 @@ def test_a_worker_killed_mid_allocation_leaves_no_shm_file(seg_url) -> None:
 
 @pytest.mark.timeout(60)
 def test_an_exception_in_a_workers_transform_surfaces_in_order_with_its_message(seg_url) -> None:
-    it = FanoutEpoch(DeepLakeSource(seg_url), {"batch_size": 16, "transform": fail_at_85}, Shard(), 0, 2)
+    it = FanoutIterator(DeepLakeSource(seg_url), {"batch_size": 16, "transform": fail_at_85}, Shard(), 0, 2)
     got = []
     with pytest.raises(ValueError, match="bad pixel at 85") as info:
         for b in it:
@@ -329,7 +329,7 @@ def test_an_exception_in_a_workers_transform_surfaces_in_order_with_its_message(
 
 @pytest.mark.timeout(60)
 def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
-    it = FanoutEpoch(DeepLakeSource(seg_url), {"batch_size": 8}, Shard(), 0, 2, context="forkserver")
+    it = FanoutIterator(DeepLakeSource(seg_url), {"batch_size": 8}, Shard(), 0, 2, context="forkserver")
     for n, _ in enumerate(it):
         if n == 2:
             break
@@ -343,7 +343,7 @@ def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
 INTERRUPT_SCRIPT = """
 import multiprocessing, os, signal, sys, threading, time
 from asyncload import AsyncLoader, DeepLakeSource, Shard
-from asyncload.processes.fanout import FanoutEpoch
+from asyncload.processes.fanout import FanoutIterator
 
 def slow(sample):
     time.sleep(0.05)  # the epoch lasts seconds: Ctrl-C comes while the parent waits for a batch
@@ -354,7 +354,7 @@ if __name__ == "__main__":
     # (nohup, `&`) passes SIGINT on ignored, and the KeyboardInterrupt under test would never come.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     src = DeepLakeSource(sys.argv[1])
-    it = FanoutEpoch(src, {"batch_size": 4, "transform": slow}, Shard(), 0, 2)
+    it = FanoutIterator(src, {"batch_size": 4, "transform": slow}, Shard(), 0, 2)
     next(it)
     print("pids", *it.pids.values(), flush=True)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
@@ -363,7 +363,7 @@ if __name__ == "__main__":
             pass
     except KeyboardInterrupt:
         print("interrupted; children left:", len(multiprocessing.active_children()), flush=True)
-    left_open = FanoutEpoch(src, {"batch_size": 4}, Shard(), 0, 2)
+    left_open = FanoutIterator(src, {"batch_size": 4}, Shard(), 0, 2)
     next(left_open)
     print("pids", *left_open.pids.values(), flush=True)
     idle = AsyncLoader(src, batch_size=16, processes=2)  # a persistent pool, idle between epochs at exit

@@ -55,9 +55,9 @@ def aligned_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     )
 
 
-def stage_of(url: str, device: str, ops: list | None) -> tuple[decode.Stage, dict[str, list], list[int]]:
+def stage_of(url: str, device: str, ops: list | None) -> tuple[decode.DecodeStage, dict[str, list], list[int]]:
     src = DeepLakeSource(url)
-    stage = decode.Stage(
+    stage = decode.DecodeStage(
         src.open().image_columns(), frozenset({"images", "masks"}), Augment(ops) if ops else None, seed=3, device=device
     )
     ds = deeplake.open_read_only(url)

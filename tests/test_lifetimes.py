@@ -195,7 +195,7 @@ def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None
         """
         import gc
         import functools
-        from asyncload.runtime.loop import Stage, on_exit
+        from asyncload.runtime.loop import ExitOrder, on_exit
 
         say = functools.partial(print, flush=True)
 
@@ -203,15 +203,15 @@ def test_exit_stops_run_stage_by_stage_whatever_the_registration_order() -> None
             pass
 
         keep = []
-        for stage in (Stage.STORES, Stage.WORKERS, Stage.LOOPS, Stage.WORK):
+        for stage in (ExitOrder.STORES, ExitOrder.WORKERS, ExitOrder.LOOPS, ExitOrder.WORK):
             owner = Owner()
             keep.append(owner)
             on_exit(owner, stage, say, stage.name)
         closed = Owner()
         keep.append(closed)
-        on_exit(closed, Stage.WORK, say, "closed-twice")()
+        on_exit(closed, ExitOrder.WORK, say, "closed-twice")()
         gone = Owner()
-        on_exit(gone, Stage.WORK, say, "collected")
+        on_exit(gone, ExitOrder.WORK, say, "collected")
         del gone
         gc.collect()
         print("main done", flush=True)

@@ -88,8 +88,8 @@ def test_the_device_stage_on_the_cpu_pairs_lz4_masks_as_deep_lakes_decode_does(l
     rows = list(range(len(blobs)))
     images = [ds[i].get_bytes("images") for i in rows]
     aug = Augment(ops) if ops else None
-    stage = decode.Stage(src.image_columns(), frozenset({"images", "masks"}), aug, seed=3, device="cpu")
-    store = decode.Stage(src.image_columns(), frozenset({"images"}), aug, seed=3, device="cpu")
+    stage = decode.DecodeStage(src.image_columns(), frozenset({"images", "masks"}), aug, seed=3, device="cpu")
+    store = decode.DecodeStage(src.image_columns(), frozenset({"images"}), aug, seed=3, device="cpu")
     got, keep, _ = gpu.run(stage, ("images", "masks"), {"images": images, "masks": blobs}, rows)
     ref, keep_ref, _ = gpu.run(store, ("images", "masks"), {"images": images, "masks": masks}, rows)
     assert keep == keep_ref == rows

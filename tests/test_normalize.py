@@ -143,7 +143,7 @@ def test_fanout_workers_and_dataloader_workers_deliver_the_same_model_ready_batc
 def test_the_device_stage_finish_makes_the_batch_model_ready_after_the_geometry(photo_url: str) -> None:
     src = DeepLakeSource(photo_url).open()
     ready = ModelReady.of((MEAN, STD), "NCHW", torch.bfloat16)
-    stage = decode.Stage(src.image_columns(), frozenset({"images"}), Augment(CROP), seed=3, device="cpu")
+    stage = decode.DecodeStage(src.image_columns(), frozenset({"images"}), Augment(CROP), seed=3, device="cpu")
     ds = deeplake.open_read_only(photo_url)
     rows = list(range(16))
     values = {"images": [ds[i].get_bytes("images") for i in rows], "masks": [ds[i]["masks"] for i in rows]}

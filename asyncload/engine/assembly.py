@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..image.decode import Stage
+from ..image.decode import DecodeStage
 from ..image.decode import run as decode_run
 from ..image.normalize import image_columns
 from .collate import CollateError, collate_column, collate_columns, default_collate, ragged_policy, rows
@@ -96,7 +96,7 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
 
 
 def _decoded(
-    plan: Plan, stage: Stage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
+    plan: Plan, stage: DecodeStage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]], float]:
     """The decode stage's tensors (image and mask columns), the positions of the samples that decoded,
     the skipped ones, and the thread CPU seconds it took."""

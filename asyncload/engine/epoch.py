@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import LoaderClosedError, WorkerError
-from ..runtime.loop import LoopKind, LoopThread, Stage, exiting, on_exit, start_thread
+from ..runtime.loop import ExitOrder, LoopKind, LoopThread, exiting, on_exit, start_thread
 from .pipeline import Pipeline
 from .plan import Plan
 from .progress import EpochProgress
@@ -52,7 +52,7 @@ def closed_error(url: str, taken: int, total: int) -> LoaderClosedError:
 class Epoch(Iterator[Any], abc.ABC):
     """The contract of one epoch being read (module docstring). Subclasses set ``_progress`` and
     ``_stats``, implement ``__next__``, ``close`` and ``__len__``, and register what stops them with
-    ``_loop.on_exit`` (so that garbage collection and interpreter exit stop them too)."""
+    ``runtime.loop.on_exit`` (so that garbage collection and interpreter exit stop them too)."""
 
     _progress: EpochProgress
     _stats: Stats
@@ -160,7 +160,7 @@ class EpochIterator(Epoch):
         lt = LoopThread(loop=loop, cpu_workers=cpu_workers)
         self._pipeline = Pipeline(plan, self._out, lt, self._stats)
         self._run = _Run(lt, self._pipeline, plan.source.url, shutdown_timeout)
-        self._finalizer = on_exit(self, Stage.WORK, self._run.stop)
+        self._finalizer = on_exit(self, ExitOrder.WORK, self._run.stop)
         self._closed = False  # no more batches for the consumer
         self._ended = False  # every batch of the epoch was yielded: only then StopIteration
         self._error: BaseException | None = None  # the epoch's error, raised again by a later next()

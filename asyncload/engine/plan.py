@@ -1,6 +1,6 @@
 """``Plan``: everything one epoch's pipeline needs, fixed when the epoch starts.
 
-``reader.ShardReader`` makes it (which batches, how many indices per request, how many requests in
+``engine.shard.ShardEpochs`` makes it (which batches, how many indices per request, how many requests in
 flight); ``pipeline``, ``hedging`` and ``assembly`` only read it.
 """
 
@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..image.decode import Stage
+from ..image.decode import DecodeStage
 from ..sources.base import Source
 from .collate import CollateFn, RaggedSpec, Transform
 from .options import OnError
@@ -38,7 +38,7 @@ class Plan:
     hedge: float | None = 3.0  # hedge a read slower than this × recent p99 (None: never)
     hedge_min_s: float = 0.05
     ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
-    stage: Stage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
+    stage: DecodeStage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
     budget: int = 1 << 30  # bytes of batches alive (read, decoded, ready) the pipeline aims to stay within
     stall_timeout: float = 120.0  # seconds with reads in flight and none answering before the epoch gives up
 

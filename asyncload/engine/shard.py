@@ -1,4 +1,4 @@
-"""``ShardReader``: how one process reads its shard of a source, epoch after epoch.
+"""``ShardEpochs``: how one process reads its shard of a source, epoch after epoch.
 
 The loader (``processes=0``) and every fan-out worker process read the same way: the sampler's plan for
 an epoch, minus the batches already consumed, becomes a pipeline ``Plan`` (indices per request, fetcher
@@ -28,7 +28,7 @@ from .tuning import ConcurrencyTuner
 TUNER_START = 256
 
 
-class ShardReader:
+class ShardEpochs:
     """Reads ``shard`` of an opened ``source`` with ``options``; one epoch at a time. ``worker``: in a
     fan-out worker process, which leaves GPU decoding, and the end-of-epoch skip report over every
     worker's figures, to the training process."""
@@ -92,4 +92,4 @@ class ShardReader:
         )
 
 
-__all__ = ["ShardReader"]
+__all__ = ["ShardEpochs"]

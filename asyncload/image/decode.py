@@ -51,7 +51,7 @@ class ImageColumn:
 
 
 @dataclass(frozen=True)
-class Stage:
+class DecodeStage:
     """How one loader turns a batch's parts into its tensors; fixed for an epoch, pickled to workers."""
 
     columns: Mapping[str, ImageColumn]  # the image-like columns, with their roles
@@ -72,7 +72,7 @@ class Stage:
 
     ready: Any = None  # ``normalize.ModelReady``: the image columns made model-ready after decode and augment
 
-    def for_epoch(self, epoch: int) -> Stage:
+    def for_epoch(self, epoch: int) -> DecodeStage:
         return replace(self, epoch=epoch)
 
 
@@ -81,7 +81,7 @@ class Failures:
     column and row, or, with ``on_error="skip"``, records sample ``k`` once (in ``bad`` and, with why, in
     ``skipped``)."""
 
-    def __init__(self, stage: Stage, rows: Sequence[int]) -> None:
+    def __init__(self, stage: DecodeStage, rows: Sequence[int]) -> None:
         self.stage, self.rows = stage, rows
         self.bad: set[int] = set()
         self.skipped: list[tuple[int, str]] = []
@@ -107,7 +107,7 @@ def _scratch_array(shape: tuple[int, ...]) -> np.ndarray:
 
 
 def run(
-    stage: Stage,
+    stage: DecodeStage,
     cols: Sequence[str],
     values: Mapping[str, Sequence[Any]],
     rows: Sequence[int],
@@ -212,7 +212,7 @@ def run(
 
 
 def _pair_size(
-    stage: Stage, values: Mapping[str, Sequence[Any]], heads: Mapping[str, list[Header | None]], k: int
+    stage: DecodeStage, values: Mapping[str, Sequence[Any]], heads: Mapping[str, list[Header | None]], k: int
 ) -> tuple[int, int]:
     """Height and width of sample ``k``'s paired image: its header, or the array the store decoded."""
     pair = stage.pair
@@ -228,7 +228,7 @@ def _pair_size(
     return tuple(np.shape(v)[:2])  # type: ignore[return-value]
 
 
-def unpaired(stage: Stage, part: Mapping[str, Sequence[Any]]) -> dict[str, list[int]]:
+def unpaired(stage: DecodeStage, part: Mapping[str, Sequence[Any]]) -> dict[str, list[int]]:
     """Per lz4 mask column of one read (``part``: column → samples), the positions whose blob's size is
     not its paired image's height × width: those must be decoded by the store, whose metadata knows their
     shape. Header reads only (microseconds a sample); an image whose header is bad is left to the stage,
@@ -354,7 +354,7 @@ def decoders_available() -> str | None:
     return ", ".join(missing) or None
 
 
-def decode_stage(source: Any, options: Any) -> Stage | None:
+def decode_stage(source: Any, options: Any) -> DecodeStage | None:
     """The stage a loader with ``options`` runs for ``source`` (open), or None when no column needs one.
 
     ``decode="auto"`` (and "cpu", "cuda"): every column whose stored codec asyncload decodes is read as
@@ -397,7 +397,7 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
             )
         else:
             encoded |= frozenset(lz4)
-    return Stage(
+    return DecodeStage(
         cols,
         encoded,
         aug,
@@ -411,5 +411,5 @@ def decode_stage(source: Any, options: Any) -> Stage | None:
 
 
 __all__ = [
-    "Failures", "ImageColumn", "Role", "Stage", "apply", "decode_stage", "decoders_available", "run", "unpaired",
+    "Failures", "ImageColumn", "Role", "DecodeStage", "apply", "decode_stage", "decoders_available", "run", "unpaired",
 ]  # fmt: skip

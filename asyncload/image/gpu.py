@@ -12,7 +12,7 @@ path by interpolation rounding only: antialiased bilinear here where the CPU ave
 With worker processes (``processes=K``), workers must not touch the GPU: they ``pack`` the stage's
 columns as they were read (stored bytes, store-decoded masks) into shared-memory tensors, and the training
 process runs ``finish`` (``unpack``, then ``run``) on each batch it receives, several batches at once on
-its device threads (``fanout.epoch``). The draws depend on (seed, epoch, row) only, so the batch is the
+its device threads (``processes.fanout.iterator``). The draws depend on (seed, epoch, row) only, so the batch is the
 one a single process would make.
 """
 
@@ -29,7 +29,7 @@ from ..runtime.log import log_once
 from .augment import Draw
 from .codecs import DecodeError, is_stored, sniff
 from .codecs import decode as decode_bytes
-from .decode import Failures, ImageColumn, Stage, _as_hw
+from .decode import DecodeStage, Failures, ImageColumn, _as_hw
 from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
@@ -38,7 +38,7 @@ _EOI = b"\xff\xd9"
 
 
 def run(
-    stage: Stage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]
+    stage: DecodeStage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]]]:
     """Like ``decode.run``, with the image-like columns' tensors on ``stage.device``."""
     device = torch.device(stage.device or "cuda")
@@ -195,7 +195,9 @@ def place(img: torch.Tensor, d: Draw, role: str, dst: torch.Tensor, fill: int, i
 # -- fan-out: workers ship what they read, the training process decodes ------------------------------
 
 
-def pack(stage: Stage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]) -> dict[str, Any]:
+def pack(
+    stage: DecodeStage, cols: Sequence[str], values: Mapping[str, Sequence[Any]], rows: Sequence[int]
+) -> dict[str, Any]:
     """The stage's columns as read, in three tensors each (allocated where batches go: a fan-out
     worker's shared memory): ``data`` (every sample's bytes, one after another), ``spans`` (start, end)
     and ``shapes`` (an array's shape; -1 for stored bytes). Plus the rows, which the draws need."""
@@ -230,7 +232,7 @@ def unpack(batch: dict[str, Any]) -> tuple[list[str], dict[str, list[Any]], list
     return cols, values, rows
 
 
-def finish(stage: Stage, batch: dict[str, Any], with_index: bool) -> tuple[dict[str, Any], list[tuple[int, str]]]:
+def finish(stage: DecodeStage, batch: dict[str, Any], with_index: bool) -> tuple[dict[str, Any], list[tuple[int, str]]]:
     """A fan-out worker's packed batch made whole in the training process: the stage's columns decoded
     and augmented on the device, the other columns (already collated by the worker) kept for the samples
     that decoded. Returns the batch and the samples skipped here. Thread-safe: the fan-out's epoch runs it

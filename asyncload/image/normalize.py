@@ -51,7 +51,7 @@ def _numbers(name: str, value: Any) -> tuple[float, ...]:
 @dataclass(frozen=True)
 class ModelReady:
     """What becomes of an image column's uint8 ``[B, H, W, C]`` batch: ``mean``/``std`` (None: none),
-    ``layout`` and ``dtype`` (None: uint8). Frozen and picklable: it travels in the decode ``Stage``."""
+    ``layout`` and ``dtype`` (None: uint8). Frozen and picklable: it travels in the decode ``DecodeStage``."""
 
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..engine.protocol import Failure
 from ..engine.stats import Stats
 from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
-from ..runtime.loop import LoopThread, Stage, on_exit, start_thread
+from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source, stored_bytes
 from .recovery import Ended, Recovery, beat_interval, narrow
@@ -103,7 +103,7 @@ class _Reader:
 #: Seconds a new reader may take to import Deep Lake and say it is ready before its reads' clock runs
 #: anyway (a start is this machine's work, not the store's; it is not meant to take this long).
 _START_ALLOWANCE = 30.0
-#: Seconds an idle reader asked to stop may take to exit before it is killed (see ``_procs.kill_processes``).
+#: Seconds an idle reader asked to stop may take to exit before it is killed (see ``runtime.procs.kill_processes``).
 _STOP_GRACE = 0.5
 
 
@@ -147,7 +147,7 @@ class IsolatedSource(Source[Any]):
     """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
     ``inner`` in this process, which has opened it (length, version, columns, row numbers).
     ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
-    which the reader must then import (``_procs.start_child``). ``max_restarts``: deaths per epoch that are
+    which the reader must then import (``runtime.procs.start_child``). ``max_restarts``: deaths per epoch that are
     survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``)."""
 
     def __init__(
@@ -184,7 +184,7 @@ class IsolatedSource(Source[Any]):
         self._configured: tuple[int, int | None] | None = None
         #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
         self.pids: list[int] = []
-        self._finalizer = on_exit(self, Stage.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
+        self._finalizer = on_exit(self, ExitOrder.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
 
     # -- what ``inner`` answers in this process --------------------------------------------------
     def _open(self) -> Any:

@@ -32,7 +32,7 @@ first reader is found stuck ("no answer from <url> for 30 s; waiting up to 120 s
 the store answers again; ``Stats.stalls`` and ``Stats.stall_wait_s`` count the outages ridden out.
 
 The module holds the decisions and the words; the two callers hold the processes: ``isolated`` awaits
-reads on an event loop, ``fanout.epoch`` blocks in ``multiprocessing.connection.wait``. So the search by
+reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So the search by
 halves is a generator (``narrow``) that each drives its own way.
 """
 

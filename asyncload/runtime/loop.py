@@ -11,7 +11,7 @@ of the library is written as plain asyncio and plain iterators.
 - CPU work (collation, transforms, decoding) goes to a small thread pool owned by the same object, so the
   loop thread only moves requests.
 - Lifetimes: whatever owns a thread, a loop, a worker process or a store handle registers its stop with
-  ``on_exit`` at a ``Stage``. The stop runs once: on ``close()``, when the owner is garbage-collected
+  ``on_exit`` at a ``ExitOrder``. The stop runs once: on ``close()``, when the owner is garbage-collected
   (``weakref.finalize``, never ``__del__``), or at interpreter exit, stage by stage: epochs stop their
   work first (reads in flight are awaited: Deep Lake aborts the process when a read completes into a
   closed loop), then bare loop threads, then fan-out worker processes, then store handles. The exit hook
@@ -66,7 +66,7 @@ def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
-class Stage(enum.IntEnum):
+class ExitOrder(enum.IntEnum):
     """When, at interpreter exit, a registered stop runs: lower stages first."""
 
     WORK = 0  #: epochs and device feeds: stop issuing reads, await those in flight, stop their loop
@@ -75,13 +75,13 @@ class Stage(enum.IntEnum):
     STORES = 3  #: store handles (a Deep Lake dataset must be released before interpreter teardown)
 
 
-_exits: dict[Stage, set[weakref.finalize]] = {stage: set() for stage in Stage}
+_exits: dict[ExitOrder, set[weakref.finalize]] = {stage: set() for stage in ExitOrder}
 _exits_pid = os.getpid()
 _exits_lock = threading.Lock()
 _hook_pid: int | None = None
 
 
-def on_exit(owner: object, stage: Stage, stop: Callable[..., Any], *args: Any) -> weakref.finalize:
+def on_exit(owner: object, stage: ExitOrder, stop: Callable[..., Any], *args: Any) -> weakref.finalize:
     """Register ``stop(*args)`` to run once: when the returned finaliser is called (``close()``), when
     ``owner`` is garbage-collected, or at interpreter exit in ``stage`` order.
 
@@ -119,7 +119,7 @@ def _run_exits() -> None:
     if _exits_pid != os.getpid():
         return
     _exiting = True
-    for stage in Stage:
+    for stage in ExitOrder:
         with _exits_lock:
             pending = [f for f in _exits[stage] if f.alive]
             _exits[stage].clear()
@@ -232,7 +232,7 @@ class LoopThread:
     """One event loop on one daemon thread, plus a CPU thread pool, started lazily and stopped once.
 
     ``cpu_workers`` sizes the pool for work that must not run on the loop thread. The loop stops on
-    ``stop()``, when the ``LoopThread`` is garbage-collected, or at interpreter exit (``Stage.LOOPS``:
+    ``stop()``, when the ``LoopThread`` is garbage-collected, or at interpreter exit (``ExitOrder.LOOPS``:
     after the epochs that own loops have stopped their reads).
     """
 
@@ -289,7 +289,7 @@ class LoopThread:
                 pool.shutdown()
                 raise box[0]
             self._run = _Running(self._name, os.getpid(), thread, box[0], pool)
-            self._finalizer = on_exit(self, Stage.LOOPS, self._run.stop_from_any_thread, 10.0)
+            self._finalizer = on_exit(self, ExitOrder.LOOPS, self._run.stop_from_any_thread, 10.0)
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop the loop, join the thread and the pool; True when everything ended within ``timeout``.

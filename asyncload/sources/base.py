@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
 
-from ..runtime.loop import Stage, on_exit
+from ..runtime.loop import ExitOrder, on_exit
 
 if TYPE_CHECKING:
     from ..image.decode import ImageColumn
@@ -38,7 +38,7 @@ Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
 
 
 def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
-    """A source's stop at interpreter exit (``Stage.STORES``: after every read was stopped). Garbage
+    """A source's stop at interpreter exit (``ExitOrder.STORES``: after every read was stopped). Garbage
     collection of the source needs nothing: its handle goes with it."""
     src = ref()
     if src is not None:
@@ -73,7 +73,7 @@ class Source(abc.ABC, Generic[H]):
                     self._handle_obj, self._handle_pid = obj, os.getpid()
                     if self._exit is not None:  # a handle of an earlier process (fork) or an earlier open
                         self._exit.detach()
-                    self._exit = on_exit(self, Stage.STORES, _close_at_exit, weakref.ref(self))
+                    self._exit = on_exit(self, ExitOrder.STORES, _close_at_exit, weakref.ref(self))
         return self._handle_obj
 
     def open(self) -> Source[H]:
@@ -182,7 +182,7 @@ class Source(abc.ABC, Generic[H]):
     #: Whether a read in flight may be cancelled (``Task.cancel``) when an epoch stops or gives up on a
     #: silent store: True for coroutines that clean up when cancelled (HTTP requests, a reader process's
     #: answer). False where cancelling hangs or breaks the store (a Deep Lake future): such reads are
-    #: abandoned instead, left to end on a loop kept running for them (``_loop.LoopThread.linger``).
+    #: abandoned instead, left to end on a loop kept running for them (``runtime.loop.LoopThread.linger``).
     cancel_safe: bool = True
 
     def set_stall_timeout(self, seconds: float) -> None:

@@ -9,7 +9,7 @@ Design, and why:
 
 - **Requests on the loader's loop.** Every object is one aiohttp GET on the running loop; a read of ``n``
   indices issues ``n × columns`` at once. The session (one connection pool) and the decode pool are made
-  lazily on the loop that reads and closed when that loop ends (``_loop.LoopLocal``), so the source handle
+  lazily on the loop that reads and closed when that loop ends (``runtime.loop.LoopLocal``), so the source handle
   (the row → key index) stays plain data that opens on any thread and never crosses a fork.
 - **Pool sized to the fan-out, twice over.** ``configure(requests_in_flight)`` × the most indices per
   read × columns, capped by ``max_connections``, because aiohttp's default cap of 100 would queue the

@@ -1,5 +1,5 @@
 """Fan-out over processes: K persistent worker processes, each reading 1/K of every epoch's batches with
-its own ``ShardReader`` (event loop, CPU pool, store handle).
+its own ``ShardEpochs`` (event loop, CPU pool, store handle).
 
 Why processes: one loader's loop thread and CPU pool share one GIL, so a transform written in Python (or
 any per-sample work that holds the GIL) caps an epoch at one core however many reads are in flight.
@@ -18,7 +18,7 @@ therefore yields the same batches, in the same order, as one ``AsyncLoader`` wit
 
 Lifetimes: ``WorkerPool.close()``, garbage collection of the pool, interpreter exit, a dead worker and
 Ctrl-C in the consumer stop every worker (asked, then killed half a second later) and join them.
-``AsyncLoader(processes=K)`` owns one pool; a ``FanoutEpoch`` built on its own (``FanoutEpoch(source,
+``AsyncLoader(processes=K)`` owns one pool; a ``FanoutIterator`` built on its own (``FanoutIterator(source,
 ...)``) owns a private pool that it closes. An epoch abandoned mid-way is settled before the pool serves
 another, and none of its batches reaches the next.
 
@@ -34,12 +34,12 @@ Modules, one concept each; each imports only those above it:
 - ``wire``: the messages between parent and worker, and how they travel (fds, shared memory);
 - ``worker``: what runs inside a worker process;
 - ``pool``: the parent's hold on the processes: start, ask for an epoch, settle one left open, stop;
-- ``epoch``: one epoch read from the workers (``FanoutEpoch``), and ``WorkerPool``.
+- ``epoch``: one epoch read from the workers (``FanoutIterator``), and ``WorkerPool``.
 """
 
 from __future__ import annotations
 
-from .iterator import FanoutEpoch, WorkerPool
+from .iterator import FanoutIterator, WorkerPool
 from .shares import sub_shard
 
-__all__ = ["FanoutEpoch", "WorkerPool", "sub_shard"]
+__all__ = ["FanoutIterator", "WorkerPool", "sub_shard"]

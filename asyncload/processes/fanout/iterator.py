@@ -16,7 +16,7 @@ was. Past ``max_restarts`` deaths, or one outage past ``stall_timeout``, the epo
 ``WorkerError`` or ``StallError`` and the pool is closed. ``close()`` from another thread while the
 consumer waits in ``next()`` wakes it with ``LoaderClosedError`` and stops the workers at once.
 
-``WorkerPool`` lives here rather than in ``fanout.pool``: ``FanoutEpoch(source, ...)`` makes a private pool
+``WorkerPool`` lives here rather than in ``fanout.pool``: ``FanoutIterator(source, ...)`` makes a private pool
 and ``WorkerPool.epoch()`` makes an epoch, and one module holding both keeps the import graph one-way.
 """
 
@@ -41,9 +41,9 @@ from ...engine.protocol import END, Failure
 from ...engine.sampler import Shard
 from ...engine.stats import Stats
 from ...errors import ConfigError, LoaderClosedError, StallError, WorkerError
-from ...image.decode import Stage as DecodeStage
+from ...image.decode import DecodeStage
 from ...image.gpu import PACKED, finish
-from ...runtime.loop import Stage, on_exit, thread_pool
+from ...runtime.loop import ExitOrder, on_exit, thread_pool
 from ...sources.base import Source
 from ..recovery import Ended, Recovery, beat_interval, narrow
 from .pool import _Pool
@@ -116,7 +116,7 @@ class _Taken:
 
 @dataclass
 class _Lease:
-    """What ends an epoch (``FanoutEpoch``'s finaliser; it must not hold the epoch): stop its device
+    """What ends an epoch (``FanoutIterator``'s finaliser; it must not hold the epoch): stop its device
     threads, settle it on a shared pool, or close a pool the epoch owns."""
 
     pool: WorkerPool
@@ -143,7 +143,7 @@ class _Lease:
             self.wake = None
 
 
-class FanoutEpoch(Epoch):
+class FanoutIterator(Epoch):
     """One epoch of ``source``'s ``shard`` read by ``processes`` worker processes; yields the batches one
     in-process ``AsyncLoader`` with the same options would (in the same order when ``in_order``).
 
@@ -173,7 +173,7 @@ class FanoutEpoch(Epoch):
         self._setup(pool, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=True)
 
     @classmethod
-    def _on(cls, pool: WorkerPool, epoch: int, **kw: Any) -> FanoutEpoch:
+    def _on(cls, pool: WorkerPool, epoch: int, **kw: Any) -> FanoutIterator:
         self = cls.__new__(cls)
         self._setup(pool, epoch, **kw)
         return self
@@ -218,7 +218,7 @@ class FanoutEpoch(Epoch):
         self._ahead: deque[_Taken] = deque()  # ``decode="cuda"``: taken, on the device threads, not yet yielded
         self._drained = False  # the workers have nothing more for this epoch (or failed): take no more
         self._lease = _Lease(pool, owns_pool, self._stats, wake=os.pipe())
-        self._finalizer = on_exit(self, Stage.WORK, self._lease.end)
+        self._finalizer = on_exit(self, ExitOrder.WORK, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
     def __len__(self) -> int:
@@ -641,7 +641,7 @@ class FanoutEpoch(Epoch):
 
 class WorkerPool(_Pool):
     """``processes`` persistent worker processes, each reading its sub-shard (``sub_shard``) with a
-    ``ShardReader`` built once; epochs are run on it with ``epoch()``, one at a time.
+    ``ShardEpochs`` built once; epochs are run on it with ``epoch()``, one at a time.
 
     ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
     hangs or segfaults). ``timeout``: how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
@@ -652,6 +652,6 @@ class WorkerPool(_Pool):
     def epoch(
         self, epoch: int, *, skip: frozenset[int] = frozenset(), in_order: bool = True,
         progress: EpochProgress | None = None,
-    ) -> FanoutEpoch:  # fmt: skip
+    ) -> FanoutIterator:  # fmt: skip
         """An iterator over epoch ``epoch`` served by this pool (the workers start on its first ``next()``)."""
-        return FanoutEpoch._on(self, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=False)
+        return FanoutIterator._on(self, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=False)

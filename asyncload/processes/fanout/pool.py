@@ -9,13 +9,13 @@ flight awaited) and goes idle. Dropped batches are unpickled, which releases the
 that does not answer within ``2 * timeout`` seconds, or dies, closes the whole pool: the next epoch starts
 fresh workers.
 
-Stopping (``close()``, garbage collection of the pool, interpreter exit at ``_loop.Stage.WORKERS``: after
+Stopping (``close()``, garbage collection of the pool, interpreter exit at ``runtime.loop.ExitOrder.WORKERS``: after
 epochs stopped and before multiprocessing's own hook) asks every worker to exit, kills the ones still
 alive half a second later (a worker holds nothing of the user's, and one stuck in a read of a silent store
 would never exit), and joins them all. A worker found waiting for its store while settling is not waited
 for either: the pool is closed.
 
-The public ``WorkerPool`` (this pool plus ``epoch()``) is in ``fanout.epoch``: an epoch built on its own
+The public ``WorkerPool`` (this pool plus ``epoch()``) is in ``processes.fanout.iterator``: an epoch built on its own
 makes a pool, and a pool makes epochs: with one class in each module, each would import the other.
 """
 
@@ -34,11 +34,11 @@ from typing import Any
 
 from ...engine.options import LoaderOptions
 from ...engine.sampler import EpochSampler, Shard
-from ...engine.shard import ShardReader
+from ...engine.shard import ShardEpochs
 from ...engine.stats import Stats
 from ...errors import ConfigError
 from ...image.decode import decode_stage
-from ...runtime.loop import Stage, on_exit
+from ...runtime.loop import ExitOrder, on_exit
 from ...runtime.procs import kill_processes, reap_process, start_child
 from ...sources.base import Source
 from .shares import _per_worker, sub_shard
@@ -116,11 +116,11 @@ class _Pool:
                 if key in options:
                     raise ConfigError(f"loader_kwargs[{key!r}] is not allowed: the fan-out sets each worker's {key}")
             options = LoaderOptions(**options)
-        # Workers read in order so that every message names its batch (see ``fanout.epoch``), and never
+        # Workers read in order so that every message names its batch (see ``processes.fanout.iterator``), and never
         # fan out again.
         options = _per_worker(options, processes)
         if sampler is None:  # the plan of this shard, as each worker computes its share of it
-            sampler = ShardReader(source.open(), options, shard).sampler
+            sampler = ShardEpochs(source.open(), options, shard).sampler
         self.sampler = sampler
         stage = decode_stage(source.open(), options)
         #: ``decode="cuda"``: the stage the training process runs on each batch (workers ship bytes)
@@ -153,7 +153,7 @@ class _Pool:
         self.gen = 0  # the latest epoch started on the pool
         self.busy: set[int] = set()  # workers that owe epoch ``gen`` its terminal message
         self._grace = [_STOP_GRACE]  # (a list: the finaliser must not hold the pool)
-        self._finalizer = on_exit(self, Stage.WORKERS, _stop_workers, self.procs, self._grace, os.getpid())
+        self._finalizer = on_exit(self, ExitOrder.WORKERS, _stop_workers, self.procs, self._grace, os.getpid())
 
     @property
     def closed(self) -> bool:

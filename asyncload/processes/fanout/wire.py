@@ -9,7 +9,7 @@ Protocol (typed messages, one duplex ``Pipe`` per worker):
   ``Failed(gen, error)`` or ``Cancelled(gen)`` per ``StartEpoch`` (``Done(gen, seq, figures)``, ``Failed`` or
   ``Cancelled`` per ``ReadOne``), after which the worker is idle.
 ``gen`` numbers the pool's epochs; the parent drops any message whose ``gen`` is not the live epoch's, so
-no batch of an abandoned epoch can reach the next one. ``Failed.error`` is a ``_protocol.Failure``, the
+no batch of an abandoned epoch can reach the next one. ``Failed.error`` is a ``engine.protocol.Failure``, the
 one error carrier: it pickles as data, so an exception the parent cannot rebuild still arrives.
 
 Transport: pickled with ``ForkingPickler`` and torch's reductions (the ones a
@@ -72,7 +72,7 @@ class StartEpoch:
 class ReadOne:
     """Parent → worker: read positions ``indices`` of epoch ``epoch`` as your batch ``seq``, alone (no other
     read in flight), and answer ``Batch`` (unless ``probe``) then ``Done``. How the parent finds the batch,
-    and then the rows, whose read kills a reader (``fanout.epoch``): with one read in flight, a death names
+    and then the rows, whose read kills a reader (``processes.fanout.iterator``): with one read in flight, a death names
     it. A ``probe`` only asks whether reading ``indices`` kills the reader: its data and errors are dropped."""
 
     gen: int

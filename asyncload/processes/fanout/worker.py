@@ -1,6 +1,6 @@
 """What runs inside a worker process: build the loader once, then serve epochs as the parent asks.
 
-Three threads: the main thread runs the epoch (its own ``ShardReader``: event loop, CPU pool, store
+Three threads: the main thread runs the epoch (its own ``ShardEpochs``: event loop, CPU pool, store
 handle) and sends each batch against a credit; a control thread reads the parent's messages, so that
 credits and cancels arrive while the main thread waits, and an epoch can be cancelled at its next credit
 wait; a beat thread tells the parent, while the worker works, since when its reads have had no answer
@@ -33,7 +33,7 @@ from ...engine.options import LoaderOptions
 from ...engine.progress import EpochProgress
 from ...engine.protocol import Failure
 from ...engine.sampler import Shard
-from ...engine.shard import ShardReader
+from ...engine.shard import ShardEpochs
 from ...engine.stats import Stats
 from ...runtime.alloc import set_allocator
 from ...runtime.loop import start_thread
@@ -189,7 +189,7 @@ def _send(channel: _Channel, msg: object) -> None:
         raise _ParentGone from exc
 
 
-def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+def _run_epoch(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
     """Serve one epoch of this worker's sub-shard, one batch per credit."""
     total = len(reader.sampler)
     progress = EpochProgress(cmd.epoch, total)
@@ -213,7 +213,7 @@ def _run_epoch(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: Start
     return End(cmd.gen, _figures(it.stats()))
 
 
-def _read_one(channel: _Channel, reader: ShardReader, ctl: _Control, cmd: ReadOne) -> Done | Cancelled:
+def _read_one(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: ReadOne) -> Done | Cancelled:
     """Read ``cmd.indices`` alone as batch ``cmd.seq``: send it (unless a probe), then ``Done``. A probe's
     failure is an answer too (the read did not kill this process), so it ends in ``Done`` as well."""
     it = reader.epoch(cmd.epoch, EpochProgress(cmd.epoch, len(reader.sampler)), only=[(cmd.seq, list(cmd.indices))])
@@ -246,10 +246,10 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     channel = _Channel(conn)
     ctl.opening_since = time.monotonic()  # an open of a silent store is a stall too
     start_thread(_beat, channel, ctl, beat_interval(spec.options.stall_timeout), name="asyncload-fanout-beat")
-    reader: ShardReader | None = None
+    reader: ShardEpochs | None = None
     broken: Failure | None = None
     try:
-        reader = ShardReader(spec.source.open(), spec.options, spec.shard, worker=True)
+        reader = ShardEpochs(spec.source.open(), spec.options, spec.shard, worker=True)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
         broken = Failure(exc)
     ctl.opening_since = None
