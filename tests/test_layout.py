@@ -67,6 +67,62 @@ def test_the_import_graph_has_no_cycles() -> None:
     assert cycles(graph) == []
 
 
+#: The package's floors, lowest first: a module imports only from its own floor or the ones below. The
+#: front door (``asyncload/__init__``, which names the public API lazily) and the two command entry points
+#: stand outside the floors.
+FLOORS: list[tuple[str, ...]] = [
+    ("asyncload.errors", "asyncload._version"),
+    ("asyncload.runtime",),
+    ("asyncload.image",),
+    ("asyncload.sources",),
+    ("asyncload.engine",),
+    ("asyncload.processes",),
+    ("asyncload.loader", "asyncload.dataset", "asyncload.device", "asyncload.lightning"),
+    ("asyncload.tools",),
+]
+ENTRY_POINTS = {"asyncload", "asyncload.__main__", "asyncload.train"}
+
+
+def floor_of(module: str) -> int | None:
+    for i, names in enumerate(FLOORS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    return None
+
+
+def imports_up(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) pairs where the import runs up a floor."""
+    out = []
+    for module, deps in graph.items():
+        if module in ENTRY_POINTS:
+            continue
+        for dep in deps:
+            if dep not in ENTRY_POINTS and floor_of(dep) > floor_of(module):  # type: ignore[operator]
+                out.append((module, dep))
+    return sorted(out)
+
+
+def test_every_module_sits_on_a_floor_and_no_import_runs_back_up() -> None:
+    graph = import_graph()
+    assert [m for m in graph if m not in ENTRY_POINTS and floor_of(m) is None] == []
+    assert imports_up(graph) == []
+
+
+def test_the_floor_check_sees_an_import_that_runs_up() -> None:
+    graph = {"asyncload.image.decode": {"asyncload.engine.collate"}, "asyncload.engine.collate": set()}
+    assert imports_up(graph) == [("asyncload.image.decode", "asyncload.engine.collate")]
+
+
+def test_the_top_level_shows_the_surface_and_the_folders() -> None:
+    entries = sorted(p.name for p in PKG.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 18, entries
+    modules = [e for e in entries if e.endswith(".py")]
+    assert modules == [
+        "__init__.py", "__main__.py", "_version.py", "dataset.py", "device.py", "errors.py", "lightning.py",
+        "loader.py", "train.py",
+    ]  # fmt: skip
+
+
 def test_the_cycle_check_sees_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 

@@ -1,0 +1,93 @@
+"""A batch's journey through the training process: which asyncload modules it enters, on which threads.
+
+Issue 36's measure of the layout: modules crossed per batch, and whether any module is entered twice on
+one path. A small JPEG + lz4-mask Deep Lake dataset is read with the defaults (reader process, CPU
+decode); after two warm-up batches, every Python call into the package is recorded, on every thread of
+this process, until the next batch is handed over. A path is a chain of modules with
+repeats in a row folded: the chains of package modules on a thread's stack (the longest ones are listed);
+"re-entered" marks a chain on which a module calls down and is called back up again.
+
+    python benchmarks/suites/journey.py [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import asyncload
+
+PKG = Path(asyncload.__file__).resolve().parent
+
+
+def module_of(filename: str) -> str | None:
+    try:
+        rel = Path(filename).resolve().relative_to(PKG)
+    except ValueError:
+        return None
+    parts = rel.with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    calls: dict[str, set[tuple[str, ...]]] = defaultdict(set)
+    lock = threading.Lock()
+    active = threading.Event()
+
+    def prof(frame, event, arg):  # noqa: ANN001, ANN202 - the profiler's signature
+        if event != "call" or not active.is_set():
+            return
+        mod = module_of(frame.f_code.co_filename)
+        if mod is None:
+            return
+        stack: list[str] = []
+        f = frame
+        while f is not None:  # the chain of package modules on this thread's stack, outermost first
+            m = module_of(f.f_code.co_filename)
+            if m is not None and (not stack or stack[-1] != m):
+                stack.append(m)
+            f = f.f_back
+        stack.reverse()
+        with lock:
+            calls[threading.current_thread().name].add(tuple(stack))
+
+    with tempfile.TemporaryDirectory() as tmp:
+        url = asyncload.make_dataset(f"{tmp}/ds", 64, height=64, width=64, image_format="jpg", progress=False)
+        src = asyncload.DeepLakeSource(url)
+        loader = asyncload.AsyncLoader(src, batch_size=8, shuffle=False, prefetch=1, concurrency=8)
+        threading.setprofile(prof)  # every thread the loader starts from here on is recorded
+        sys.setprofile(prof)
+        it = iter(loader)
+        next(it), next(it)
+        active.set()
+        batch = next(it)
+        active.clear()
+        sys.setprofile(None)
+        threading.setprofile(None)
+        assert len(batch["images"]) == 8
+        del it, loader
+    lines = []
+    every: set[str] = set()
+    for thread, stacks in sorted(calls.items()):
+        paths = sorted(p for p in stacks if not any(q != p and q[: len(p)] == p for q in stacks))
+        lines.append(f"- {thread}:")
+        for path in paths:
+            again = sorted({m for i, m in enumerate(path) if m in path[:i]})
+            every |= set(path)
+            lines.append(f"  - {' → '.join(path)}" + (f"  (re-entered: {', '.join(again)})" if again else ""))
+    lines.insert(0, f"{len(every)} modules entered in the training process for one batch: {', '.join(sorted(every))}")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
