@@ -85,6 +85,9 @@ def test_the_wheel_installs_outside_the_repository_and_its_commands_run(tmp_path
     from asyncload import __version__
 
     assert _run([exe, "--version"], cwd=work, env=env).strip() == f"asyncload {__version__}"
+    # the benchmark suite needs a checkout's benchmarks/: an install does not offer it, nor dead-ends in it
+    helped = _run([exe, "--help"], cwd=work, env=env)
+    assert "make-dataset" in helped and "bench" not in helped, helped
     _run([exe, "make-dataset", "small", "--rows", "40", "--size", "32"], cwd=work, env=env)
     out = _run([exe, "load", "small", "--batch-size", "8", "--sequential-rows", "8", "--processes", "0"],
                cwd=work, env=env)  # fmt: skip

@@ -13,6 +13,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
@@ -372,10 +373,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def source_checkout() -> Path | None:
+    """The asyncload source checkout this package runs from (an editable install), or the one in the working
+    directory: the benchmark suite needs its ``benchmarks/`` and ``configs/``, which an install does not carry."""
+    for root in (Path(__file__).resolve().parents[2], Path.cwd()):
+        if (root / "benchmarks" / "suites" / "wan.py").is_file() and (root / "configs").is_dir():
+            return root
+    return None
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    """The suite lives in ``benchmarks/`` of a source checkout (it needs the test server and baselines)."""
+    """Runs the checkout's WAN suite (it needs the test server, the peers and the baselines)."""
     import runpy
-    from pathlib import Path
 
     suite = Path(args.suite)
     if not suite.is_file():
@@ -460,11 +469,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_flags(t)
     t.set_defaults(func=_cmd_train)
 
-    b = sub.add_parser("bench", help="the benchmark suite: loaders compared under emulated network latency")
-    b.add_argument("--config", default="configs/bench_wan.yaml")
-    b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    b.add_argument("--suite", default="benchmarks/suites/wan.py", help=argparse.SUPPRESS)
-    b.set_defaults(func=_cmd_bench)
+    checkout = source_checkout()
+    if checkout is not None:  # offered only where it can run: an installed package has no benchmarks/
+        b = sub.add_parser("bench", help="the benchmark suite: loaders compared under emulated network latency")
+        b.add_argument("--config", default=str(checkout / "configs" / "bench_wan.yaml"))
+        b.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+        b.add_argument("--suite", default=str(checkout / "benchmarks" / "suites" / "wan.py"), help=argparse.SUPPRESS)
+        b.set_defaults(func=_cmd_bench)
 
     d = sub.add_parser(
         "demo", help="the main job on the embedded default: make a small dataset, load it, print throughput"
@@ -473,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rows", type=int, default=1000)
     _add_load_options(d)
     d.set_defaults(func=_cmd_demo)
-    for cmd in (m, ld, i, t, b, d):
+    for cmd in sub.choices.values():
         _add_debug(cmd, argparse.SUPPRESS)
     return p
 
