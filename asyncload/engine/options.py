@@ -136,9 +136,9 @@ class LoaderOptions:
     def cpu_pool(self) -> int:
         """Threads of the loop's CPU pool (decode, transform, collate): ``cpu_workers``, or one per core
         this process may run on (decoding releases the GIL and scales with cores), at least 2."""
-        from ..image.files import default_workers
+        from ..runtime.loop import cores_available
 
-        return self.cpu_workers or max(2, default_workers())
+        return self.cpu_workers or max(2, cores_available())
 
     def reader_processes(self, source: Source[Any]) -> int:
         """Worker processes that read ``source``: ``processes``, or with ``"auto"`` one reader process for a

@@ -7,7 +7,6 @@ Images come out ``H×W×3`` uint8, masks ``H×W`` uint8 (palette indices or grey
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -28,14 +27,6 @@ def decode_modes(columns: Sequence[str], decode: Mapping[str, DecodeMode] | None
     return modes
 
 
-def default_workers() -> int:
-    """Decode threads when none are asked for: one per core this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
 def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
     """PNG/JPEG (or anything Pillow opens) → ``H×W×3`` (``rgb``) or ``H×W`` (``gray``) uint8."""
     from .codecs import DecodeError, decode
@@ -46,4 +37,4 @@ def decode_image(data: bytes, mode: DecodeMode, where: str) -> np.ndarray:
         raise DecodeError(f"cannot decode {where} as an image ({len(data)} bytes): {exc}") from exc
 
 
-__all__ = ["DecodeMode", "decode_image", "decode_modes", "default_workers"]
+__all__ = ["DecodeMode", "decode_image", "decode_modes"]

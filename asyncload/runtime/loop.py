@@ -66,6 +66,14 @@ def _new_event_loop(kind: LoopKind) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def cores_available() -> int:
+    """Threads a CPU pool gets when none are asked for: one per core this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 class ExitOrder(enum.IntEnum):
     """When, at interpreter exit, a registered stop runs: lower stages first."""
 

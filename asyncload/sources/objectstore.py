@@ -51,8 +51,8 @@ import aiohttp
 import numpy as np
 
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, name_objects, read_error
-from ..image.files import DecodeMode, decode_image, decode_modes, default_workers
-from ..runtime.loop import LoopLocal, run_blocking, thread_pool
+from ..image.files import DecodeMode, decode_image, decode_modes
+from ..runtime.loop import LoopLocal, cores_available, run_blocking, thread_pool
 from .base import Columns, Source, stored_bytes
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
 from .stores.azure import resolve_azure, split_az_url
@@ -193,7 +193,7 @@ class ObjectStoreSource(Source[_Index]):
         self._connections = connections
         self.max_connections = max_connections
         self.verify_tls = verify_tls
-        self._decode_workers = decode_workers or default_workers()
+        self._decode_workers = decode_workers or cores_available()
         self.open_deadline = open_deadline
         self.list_page_size = list_page_size
         self.profile = profile
