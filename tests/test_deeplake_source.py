@@ -1,8 +1,11 @@
-"""Deep Lake versions (tag, branch, commit) and TQL query results as the rows to load: the right data,
-``"index"`` naming dataset rows, exactly once across workers and resumes, and clear errors."""
+"""``DeepLakeSource`` (``sources/deeplake.py``): what it tells the loader about the dataset (image
+columns, block rows, a pickled copy that reopens the same rows), and Deep Lake versions (tag, branch,
+commit) and TQL query results as the rows to load: the right data, ``"index"`` naming dataset rows,
+exactly once across workers and resumes, and clear errors."""
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -43,6 +46,27 @@ def versioned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 def indices(loader) -> list[int]:
     return [i for b in loader for i in b["index"].tolist()]
+
+
+def test_the_source_names_its_image_columns_and_its_block_rows(seg_url: str) -> None:
+    src = DeepLakeSource(seg_url)
+    roles = {name: col.role for name, col in src.image_columns().items()}
+    assert roles == {"images": "image", "masks": "mask"}
+    assert len(src) == 203 and src.block_rows == 64  # a shuffled epoch keeps 64 contiguous rows together
+
+
+def test_a_query_reads_row_by_row_in_a_shuffle(versioned: dict[str, str]) -> None:
+    """A query's rows are scattered over the dataset: blocks of them would not be contiguous in storage."""
+    src = DeepLakeSource(versioned["url"], query="SELECT * WHERE label == 1", version="v1")
+    assert src.block_rows == 1 and len(src) == ROWS // 4
+
+
+def test_a_pickled_source_reopens_the_same_rows(seg_url: str, seg_arrays: dict[str, np.ndarray]) -> None:
+    """Reader processes, fan-out workers and DataLoader workers get the source pickled and reopen it."""
+    copy = pickle.loads(pickle.dumps(DeepLakeSource(seg_url, columns=("masks",))))
+    got = next(iter(AsyncLoader(copy, batch_size=8, processes=0)))
+    assert sorted(got) == ["index", "masks"]
+    assert np.array_equal(got["masks"].numpy(), seg_arrays["masks"][:8])
 
 
 @pytest.mark.parametrize("version", ["v1", "b1", "c1"])
