@@ -5,7 +5,9 @@ one path. A small JPEG + lz4-mask Deep Lake dataset is read with the defaults (r
 decode); after two warm-up batches, every Python call into the package is recorded, on every thread of
 this process, until the next batch is handed over. A path is a chain of modules with
 repeats in a row folded: the chains of package modules on a thread's stack (the longest ones are listed);
-"re-entered" marks a chain on which a module calls down and is called back up again.
+"re-entered" marks a chain on which a module calls down and is called back up again. The module that
+hosts a thread (its bootstrap and event loop: ``runtime/loop``) is the bottom of every chain on that
+thread and is not counted as a hop.
 
     python benchmarks/suites/journey.py [--out FILE]
 """
@@ -13,6 +15,7 @@ repeats in a row folded: the chains of package modules on a thread's stack (the 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 import threading
@@ -22,6 +25,9 @@ from pathlib import Path
 import asyncload
 
 PKG = Path(asyncload.__file__).resolve().parent
+#: Modules that host a thread rather than carry the batch: a thread's bootstrap and its event loop. They are
+#: the bottom of every stack on their thread and are not counted as a hop of the path they host.
+HOSTS = re.compile(r"^(runtime\.loop|_loop)$")
 
 
 def module_of(filename: str) -> str | None:
@@ -55,6 +61,8 @@ def main() -> None:
                 stack.append(m)
             f = f.f_back
         stack.reverse()
+        while len(stack) > 1 and HOSTS.match(stack[0]):  # the thread's host (its bootstrap, its event loop)
+            stack.pop(0)
         with lock:
             calls[threading.current_thread().name].add(tuple(stack))
 
