@@ -22,10 +22,10 @@ from asyncload import (
     LoaderOptions,
     RandomHorizontalFlip,
     RandomResizedCrop,
-    _log,
 )
 from asyncload.image import codecs
 from asyncload.image.decode import decode_stage
+from asyncload.runtime import log as _log
 from tests.photo_data import encode, make, sample
 
 ROWS = 40
