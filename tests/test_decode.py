@@ -1,10 +1,9 @@
 """The decode stage on real Deep Lake datasets of photo-like JPEG and PNG: pixels equal to Deep Lake's own
-decode, one mask shape, bad bytes named (and skipped when asked), the byte budget, and the settings."""
+decode, one mask shape, bad bytes named (and skipped when asked), the byte budget's default, and the settings."""
 
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import deeplake
@@ -158,40 +157,7 @@ def test_an_empty_array_from_the_store_is_named_not_collated(bad_url: str) -> No
         list(AsyncLoader(RangeSource(DeepLakeSource(bad_url), 9, 10), 1, decode="store"))
 
 
-# -- the byte budget ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def large_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return make(str(tmp_path_factory.mktemp("large") / "ds"), 48, image_format="jpg", sizes=(512, 512))
-
-
-@pytest.mark.parametrize("decode", ["cpu", "store"])
-def test_the_byte_budget_bounds_what_the_pipeline_holds(large_url: str, decode: str) -> None:
-    """A slow consumer lets the pipeline fill up to whatever bounds it: the budget, or else the slots."""
-    batch = 4 * (512 * 512 * 4)  # one batch of images and masks, decoded
-    budget = 2 * batch
-
-    def peak(**opts: object) -> tuple[list[int], dict]:
-        loader = AsyncLoader(DeepLakeSource(large_url), 4, decode=decode, concurrency=64, prefetch=8, **opts)
-        got = []
-        for b in loader:
-            got += b["index"].tolist()
-            time.sleep(0.05)
-        return sorted(got), loader.stats()
-
-    got, st = peak(memory_budget=budget)
-    assert got == list(range(48)) and st["memory_budget"] == budget
-    assert 0 < st["bytes_held_peak"] <= budget + batch  # (estimates are per sample: one batch of slack)
-    assert st["bytes_held"] == 0  # every byte counted in, read or decoded, was counted out
-    got, unbounded = peak()
-    assert got == list(range(48))
-    assert unbounded["bytes_held_peak"] >= 4 * batch  # the bound above is the budget's doing
-
-
-def test_a_sample_larger_than_the_budget_does_not_deadlock(large_url: str) -> None:
-    loader = AsyncLoader(DeepLakeSource(large_url), 4, memory_budget=1000)
-    assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(48))
+# -- the byte budget (what it bounds: test_pipeline) ------------------------------------------------
 
 
 def test_the_budget_defaults_to_1_gib_or_an_eighth_of_memory() -> None:

@@ -28,15 +28,17 @@ parts into the batch, on the CPU pool, is in ``assembly``; what the epoch is to 
 - With ``on_error="skip"``, a failed request is re-read sample by sample so that only the bad samples are
   left out; each is recorded (index and cause) in the stats.
 - Memory is bounded in bytes too (``plan.budget``): a new batch takes a slot only while the batches alive
-  (being read, decoded or ready) are estimated to fit, at the bytes per sample seen so far (stored bytes
-  read plus decoded output). One batch is always allowed, so a sample larger than the budget cannot
-  deadlock; until the first read has answered, the first batch is the only one alive.
+  (being read, decoded or ready) are estimated to fit (``budget.ByteBudget``).
+- A decode stage (``plan.stage``, seen here only as ``plan.ReadStage``) sees each read before it is
+  counted: it may have samples read again (an lz4 mask whose size is not its image's, decoded by the store),
+  and those reads go through the same gate, hedger and in-flight count as every other (``_request``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import math
 import queue
@@ -45,13 +47,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ReadError, StallError, WorkerError, read_error
-from ..image.codecs import is_stored
-from ..image.decode import unpaired
 from ..runtime.loop import LoopThread
 from ..sources.base import stored_bytes
 from .assembly import assemble
+from .budget import ByteBudget
 from .hedging import Hedger
-from .plan import Plan
+from .plan import Plan, ReadStage
 from .protocol import END, Failure, Ready
 from .stats import Stats
 from .tuning import Observation
@@ -148,28 +149,24 @@ class Pipeline:
         self._gate = _RequestGate(first if self._held else plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
         self.stats.concurrency = plan.requests * plan.request_size
-        # the byte budget: batches alive, and the bytes a sample has cost (read, and decoded) so far
-        self._alive = 0
-        self._read_cost = 0.0  # bytes read per sample (stored bytes, or the store's decoded arrays)
-        self._out_cost = 0.0  # bytes per sample of assembled batches
-        self._room: asyncio.Future[None] | None = None
-        self._ready_bytes: collections.deque[int] = collections.deque()  # of delivered batches, in order
-        self.stats.memory_budget = plan.budget
+        self._stage: ReadStage | None = plan.stage
+        ratio = self._stage.decoded_ratio if self._stage is not None else None
+        self._budget = ByteBudget(plan.budget, plan.batch_size, stats, ratio)
 
     async def run(self) -> None:
         plan = self.plan
         cpu0 = time.thread_time()  # this is the loop thread: its CPU is the fetch side's share
-        if plan.stage is not None:  # the fetchers' reads return these columns' stored bytes
-            stored_bytes.set(plan.stage.encoded)
+        if self._stage is not None:  # the fetchers' reads return these columns' stored bytes
+            stored_bytes.set(self._stage.encoded)
         self._fetchers = fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
         watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
         watchdog = asyncio.create_task(self._watchdog())
         for pos, (seq, indices) in enumerate(plan.batches):
-            await self._budget_room()
+            await self._budget.room()
             await self._slots.acquire()
             if self.stopping:
                 break
-            self._alive += 1
+            self._budget.admit()
             starts = range(0, len(indices), plan.request_size)
             batch = _Batch(pos, seq, indices, pending=len(starts))
             for s in starts:
@@ -245,35 +242,9 @@ class Pipeline:
                 self.allow(max(1, samples // plan.request_size))
             t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
 
-    # -- the byte budget -------------------------------------------------------------------------
-    def _fits(self) -> bool:
-        if self._alive == 0 or self.stopping:
-            return True
-        if not self._read_cost:  # nothing measured yet: the first batch alone
-            return False
-        per_batch = self.plan.batch_size * (self._read_cost + self._out_cost)
-        return (self._alive + 1) * per_batch <= self.plan.budget
-
-    async def _budget_room(self) -> None:
-        while not self._fits():
-            self._room = asyncio.get_running_loop().create_future()
-            await self._room
-
-    def _budget_changed(self) -> None:
-        if self._room is not None and not self._room.done():
-            self._room.set_result(None)
-
-    def _hold(self, nbytes: int) -> None:
-        st = self.stats
-        st.bytes_held += nbytes
-        st.bytes_held_peak = max(st.bytes_held_peak, st.bytes_held)
-
     # -- scheduled by the consumer ---------------------------------------------------------------
     def release_slot(self) -> None:
-        self._alive -= 1
-        if self._ready_bytes:
-            self.stats.bytes_held -= self._ready_bytes.popleft()
-        self._budget_changed()
+        self._budget.taken()
         if self._slot_debt:
             self._slot_debt -= 1
             return
@@ -285,7 +256,7 @@ class Pipeline:
         if self.stopping:
             return
         self.stopping = True
-        self._budget_changed()
+        self._budget.close()
         while not self._work.empty():
             self._work.get_nowait()
         for _ in range(self.plan.fetchers):  # the drain may have taken the producer's end markers
@@ -390,14 +361,17 @@ class Pipeline:
         self.abandon()  # (stops: no batch is delivered after this error)
 
     # -- fetch -----------------------------------------------------------------------------------
-    async def _read(self, idx: list[int]) -> tuple[Any, int]:
-        """The columns read for ``idx``, and their bytes (now held against the budget)."""
+    async def _request(self, idx: list[int], stored: frozenset[str] | None = None) -> Any:
+        """One request through the gate, the hedger, the in-flight count and the watchdog's clock: every
+        read of the epoch goes through here, a decode stage's reads again included. ``stored``: the columns
+        this request returns as stored bytes, where they differ from the epoch's."""
         stats = self.stats
         await self._gate.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
         key = id(idx)
         self._reading[key] = idx
+        token = stored_bytes.set(stored) if stored is not None else None  # (a hedge's task copies it)
         try:
             part, seconds = await self._hedger.read(idx)
         except (ReadError, WorkerError):  # WorkerError: the reader process died past its restart budget
@@ -405,6 +379,8 @@ class Pipeline:
         except Exception as exc:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
+            if token is not None:
+                stored_bytes.reset(token)
             self._last_answer = time.perf_counter()  # (cancelled: no answer, but nothing waits any more)
             del self._reading[key]
             stats.in_flight -= len(idx)
@@ -412,40 +388,23 @@ class Pipeline:
             if self._held is not None:  # the first read has answered: the rest may go
                 self._gate.allow(self._held)
                 self._held = None
-        if self.plan.stage is not None and self.plan.stage.lz4:
-            part = await self._store_decode_unpaired(idx, part)
         stats.latencies.append(seconds)
-        stats.samples_read += len(idx)
-        nbytes = _nbytes(part)
-        stats.bytes_read += nbytes
-        self._hold(nbytes)
-        first = not self._read_cost
-        self._read_cost = max(self._read_cost, nbytes / max(1, len(idx)), 1.0)  # > 0: measured
-        if first:
-            self._out_cost = self._out_cost or self._read_cost * _decoded_ratio(self.plan, part)
-            self._budget_changed()
+        return part
+
+    async def _read(self, idx: list[int]) -> tuple[Any, int]:
+        """The columns read for ``idx`` (as the decode stage completed them), and their bytes (now held
+        against the budget)."""
+        part = await self._request(idx)
+        if self._stage is not None:
+            part = await self._stage.complete(part, functools.partial(self._read_again, idx))
+        self.stats.samples_read += len(idx)
+        nbytes = self._budget.read(part, len(idx))
+        self.stats.bytes_read += nbytes
         return part, nbytes
 
-    async def _store_decode_unpaired(self, idx: list[int], part: Any) -> Any:
-        """lz4 masks whose size is not their image's cannot be decoded from their bytes (which hold no
-        shape): those samples are read again, the mask column decoded by the store (a valid read, rare)."""
-        stage = self.plan.stage
-        assert stage is not None
-        fix = unpaired(stage, part)
-        if not fix:
-            return part
-        part = dict(part)
-        for c, ks in fix.items():
-            token = stored_bytes.set(stage.encoded - {c})
-            try:
-                again = await self.plan.source.read([idx[k] for k in ks])
-            finally:
-                stored_bytes.reset(token)
-            values = list(part[c])
-            for j, k in enumerate(ks):
-                values[k] = again[c][j]
-            part[c] = values
-        return part
+    async def _read_again(self, idx: list[int], positions: list[int], stored: frozenset[str]) -> Any:
+        """The decode stage's ``read_again``: the samples at ``positions`` of the read of ``idx``."""
+        return await self._request([idx[k] for k in positions], stored)
 
     async def _fetch(self) -> None:
         while (item := await self._work.get()) is not None:
@@ -496,16 +455,12 @@ class Pipeline:
             return
         finally:
             batch.parts.clear()
-            self.stats.bytes_held -= batch.held
+            self._budget.assembled(batch.held)
         st = self.stats
         st.cpu_decode_s += done.decode_s
         st.cpu_collate_s += done.collate_s
-        out_bytes = _batch_bytes(done.batch)
-        self._hold(out_bytes)
-        if done.count:
-            self._out_cost = max(self._out_cost, out_bytes / done.count)
+        self._budget.ready(done.batch, done.count)
         st.record_skipped(batch.skipped + done.skipped)
-        self._ready_bytes.append(out_bytes)
         self._deliver(batch.pos, Ready(batch.seq, done.count, done.batch))
 
     def _fail(self, batch: _Batch, exc: BaseException) -> None:
@@ -523,61 +478,3 @@ class Pipeline:
         while self._next_pos in self._reorder:
             self.out.put(self._reorder.pop(self._next_pos))
             self._next_pos += 1
-
-
-def _nbytes(part: Any) -> int:
-    """Bytes in a read result (``{column: ndarray, or a list of ndarrays or stored bytes}``)."""
-    total = 0
-    for value in part.values():
-        if hasattr(value, "nbytes"):
-            total += int(value.nbytes)
-        else:
-            total += sum(map(_sample_bytes, value))
-    return total
-
-
-def _sample_bytes(v: Any) -> int:
-    """Bytes of one sample as read: stored bytes (or a view of a reader's answer), else an array."""
-    return len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
-
-
-def _batch_bytes(batch: Any) -> int:
-    """Bytes of the tensors in a batch (a dict of tensors or lists of them; anything else counts 0)."""
-    if isinstance(batch, dict):
-        return sum(_batch_bytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(_batch_bytes(v) for v in batch)
-    nbytes = getattr(batch, "nbytes", None)
-    return int(nbytes) if isinstance(nbytes, int) else 0
-
-
-def _decoded_ratio(plan: Plan, part: Any) -> float:
-    """Decoded bytes per byte read, guessed from the first read before any batch is assembled: the
-    stored images' headers say how big they decode, an lz4 mask's first 4 bytes too (or the
-    augmentation's output size does)."""
-    stage = plan.stage
-    if stage is None or not stage.encoded:
-        return 1.0
-    from ..image.codecs import DecodeError, header, lz4_size
-
-    out = stage.augment.out_size if stage.augment and stage.augment.out_size else None
-    read = decoded = 0
-    for c, values in part.items():
-        col = stage.columns.get(c)
-        for v in values:
-            if col is None or not is_stored(v):
-                n = _sample_bytes(v)
-                read += n
-                decoded += n
-                continue
-            read += len(v)
-            if col.stored == "lz4":  # no header to read, and not an image format to sniff
-                pixels = out[0] * out[1] if out else max(lz4_size(v), 0)
-            else:
-                try:
-                    h = header(v)
-                except DecodeError:
-                    continue
-                pixels = out[0] * out[1] if out else h.height * h.width
-            decoded += pixels * (3 if col.role == "image" else 1)
-    return max(1.0, decoded / read) if read else 1.0

@@ -2,19 +2,40 @@
 
 ``engine.shard.ShardEpochs`` makes it (which batches, how many indices per request, how many requests in
 flight); ``pipeline``, ``hedging`` and ``assembly`` only read it.
+
+``ReadStage`` is the part of the decode stage the pipeline uses, so that the pipeline needs no import of
+the image package: what a read decodes to (for the byte budget), and which samples must be read again.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from ..image.decode import DecodeStage
+from ..image.decode import DecodeStage, Part, ReadAgain
 from ..sources.base import Source
 from .collate import CollateFn, RaggedSpec, Transform
 from .options import OnError
 from .tuning import ConcurrencyTuner
+
+
+@runtime_checkable
+class ReadStage(Protocol):
+    """What the pipeline asks of a stage that decodes what it reads (``image.decode.DecodeStage``)."""
+
+    @property
+    def encoded(self) -> frozenset[str]:
+        """The columns its reads return as stored bytes (``sources.base.stored_bytes``)."""
+        ...
+
+    async def complete(self, part: Part, read_again: ReadAgain) -> Part:
+        """One read made ready for assembly; samples it cannot use are read again through ``read_again``."""
+        ...
+
+    def decoded_ratio(self, part: Part) -> float:
+        """Decoded bytes per byte read, guessed from one read (for the byte budget's first estimate)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -47,4 +68,4 @@ class Plan:
         return self.prefetch + math.ceil(requests * self.request_size / self.batch_size) + 1
 
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "ReadStage"]

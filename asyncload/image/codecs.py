@@ -108,9 +108,16 @@ def _check_lz4(data: Buffer, height: int, width: int) -> None:
         raise DecodeError(f"lz4 mask of {n} bytes, but its image is {height}x{width} ({height * width} pixels)")
 
 
+#: Bytes of the little-endian uncompressed size in front of an lz4 blob's raw block.
+LZ4_HEADER = 4
+
+
 def lz4_size(data: Buffer) -> int:
-    """The uncompressed size an lz4 blob declares (its first 4 bytes, little-endian), -1 if cut short."""
-    return int.from_bytes(data[:4], "little") if len(data) >= 4 else -1
+    """The uncompressed size an lz4 blob declares (its first 4 bytes, little-endian), or -1 for a blob too
+    short to hold that size and a block. The one reader of that header: the CPU stage, the device stage
+    (``lz4masks``), the pairing check (``decode.unpaired``) and the budget's guess all ask here."""
+    view = memoryview(data).cast("B")
+    return int.from_bytes(view[:LZ4_HEADER], "little") if len(view) > LZ4_HEADER else -1
 
 
 def decode(
@@ -257,4 +264,6 @@ def _finish(got: np.ndarray, mode: Mode, out: np.ndarray | None) -> np.ndarray:
     return region
 
 
-__all__ = ["DecodeError", "Header", "Mode", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff"]
+__all__ = [
+    "LZ4_HEADER", "DecodeError", "Header", "Mode", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff",
+]  # fmt: skip

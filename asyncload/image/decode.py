@@ -10,7 +10,10 @@ per-thread scratch buffer first.
 
 An lz4 mask's bytes hold no shape: it takes its height and width from the image it is paired with (the
 stage's ``pair``, the first image column, same row). A mask whose size does not match its image is read
-again, decoded by the store, before the batch gets here (``unpaired``, called by the pipeline).
+again, decoded by the store, before the batch gets here: the pipeline hands each read to the stage's
+``complete`` with a function that reads rows again through its own read path (``unpaired`` finds them).
+The pipeline's byte budget asks the stage how large a read decodes (``decoded_ratio``): the pipeline
+itself knows no codec.
 
 A sample whose bytes do not decode is named (URL, column, row, the decoder's message) and raised as a
 ``ReadError``, or, with ``on_error="skip"``, left out of the batch and reported.
@@ -19,7 +22,7 @@ A sample whose bytes do not decode is named (URL, column, row, the decoder's mes
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -34,6 +37,13 @@ from .codecs import DecodeError, Header, Mode, header, is_stored, lz4_header, lz
 from .codecs import decode as decode_bytes
 
 Role = Literal["image", "mask"]
+
+#: What one read returns: column → one sample per index (stored bytes, or an array a store decoded).
+Part = Mapping[str, Sequence[Any]]
+#: ``read_again(positions, stored)``: the samples at ``positions`` of the read being completed, read again
+#: with ``stored`` the columns returned as stored bytes. The pipeline's: it goes through the same request
+#: gate, hedger and in-flight count as every other read.
+ReadAgain = Callable[[list[int], frozenset[str]], Awaitable[Part]]
 
 
 @dataclass(frozen=True)
@@ -74,6 +84,50 @@ class DecodeStage:
 
     def for_epoch(self, epoch: int) -> DecodeStage:
         return replace(self, epoch=epoch)
+
+    async def complete(self, part: Part, read_again: ReadAgain) -> Part:
+        """One read (``part``) made decodable: an lz4 mask whose size is not its image's cannot be decoded
+        from its bytes (which hold no shape), so those samples are read again with the mask column decoded
+        by the store (a valid read, rare). Other reads come back as they are."""
+        fix = unpaired(self, part) if self.lz4 else {}
+        if not fix:
+            return part
+        out = dict(part)
+        for c, ks in fix.items():
+            again = await read_again(ks, self.encoded - {c})
+            values = list(out[c])
+            for j, k in enumerate(ks):
+                values[k] = again[c][j]
+            out[c] = values
+        return out
+
+    def decoded_ratio(self, part: Part) -> float:
+        """Decoded bytes per byte read, guessed from a first read before any batch is assembled (for the
+        pipeline's byte budget): the stored images' headers say how big they decode, an lz4 mask's first 4
+        bytes too (or the augmentation's output size does); what the stage does not decode counts as read."""
+        if not self.encoded:
+            return 1.0
+        out = self.augment.out_size if self.augment and self.augment.out_size else None
+        read = decoded = 0
+        for c, values in part.items():
+            col = self.columns.get(c)
+            for v in values:
+                if col is None or not is_stored(v):
+                    n = len(v) if is_stored(v) else int(getattr(v, "nbytes", 0))
+                    read += n
+                    decoded += n
+                    continue
+                read += len(v)
+                if col.stored == "lz4":  # no header to read, and not an image format to sniff
+                    pixels = out[0] * out[1] if out else max(lz4_size(v), 0)
+                else:
+                    try:
+                        h = header(v)
+                    except DecodeError:
+                        continue
+                    pixels = out[0] * out[1] if out else h.height * h.width
+                decoded += pixels * (3 if col.role == "image" else 1)
+        return max(1.0, decoded / read) if read else 1.0
 
 
 class Failures:
@@ -153,10 +207,7 @@ def run(
         for c in image_cols[1:]:
             for k in range(n):
                 if k not in bad and size(c, k) != sizes[k]:  # a data error of that row: raised, or skipped
-                    fail(k, c, CollateError(
-                        f"column {c!r} is {size(c, k)[0]}x{size(c, k)[1]} but {first!r} is "
-                        f"{sizes[k][0]}x{sizes[k][1]}; paired augmentation needs them equal"
-                    ))  # fmt: skip
+                    fail(k, c, unequal_sizes(c, size(c, k), first, sizes[k]))
         draws = aug.draws(stage.seed, stage.epoch, rows, sizes)
 
     good = [k for k in range(n) if k not in bad]
@@ -209,6 +260,16 @@ def run(
         else:  # samples of unequal sizes: collated (stacked, padded, listed or refused) with the other columns
             tensors[c] = lists[c]
     return tensors, keep, skipped
+
+
+def unequal_sizes(col: str, got: tuple[int, ...], first: str, want: tuple[int, ...], where: str = "") -> CollateError:
+    """The error of a row whose column ``col`` is not the size of its ``first`` image column, which paired
+    augmentation needs (one crop for both): built here for the CPU stage and the device stage (``gpu``)
+    alike. ``where``: what precedes the message (the device stage names the row and URL itself)."""
+    return CollateError(
+        f"{where}column {col!r} is {got[0]}x{got[1]} but {first!r} is {want[0]}x{want[1]}; "
+        "paired augmentation needs them equal"
+    )
 
 
 def _pair_size(
@@ -411,5 +472,6 @@ def decode_stage(source: Any, options: Any) -> DecodeStage | None:
 
 
 __all__ = [
-    "Failures", "ImageColumn", "Role", "DecodeStage", "apply", "decode_stage", "decoders_available", "run", "unpaired",
+    "Failures", "ImageColumn", "Part", "ReadAgain", "Role", "DecodeStage", "apply", "decode_stage", "decoders_available",
+    "run", "unequal_sizes", "unpaired",
 ]  # fmt: skip

@@ -29,7 +29,7 @@ from ..runtime.log import log_once
 from .augment import Draw
 from .codecs import DecodeError, is_stored, sniff
 from .codecs import decode as decode_bytes
-from .decode import DecodeStage, Failures, ImageColumn, _as_hw
+from .decode import DecodeStage, Failures, ImageColumn, _as_hw, unequal_sizes
 from .normalize import image_columns
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
@@ -60,12 +60,7 @@ def run(
         for k, s in zip(good, sizes, strict=True):
             got = tuple(pixels[c][k].shape[1:])  # type: ignore[union-attr]
             if stage.augment is not None and got != s:
-                from ..errors import CollateError
-
-                raise CollateError(
-                    f"row {rows[k]} of {stage.url}: column {c!r} is {got[0]}x{got[1]} but {image_cols[0]!r} is "
-                    f"{s[0]}x{s[1]}; paired augmentation needs them equal"
-                )
+                raise unequal_sizes(c, got, image_cols[0], s, where=f"row {rows[k]} of {stage.url}: ")
     aug = stage.augment
     draws = aug.draws(stage.seed, stage.epoch, [rows[k] for k in good], sizes) if aug is not None else None
     tensors: dict[str, Any] = {}

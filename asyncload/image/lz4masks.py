@@ -24,21 +24,12 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from .codecs import DecodeError
+from .codecs import LZ4_HEADER, DecodeError, lz4_header, lz4_size
 
-HEADER = 4  # bytes of the little-endian uncompressed size in front of the raw block
 Way = Literal["cpu", "nvcomp"]
 #: Masks per batch from which ``choose`` sends a batch to nvCOMP. A guess, not a measurement: one
 #: batched kernel launch and its setup cost about what python-lz4 spends on a few 256² masks.
 NVCOMP_FROM = 16
-
-
-def size_of(blob: Any) -> int:
-    """The uncompressed size a blob declares; ``DecodeError`` for one too short to hold it."""
-    view = memoryview(blob).cast("B")
-    if len(view) <= HEADER:
-        raise DecodeError(f"lz4 mask of {len(view)} bytes: too short for a 4-byte size and a block")
-    return int.from_bytes(view[:HEADER], "little")
 
 
 def nvcomp_available() -> bool:
@@ -73,9 +64,7 @@ def decode_batch(
         if shape is None:
             continue
         try:
-            n = size_of(blob)
-            if n != shape[0] * shape[1]:
-                raise DecodeError(f"lz4 mask of {n} bytes, but its image is {shape[0]}x{shape[1]}")
+            lz4_header(blob, *shape)  # its declared size is its image's (the CPU stage's check)
         except DecodeError as exc:
             fail(k, exc)
             continue
@@ -113,12 +102,13 @@ def host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
 
 def decompress_into(blobs: Sequence[Any], dst: np.ndarray, fail: Callable[[int, BaseException], None]) -> list[int]:
     """Decompress each blob (python-lz4) into its slice of ``dst`` (one after another, each its declared
-    size); returns the offsets. A block that does not decompress to its declared size is ``fail``-ed."""
+    size); returns the offsets. A block that does not decompress to its declared size, or a blob too short
+    to declare one, is ``fail``-ed."""
     import lz4.block
 
     offsets, at = [], 0
     for k, blob in enumerate(blobs):
-        n = size_of(blob)
+        n = max(lz4_size(blob), 0)
         offsets.append(at)
         try:
             raw = lz4.block.decompress(blob)
@@ -132,7 +122,7 @@ def decompress_into(blobs: Sequence[Any], dst: np.ndarray, fail: Callable[[int, 
 
 
 def _cpu(blobs: Sequence[Any], device: torch.device, fail: Callable[[int, BaseException], None]) -> list[Any]:
-    sizes = [size_of(b) for b in blobs]
+    sizes = [max(lz4_size(b), 0) for b in blobs]
     cuda = device.type == "cuda"
     host = host_buffer(sum(sizes), pinned=cuda)
     bad: set[int] = set()
@@ -174,7 +164,7 @@ def _nvcomp(blobs: Sequence[Any], device: torch.device, fail: Callable[[int, Bas
     """The raw blocks (headers stripped) to the device in one copy, then one batched nvCOMP decode."""
     from nvidia import nvcomp
 
-    blocks = [memoryview(b).cast("B")[HEADER:] for b in blobs]
+    blocks = [memoryview(b).cast("B")[LZ4_HEADER:] for b in blobs]
     lens = [len(b) for b in blocks]
     host = host_buffer(sum(lens), pinned=True)
     view, at = host.numpy(), 0
@@ -190,7 +180,7 @@ def _nvcomp(blobs: Sequence[Any], device: torch.device, fail: Callable[[int, Bas
         decoded = _codec(device).decode([nvcomp.as_array(p) for p in parts], "|u1")
     except RuntimeError:  # one bad block fails the call: python-lz4 names it
         return _cpu(blobs, device, fail)
-    sizes = [size_of(b) for b in blobs]
+    sizes = [max(lz4_size(b), 0) for b in blobs]
     out: list[Any] = []
     for k, (a, n) in enumerate(zip(decoded, sizes, strict=True)):
         t = torch.from_dlpack(a).view(torch.uint8).reshape(-1)
@@ -202,4 +192,4 @@ def _nvcomp(blobs: Sequence[Any], device: torch.device, fail: Callable[[int, Bas
     return out
 
 
-__all__ = ["HEADER", "NVCOMP_FROM", "choose", "decode_batch", "decompress_into", "host_buffer", "size_of"]
+__all__ = ["NVCOMP_FROM", "choose", "decode_batch", "decompress_into", "host_buffer"]

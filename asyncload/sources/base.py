@@ -27,9 +27,11 @@ H = TypeVar("H")
 
 #: The columns the running read should return as their stored bytes (one ``bytes`` per sample) for the
 #: loader's decode stage, instead of decoded arrays. A context variable, set by the pipeline around its
-#: fetchers, rather than an argument of ``read``: ``read(indices)`` stays the one method a source
-#: implements, and a user's subclass that wraps ``super().read(indices)`` keeps working unchanged. A
-#: source that ignores it returns arrays, which the decode stage takes as they are.
+#: fetchers (and per request, for a decode stage's reads again), rather than an argument of ``read``:
+#: ``read(indices)`` stays the one method a source implements, and a user's subclass that wraps
+#: ``super().read(indices)`` keeps working unchanged. A source that ignores it returns arrays, which the
+#: decode stage takes as they are. Read by ``DeepLakeSource``, ``ObjectStoreSource`` and the reader
+#: process (``processes.isolated``, which carries it across to the reader with each request).
 stored_bytes: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stored_bytes", default=frozenset())
 
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
