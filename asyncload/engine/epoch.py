@@ -84,6 +84,26 @@ class Epoch(Iterator[Any], abc.ABC):
         """This epoch's figures (throughput, latency, skips), over every process that read it."""
         return self._stats
 
+    def _waiting(self) -> float:
+        """The consumer starts waiting in ``next()`` (``Stats.waiting_since``, which a live ``stats()`` reads
+        as wait so far); returns when."""
+        t0 = self._stats.waiting_since = time.perf_counter()
+        return t0
+
+    def _waited(self, t0: float, samples: int | None = None) -> None:
+        """The consumer's wait begun at ``t0`` ended with a batch of ``samples`` samples, or (None) with
+        the epoch's end or close. Every kind of epoch keeps its consumer-side figures here, so that
+        ``stats()`` means the same whichever process read the batches."""
+        st = self._stats
+        now = time.perf_counter()
+        st.wait_s += now - t0
+        st.waiting_since = None
+        if samples is not None:
+            st.batches_yielded += 1
+            st.samples_yielded += samples
+            if st.first_batch_s is None:
+                st.first_batch_s = now - st.started
+
 
 def report_skipped(st: Stats, epoch: int, url: str) -> None:
     """The end-of-epoch warning of ``on_error="skip"``: how many samples were left out, and the first few."""
@@ -189,7 +209,7 @@ class EpochIterator(Epoch):
         future = self._run.future
         assert future is not None
         st = self._stats
-        t0 = st.waiting_since = time.perf_counter()
+        t0 = self._waiting()
         while True:
             try:
                 item = self._out.get(timeout=1.0)
@@ -198,15 +218,13 @@ class EpochIterator(Epoch):
                     self._die()
                 continue
             if item is END:  # the pipeline's: every batch before it was taken, so the epoch is complete
-                st.wait_s += time.perf_counter() - t0
-                st.waiting_since = None
+                self._waited(t0)
                 self._ended = True
                 self._report_skipped()
                 self.close()
                 raise StopIteration
             if item is CLOSED or self._closed:  # close() from another thread: stopped, not finished
-                st.wait_s += time.perf_counter() - t0
-                st.waiting_since = None
+                self._waited(t0)
                 raise closed_error(self._plan.source.url, st.batches_yielded, len(self._plan.batches))
             if isinstance(item, Failure):
                 st.waiting_since = None
@@ -218,12 +236,7 @@ class EpochIterator(Epoch):
             self._progress.mark(seq)
             if batch is not EMPTY:
                 break
-        st.wait_s += time.perf_counter() - t0
-        st.waiting_since = None
-        st.batches_yielded += 1
-        st.samples_yielded += count
-        if st.first_batch_s is None:
-            st.first_batch_s = time.perf_counter() - st.started
+        self._waited(t0, count)
         return batch
 
     def _report_skipped(self) -> None:

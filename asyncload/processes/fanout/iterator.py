@@ -237,7 +237,7 @@ class FanoutIterator(Epoch):
                 raise StopIteration
             raise self._closed_error()
         st = self._stats
-        t0 = st.waiting_since = time.perf_counter()
+        t0 = self._waiting()
         self._consumer = threading.get_ident()
         self._left.clear()
         try:
@@ -257,18 +257,13 @@ class FanoutIterator(Epoch):
                 raise self._closed_error() from None
             raise
         self._leave()
-        now = time.perf_counter()
-        st.wait_s += now - t0
-        st.waiting_since = None
         if batch is END:
+            self._waited(t0)
             self._ended = True
             self.close()
             report_skipped(st, self._epoch, self._pool.url)
             raise StopIteration
-        st.batches_yielded += 1
-        st.samples_yielded += count
-        if st.first_batch_s is None:
-            st.first_batch_s = now - st.started
+        self._waited(t0, count)
         return batch
 
     def _leave(self) -> None:
