@@ -105,7 +105,6 @@ class _PinnedRing:
         self.per_key = per_key
         self.max_keys = max_keys
         self._rings: OrderedDict[tuple[Any, ...], deque[list[Any]]] = OrderedDict()
-        self.allocations = 0
 
     def stage(self, position: int, t: torch.Tensor) -> tuple[torch.Tensor, list[Any]]:
         """Copy ``t`` into a free pinned buffer; return it and its slot (the copy's event goes there)."""
@@ -124,7 +123,6 @@ class _PinnedRing:
                 slot = ring.popleft()
         if slot is None:
             slot = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True), None]
-            self.allocations += 1
         slot[1] = PENDING
         _host_copy(slot[0], t)
         ring.append(slot)
@@ -358,12 +356,6 @@ class DeviceFeed(Iterator[Any]):
         self._closed = False
         self.wait_s = 0.0
         self.batches = 0
-
-    @property
-    def pinned_allocations(self) -> int:
-        """Pinned buffers allocated so far (stays flat when batch shapes repeat)."""
-        ring = self._stager.ring
-        return ring.allocations if ring is not None else 0
 
     @property
     def thread(self) -> threading.Thread | None:

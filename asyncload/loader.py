@@ -27,7 +27,7 @@ from .engine.sampler import Shard, resolve_shard
 from .engine.shard import ShardEpochs
 from .engine.stats import Stats
 from .errors import ConfigError
-from .processes.fanout import WorkerPool
+from .processes.fanout import FanoutIterator, WorkerPool
 from .processes.isolated import IsolatedSource
 from .runtime.settings import check as _check
 from .sources.base import Source
@@ -277,7 +277,7 @@ class AsyncLoader:
                     sampler=self.sampler,
                 )  # fmt: skip
             done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))
-            it = self._pool.epoch(self.epoch, skip=done, in_order=o.in_order, progress=progress)
+            it = FanoutIterator(self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress)
         else:
             it = self._reader.epoch(self.epoch, progress)
             if self._isolated is not None:

@@ -59,6 +59,66 @@ def reader_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "asyncload-reader-receive"]
 
 
+def child_pids(parent: int | None = None) -> list[int]:
+    """The children of ``parent`` (this process by default) as the kernel lists them, zombies included.
+    Reads ``/proc`` and reaps nothing, so any thread may call it while the loader reaps its own."""
+    import glob
+    import os
+
+    pids: list[int] = []
+    for path in glob.glob(f"/proc/{os.getpid() if parent is None else parent}/task/*/children"):
+        try:
+            with open(path) as f:
+                pids += [int(p) for p in f.read().split()]
+        except OSError:  # the thread (or the process) has ended
+            continue
+    return pids
+
+
+def _proc(pid: int, what: str) -> str:
+    try:
+        with open(f"/proc/{pid}/{what}", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def zombies() -> list[int]:
+    """Children of this process that ended and were never joined: a process the loader lost track of."""
+    return [pid for pid in child_pids() if _proc(pid, "stat").rpartition(")")[2].split()[:1] == ["Z"]]
+
+
+def reader_pids() -> list[int]:
+    """The live reader processes (``IsolatedSource``): children of this process started by
+    ``multiprocessing``'s spawn, as their command line says (a fan-out worker is a child of the forkserver)."""
+    return [pid for pid in child_pids() if "spawn_main" in _proc(pid, "cmdline")]
+
+
+def forked_workers() -> list[int]:
+    """The children of this process's multiprocessing forkserver: the fan-out workers of
+    ``mp_context="forkserver"`` (the default), alive or not yet reaped by the server."""
+    servers = [pid for pid in child_pids() if "multiprocessing.forkserver" in _proc(pid, "cmdline")]
+    return [pid for server in servers for pid in child_pids(server)]
+
+
+def worker_pids() -> dict[int, int]:
+    """Worker index → pid of the live fan-out workers, by the names they are started with
+    (``asyncload-fanout-<k>``) in ``multiprocessing``'s table of children. That table is read by polling
+    the children, so call it where no other thread of the test joins them (not inside ``next()``)."""
+    import multiprocessing
+
+    prefix = "asyncload-fanout-"
+    return {
+        int(p.name.removeprefix(prefix)): p.pid for p in multiprocessing.active_children() if p.name.startswith(prefix)
+    }
+
+
+def no_children_left() -> bool:
+    """Every process a loader started here has ended and been joined: none a zombie (``/proc``), none
+    alive (``multiprocessing``'s table; after garbage collection, as ``live_children``)."""
+    return not zombies() and not live_children()
+
+
 def pids_gone(pids) -> bool:
     """Whether none of ``pids`` is a live process any more."""
     import os
@@ -94,18 +154,27 @@ def copy_of(tmp_path: Path, seg_url: str):
 
 
 @pytest.fixture(autouse=True)
-def _no_failing_deep_lake_read_in_this_process():
+def _no_failing_deep_lake_read_in_this_process(monkeypatch: pytest.MonkeyPatch):
     """Deep Lake 4.7.4 segfaults now and then while delivering a failed read, so a test whose Deep Lake
     read fails in the pytest process could kill the whole run: such reads belong in a reader process (the
-    default) or a subprocess. ``DeepLakeSource`` notes the pid of every failed read; none may be ours."""
-    import os
+    default) or a subprocess. ``DeepLakeSource.read`` is wrapped here, in this process only (a reader or
+    worker process imports the class afresh), to count the reads that fail with ``ReadError``."""
+    from asyncload.errors import ReadError
+    from asyncload.sources.deeplake import DeepLakeSource
 
-    from asyncload.sources import deeplake as dl
+    original = DeepLakeSource.read
+    failed: list[list[int]] = []
 
-    before = dl.failed_reads.count(os.getpid())
+    async def read(self: DeepLakeSource, indices: list[int]):  # noqa: ANN202 - the wrapped method's Columns
+        try:
+            return await original(self, indices)
+        except ReadError as exc:
+            failed.append(list(exc.indices))
+            raise
+
+    monkeypatch.setattr(DeepLakeSource, "read", read)
     yield
-    failed = dl.failed_reads.count(os.getpid()) - before
     assert not failed, (
-        f"{failed} Deep Lake read(s) failed inside the pytest process: read failing datasets through the "
+        f"{len(failed)} Deep Lake read(s) failed inside the pytest process: read failing datasets through the "
         "default reader process (not processes=0) or in a subprocess"
     )

@@ -30,6 +30,23 @@ def nested_batch(k: int) -> dict:
     }
 
 
+@pytest.fixture
+def pinned(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """The shapes of the pinned host tensors made while the test runs (``torch.empty(..., pin_memory=True)``,
+    on any thread): what the feed allocates for staging, seen from outside it."""
+    made: list[tuple[int, ...]] = []
+    empty = torch.empty
+
+    def counting(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - torch.empty's own signature
+        t = empty(*args, **kwargs)
+        if kwargs.get("pin_memory"):
+            made.append(tuple(t.shape))
+        return t
+
+    monkeypatch.setattr(torch, "empty", counting)
+    return made
+
+
 def assert_same(a, b) -> None:
     """Same nesting, same container types, equal tensors; non-tensor leaves unchanged."""
     assert type(a) is type(b)
@@ -49,7 +66,7 @@ def assert_same(a, b) -> None:
 
 @pytest.mark.timeout(20)
 @pytest.mark.parametrize("depth", [0, 1, 2, 5])
-def test_cpu_yields_the_same_nested_batches_unchanged(depth: int) -> None:
+def test_cpu_yields_the_same_nested_batches_unchanged(depth: int, pinned: list[tuple[int, ...]]) -> None:
     batches = [nested_batch(k) for k in range(4)]
     feed = DeviceFeed(batches, "cpu", depth=depth)
     got = list(feed)
@@ -58,7 +75,7 @@ def test_cpu_yields_the_same_nested_batches_unchanged(depth: int) -> None:
         assert_same(src, out)
         assert out["images"] is src["images"]  # already contiguous on the device: handed over as is
         assert out["meta"]["name"] == src["meta"]["name"] and out["named"].right is None
-    assert feed.pin_memory is False and feed.pinned_allocations == 0
+    assert feed.pin_memory is False and pinned == []
 
 
 @pytest.mark.timeout(20)
@@ -179,7 +196,7 @@ def test_feeds_an_asyncload_epoch_and_stops_its_thread_on_close(seg_url: str, se
 @needs_cuda
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("pin", [None, False])
-def test_cuda_values_devices_and_pinned_ring_reuse(pin: bool | None) -> None:
+def test_cuda_values_devices_and_pinned_ring_reuse(pin: bool | None, pinned: list[tuple[int, ...]]) -> None:
     batches = [nested_batch(k) for k in range(20)]
     feed = DeviceFeed(batches, "cuda", depth=2, pin_memory=pin)
     got = list(feed)
@@ -190,9 +207,9 @@ def test_cuda_values_devices_and_pinned_ring_reuse(pin: bool | None) -> None:
     if pin is None:
         assert feed.pin_memory
         # shapes repeat: the ring stops growing at depth + 3 buffers per tensor position
-        assert 0 < feed.pinned_allocations <= (2 + 3) * tensors_per_batch
+        assert 0 < len(pinned) <= (2 + 3) * tensors_per_batch
     else:
-        assert feed.pinned_allocations == 0
+        assert pinned == []
 
 
 @pytest.mark.gpu

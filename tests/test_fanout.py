@@ -39,9 +39,17 @@ from asyncload import (
 )
 from asyncload.engine.protocol import Failure
 from asyncload.errors import LoaderClosedError, read_error
-from asyncload.processes.fanout import FanoutIterator, sub_shard
+from asyncload.processes.fanout import WorkerPool, sub_shard
 
-from .conftest import ROWS, live_children, loop_threads, wait_no_loop_threads
+from .conftest import (
+    ROWS,
+    forked_workers,
+    live_children,
+    loop_threads,
+    no_children_left,
+    wait_no_loop_threads,
+    worker_pids,
+)
 from .sources import CrashingSource
 
 OPTS: dict[str, Any] = {"batch_size": 16, "shuffle": True, "seed": 5}
@@ -118,11 +126,22 @@ def lasting_worker_shm(pids: Any, wait_s: float = 0.5) -> list[str]:
 
 
 def assert_gone(pids: Any) -> None:
-    assert not live_children()
+    assert no_children_left() and not forked_workers()
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert worker_shm(pids) == []
+
+
+def orphaned_shm(before: set[str]) -> list[str]:
+    """``/dev/shm`` entries made by torch (``torch_<pid>_...``) since ``before`` whose process is gone:
+    left behind by a worker that died (another process's live ones are in use)."""
+    left = []
+    for name in set(os.listdir("/dev/shm")) - before:
+        pid = name.split("_")[1] if name.startswith("torch_") else ""
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            left.append(name)
+    return left
 
 
 def assert_held_exactly(err: WorkerError, plan: list[list[int]], got: list[list[int]]) -> None:
@@ -161,13 +180,15 @@ def test_bad_settings_are_refused_before_any_process_starts(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     before = set(multiprocessing.active_children())  # readers of earlier tests' loaders not yet collected
     with pytest.raises(ConfigError, match="context='fork' is not allowed: forking"):
-        FanoutIterator(src, OPTS, Shard(), 0, 2, context="fork")
+        WorkerPool(src, OPTS, Shard(), 2, context="fork")
+    with pytest.raises(ConfigError, match="mp_context='fork' is not allowed"):
+        AsyncLoader(src, **OPTS, processes=2, mp_context="fork")
     with pytest.raises(ConfigError, match="processes=0"):
-        FanoutIterator(src, OPTS, Shard(), 0, 0)
+        WorkerPool(src, OPTS, Shard(), 0)
     with pytest.raises(ConfigError, match="batch_size=0"):
-        FanoutIterator(src, {"batch_size": 0}, Shard(), 0, 2)
+        AsyncLoader(src, batch_size=0, processes=2)
     with pytest.raises(ConfigError, match="pickled"):
-        FanoutIterator(src, {"transform": lambda s: s}, Shard(), 0, 2)
+        iter(AsyncLoader(src, **OPTS, transform=lambda s: s, processes=2))
     assert set(multiprocessing.active_children()) <= before
     # The shared-memory allocator is a worker's setting only: this process still collates on the heap
     # (its reads in the default reader process: a Deep Lake read here can crash the test process).
@@ -190,10 +211,10 @@ def test_a_typed_read_error_keeps_both_types_across_processes() -> None:
 def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, processes) -> None:
     src = DeepLakeSource(seg_url)
     ref = list(AsyncLoader(src, **OPTS, processes=0))
-    with FanoutIterator(src, OPTS, Shard(), 0, processes) as it:
+    with AsyncLoader(src, **OPTS, processes=processes) as loader, iter(loader) as it:
         assert len(it) == len(ref)
         got = list(it)
-        pids = it.pids.values()
+        pids = worker_pids().values()
         assert len(pids) == processes
     assert len(got) == len(ref)
     for a, b in zip(got, ref, strict=True):
@@ -203,8 +224,8 @@ def test_every_sample_once_and_in_order_the_same_batches_as_one_loader(seg_url, 
     got[0]["images"][0, 0, 0, 0] = 1
     assert_gone(pids)
 
-    with FanoutIterator(src, OPTS, Shard(), 0, processes, in_order=False) as it:
-        any_order = [b["index"].tolist() for b in it]
+    with AsyncLoader(src, **OPTS, processes=processes, in_order=False) as loader:
+        any_order = [b["index"].tolist() for b in loader]
     assert sorted(i for b in any_order for i in b) == list(range(ROWS))
     assert sorted(any_order) == sorted(b["index"].tolist() for b in ref)
     assert not live_children()
@@ -215,8 +236,8 @@ def test_cpu_heavy_transform_and_custom_collate_give_what_one_loader_gives(seg_u
     src = DeepLakeSource(seg_url)
     opts = {**OPTS, "transform": heavy, "collate_fn": pair_collate}
     ref = list(AsyncLoader(src, **opts, processes=0))
-    with FanoutIterator(src, opts, Shard(), 0, 2) as it:
-        got = list(it)
+    with AsyncLoader(src, **opts, processes=2) as loader:
+        got = list(loader)
     assert [type(b) for b in got] == [Pair] * len(ref)
     for a, b in zip(got, ref, strict=True):
         assert a.indices == b.indices
@@ -230,7 +251,9 @@ def test_skip_leaves_out_the_consumed_batches(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     ref = [b["index"].tolist() for b in AsyncLoader(src, **OPTS, processes=0)]
     skip = frozenset({0, 1, 2, 5, len(ref) - 1})
-    with FanoutIterator(src, OPTS, Shard(), 0, 2, skip=skip) as it:
+    with AsyncLoader(src, **OPTS, processes=2) as loader:
+        loader.load_state_dict({**loader.state_dict(), "next": 3, "extra": [5, len(ref) - 1]})  # a resume
+        it = iter(loader)
         assert len(it) == len(ref) - len(skip)
         got = [b["index"].tolist() for b in it]
     assert got == [b for j, b in enumerate(ref) if j not in skip]
@@ -242,8 +265,8 @@ def test_a_batch_left_out_whole_by_on_error_skip_keeps_the_order(seg_url) -> Non
     opts = {"batch_size": 16, "transform": empty_batch_5, "on_error": "skip"}
     ref = [b["index"].tolist() for b in AsyncLoader(src, **opts, processes=0)]
     assert len(ref) == 12 and [80] not in [b[:1] for b in ref]
-    with FanoutIterator(src, opts, Shard(), 0, 2) as it:
-        assert [b["index"].tolist() for b in it] == ref
+    with AsyncLoader(src, **opts, processes=2) as loader:
+        assert [b["index"].tolist() for b in loader] == ref
 
 
 @pytest.mark.timeout(180)
@@ -255,7 +278,7 @@ def test_a_row_that_always_kills_its_worker_is_narrowed_down_and_named_by_the_sh
     src = CrashingSource(seg_url, {bad}, sig=signal.SIGSEGV)
     plan = EpochSampler(ROWS, 4).batches(0)
     got: list[int] = []
-    with FanoutIterator(src, {"batch_size": 4, "on_error": on_error}, Shard(), 0, 2) as it:
+    with AsyncLoader(src, batch_size=4, on_error=on_error, processes=2) as loader, iter(loader) as it:
         if on_error == "raise":
             with pytest.raises(ReaderCrashError) as info:
                 for b in it:
@@ -270,7 +293,7 @@ def test_a_row_that_always_kills_its_worker_is_narrowed_down_and_named_by_the_sh
             assert sorted(got) == [i for i in range(ROWS) if i != bad]
             assert stats.skipped == 1 and stats.skipped_samples[0][0] == bad
             assert "killed its reader process (SIGSEGV)" in stats.skipped_samples[0][1]
-        pids = it.pids.values()
+        pids = worker_pids().values()  # the workers now, replacements included
     assert_gone(pids)
 
 
@@ -279,10 +302,11 @@ def test_a_killed_worker_ends_the_epoch_with_worker_error_naming_it(seg_url) -> 
     src = DeepLakeSource(seg_url)
     opts = {"batch_size": 8, "max_restarts": 0}  # the first death is fatal: what this test checks
     plan = EpochSampler(ROWS, 8).batches(0)
-    it = FanoutIterator(src, opts, Shard(), 0, 2)
+    loader = AsyncLoader(src, **opts, processes=2)
+    it = iter(loader)
     assert next(it)["index"].tolist() == plan[0]
     assert next(it)["index"].tolist() == plan[1]
-    pids = it.pids
+    pids = worker_pids()
     assert lasting_worker_shm(pids.values()) == []  # file_descriptor sharing: shm files are unlinked at birth
     os.kill(pids[1], signal.SIGKILL)
     t0 = time.monotonic()
@@ -303,47 +327,51 @@ def test_a_worker_killed_mid_allocation_leaves_no_shm_file(seg_url) -> None:
     """torch unlinks a batch's shm file right after creating it; SIGKILL in between leaves the file (a CI
     run caught one). The pool removes what a worker that did not exit cleanly left."""
     opts = {"batch_size": 16, "transform": killed_while_allocating_at_85, "max_restarts": 0}
-    it = FanoutIterator(DeepLakeSource(seg_url), opts, Shard(), 0, 2)
+    shm_before = set(os.listdir("/dev/shm"))
+    loader = AsyncLoader(DeepLakeSource(seg_url), **opts, processes=2)
+    it = iter(loader)
     got = []
     with pytest.raises(WorkerError) as info:  # reading ahead, worker 1 may die before batch 0 arrives
         for b in it:
             got.append(b["index"][0].item())
-    pids = it.pids
-    assert re.search(rf"worker 1 of 2 \(pid {pids[1]}\) for \S+ was killed by signal SIGKILL", str(info.value))
+    dead = info.value.pid
+    assert re.search(rf"worker 1 of 2 \(pid {dead}\) for \S+ was killed by signal SIGKILL", str(info.value))
     assert got == [0, 16, 32, 48, 64][: len(got)]  # worker 1 died making batch 5
-    assert_gone(pids.values())
+    assert_gone([dead])
+    assert orphaned_shm(shm_before) == []  # worker 0, stopped with the pool, left none either
 
 
 @pytest.mark.timeout(60)
 def test_an_exception_in_a_workers_transform_surfaces_in_order_with_its_message(seg_url) -> None:
-    it = FanoutIterator(DeepLakeSource(seg_url), {"batch_size": 16, "transform": fail_at_85}, Shard(), 0, 2)
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, transform=fail_at_85, processes=2)
     got = []
     with pytest.raises(ValueError, match="bad pixel at 85") as info:
-        for b in it:
+        for b in loader:
             got.append(b["index"][0].item())
     assert got == [0, 16, 32, 48, 64]  # the batches before batch 5 (indices 80-95), which worker 1 failed
     notes = "\n".join(info.value.__notes__)
-    assert f"fan-out worker 1 of 2 (pid {it.pids[1]})" in notes and "fail_at_85" in notes
-    assert_gone(it.pids.values())
+    pids = worker_pids()  # the workers stay usable after an exception in one
+    assert f"fan-out worker 1 of 2 (pid {pids[1]})" in notes and "fail_at_85" in notes
+    loader.close()
+    assert_gone(pids.values())
 
 
 @pytest.mark.timeout(60)
 def test_break_and_garbage_collection_leave_no_processes(seg_url) -> None:
-    it = FanoutIterator(DeepLakeSource(seg_url), {"batch_size": 8}, Shard(), 0, 2, context="forkserver")
-    for n, _ in enumerate(it):
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=8, processes=2, mp_context="forkserver")
+    for n, _ in enumerate(loader):
         if n == 2:
             break
-    pids = list(it.pids.values())
-    assert len(pids) == 2
-    del it, _
+    pids = list(worker_pids().values())
+    assert len(pids) == 2 and sorted(forked_workers()) == sorted(pids)
+    del loader, _
     gc.collect()
     assert_gone(pids)
 
 
 INTERRUPT_SCRIPT = """
 import multiprocessing, os, signal, sys, threading, time
-from asyncload import AsyncLoader, DeepLakeSource, Shard
-from asyncload.processes.fanout import FanoutIterator
+from asyncload import AsyncLoader, DeepLakeSource
 
 def slow(sample):
     time.sleep(0.05)  # the epoch lasts seconds: Ctrl-C comes while the parent waits for a batch
@@ -354,22 +382,23 @@ if __name__ == "__main__":
     # (nohup, `&`) passes SIGINT on ignored, and the KeyboardInterrupt under test would never come.
     signal.signal(signal.SIGINT, signal.default_int_handler)
     src = DeepLakeSource(sys.argv[1])
-    it = FanoutIterator(src, {"batch_size": 4, "transform": slow}, Shard(), 0, 2)
+    workers = lambda: [p.pid for p in multiprocessing.active_children() if p.name.startswith("asyncload-fanout-")]
+    it = iter(AsyncLoader(src, batch_size=4, transform=slow, processes=2))
     next(it)
-    print("pids", *it.pids.values(), flush=True)
+    print("pids", *workers(), flush=True)
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
     try:
         for _ in it:
             pass
     except KeyboardInterrupt:
         print("interrupted; children left:", len(multiprocessing.active_children()), flush=True)
-    left_open = FanoutIterator(src, {"batch_size": 4}, Shard(), 0, 2)
+    left_open = iter(AsyncLoader(src, batch_size=4, processes=2))
     next(left_open)
-    print("pids", *left_open.pids.values(), flush=True)
+    print("pids", *workers(), flush=True)
+    opened = set(workers())
     idle = AsyncLoader(src, batch_size=16, processes=2)  # a persistent pool, idle between epochs at exit
-    it = iter(idle)
-    list(it)
-    print("pids", *it.pids.values(), flush=True)
+    list(idle)
+    print("pids", *(set(workers()) - opened), flush=True)
     print("exiting with an epoch open", flush=True)
 """
 
@@ -392,11 +421,10 @@ def test_ctrl_c_and_interpreter_exit_stop_every_worker(seg_url, tmp_path) -> Non
 
 # -- persistent workers: AsyncLoader(processes=K) ----------------------------------------------------
 def epoch_of(loader: AsyncLoader, epoch: int) -> tuple[list[Any], dict[int, int]]:
-    """All batches of ``epoch`` and the pids of the workers that served it."""
+    """All batches of ``epoch`` and the pids of the workers alive after it (the ones that served it)."""
     loader.set_epoch(epoch)
-    it = iter(loader)
-    batches = list(it)
-    return batches, getattr(it, "pids", {})
+    batches = list(loader)
+    return batches, worker_pids()
 
 
 def index_lists(batches: list[Any]) -> list[list[int]]:
@@ -471,7 +499,7 @@ def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reac
     loader.set_epoch(0)
     it = iter(loader)
     assert index_lists([next(it) for _ in range(3)]) == ref[0][:3]
-    pids = it.pids
+    pids = worker_pids()
     it.close()  # abandoned with both workers' credits spent and their next batches in the pipes
     got, again = epoch_of(loader, 1)
     assert index_lists(got) == ref[1] and again == pids
@@ -493,7 +521,7 @@ def test_an_abandoned_epoch_leaves_the_workers_idle_and_none_of_its_batches_reac
     second = iter(loader)  # a new epoch closes the open one
     with pytest.raises(LoaderClosedError):  # stopped, not finished: never StopIteration
         next(first)
-    assert index_lists(list(second)) == ref[2] and second.pids == pids
+    assert index_lists(list(second)) == ref[2] and worker_pids() == pids
     loader.close()
     assert_gone(pids.values())
 
@@ -507,7 +535,7 @@ def test_resume_mid_epoch_on_the_same_persistent_workers(seg_url) -> None:
     it = iter(loader)
     taken = index_lists([next(it) for _ in range(5)])
     state = loader.state_dict()
-    pids = it.pids
+    pids = worker_pids()
     it.close()
     assert (state["epoch"], state["next"]) == (1, 5)
     loader.load_state_dict(state)  # on the same loader: its workers stay
@@ -515,7 +543,7 @@ def test_resume_mid_epoch_on_the_same_persistent_workers(seg_url) -> None:
     rest = iter(loader)
     assert len(rest) == len(ref[1]) - 5
     assert taken + index_lists(list(rest)) == ref[1]
-    assert rest.pids == pids
+    assert worker_pids() == pids
     got, again = epoch_of(loader, 2)  # the next epoch is whole again: the skip was one epoch's message
     assert index_lists(got) == ref[2] and again == pids
     # Out of order, the state may hold a later batch without an earlier one: the workers skip exactly those.
@@ -536,7 +564,7 @@ def test_a_worker_killed_in_the_second_epoch_is_named_and_the_next_epoch_starts_
     _, pids = epoch_of(loader, 0)
     it = iter(loader)
     assert index_lists([next(it), next(it)]) == plan[:2]
-    assert it.pids == pids
+    assert worker_pids() == pids
     os.kill(pids[1], signal.SIGKILL)
     got = []
     with pytest.raises(WorkerError) as info:
@@ -564,7 +592,7 @@ def test_an_exception_in_a_worker_leaves_the_workers_reusable(seg_url) -> None:
             for b in it:
                 got.append(b["index"][0].item())
         assert got == [0, 16, 32, 48, 64]
-        seen_pids.append(it.pids)
+        seen_pids.append(worker_pids())
     assert len(seen_pids[0]) == 2 and seen_pids[0] == seen_pids[1]  # the second epoch ran on the same workers
     loader.close()
     assert_gone(seen_pids[0].values())
@@ -584,7 +612,7 @@ def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_mem
     loader = AsyncLoader(src, batch_size=16, processes=2)
     it = iter(loader)
     next(it)
-    pids = it.pids
+    pids = worker_pids()
     loader.close()  # with an epoch open
     with pytest.raises(LoaderClosedError, match=r"was closed while this epoch was being read \(1 of 13 batches"):
         next(it)
@@ -598,7 +626,7 @@ def test_close_with_and_garbage_collection_leave_no_process_thread_or_shared_mem
     loader = AsyncLoader(src, batch_size=16, processes=2)
     it = iter(loader)
     next(it)  # an epoch open, and referenced only by the loader's weak pointer once ``it`` goes
-    pids = it.pids
+    pids = worker_pids()
     del loader, it
     gc.collect()
     assert_gone(pids.values())
@@ -620,7 +648,7 @@ def test_workers_that_cannot_settle_an_abandoned_epoch_are_replaced_and_the_next
     )
     it = iter(loader)
     assert index_lists([next(it), next(it)]) == EpochSampler(ROWS, 8).batches(0)[:2]
-    pids = it.pids
+    pids = worker_pids()
     monkeypatch.delenv("ASYNCLOAD_TEST_STALL")
     t0 = time.monotonic()
     it.close()

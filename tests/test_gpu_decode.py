@@ -22,6 +22,7 @@ from asyncload import (
 )
 from asyncload.image import decode, gpu
 from asyncload.image.augment import Augment
+from asyncload.processes.fanout import FanoutIterator
 from tests.photo_data import make
 
 CROP = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
@@ -174,7 +175,7 @@ def test_fanout_device_threads_yield_the_batches_one_process_makes(photo_url: st
     try:
         for epoch in (0, 1):
             want = one_process(pool, epoch)
-            with pool.epoch(epoch) as it:
+            with FanoutIterator(pool, epoch) as it:
                 got = [next(it)]
                 assert device_threads()  # decoded on the epoch's device threads, not the consumer's
                 got += list(it)
@@ -194,13 +195,13 @@ def test_fanout_device_window_marks_a_batch_consumed_only_when_it_is_yielded(pho
     try:
         n = len(pool.sampler.batches(0))
         progress = EpochProgress(0, n)
-        it = pool.epoch(0, progress=progress)
+        it = FanoutIterator(pool, 0, progress=progress)
         first = [next(it)["index"].tolist() for _ in range(3)]
         assert len(it._ahead) >= 1  # batches taken ahead of the consumer...
         assert (progress.next, progress.extra) == (3, set())  # ...are not counted as consumed
         it.close()
         assert device_threads() == []
-        with pool.epoch(0, skip=frozenset(range(3))) as rest:  # resumed as ``AsyncLoader`` resumes it
+        with FanoutIterator(pool, 0, skip=frozenset(range(3))) as rest:  # resumed as ``AsyncLoader`` resumes it
             later = [b["index"].tolist() for b in rest]
         assert first + later == [list(b) for b in pool.sampler.batches(0)]
     finally:
@@ -215,7 +216,7 @@ def test_fanout_device_window_raises_a_bad_batch_at_its_turn(tmp_path) -> None:
     ds.commit()
     pool = device_pool(url, 2, augment=[Resize(32)], shuffle=False)
     try:
-        with pool.epoch(0) as it:
+        with FanoutIterator(pool, 0) as it:
             seen = []
             with pytest.raises(ReadError, match=r"\[13\].*libjpeg-turbo"):
                 for b in it:

@@ -21,7 +21,7 @@ import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, LoaderClosedError, StallError
 
-from .conftest import live_children, pids_gone, reader_threads
+from .conftest import forked_workers, no_children_left, pids_gone, reader_pids, reader_threads, worker_pids
 from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
 
 FIXTURES = (remote_data, running_seaweed, seaweed)
@@ -70,23 +70,24 @@ def test_a_stall_before_the_first_batch_is_ridden_out_by_replacing_the_stuck_rea
     # max_restarts=0: a single charged death would end the epoch, so a stall must not be one.
     with caplog.at_level(logging.INFO, logger="asyncload"):
         with AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=20, max_restarts=0) as loader:
+            started = set(reader_pids())  # its reader, started with the loader
             time.sleep(1.0)  # the reader is starting or opening the dataset: nothing of it fetched yet
             t0 = time.monotonic()
             # Silent until the stuck reader was replaced (5 s after the reads went, then 1.5 s more).
-            with silent(running_seaweed, until=lambda: len(loader._isolated.pids) >= 2, at_most=15.0):
+            with silent(running_seaweed, until=lambda: bool(set(reader_pids()) - started), at_most=15.0):
                 seen = read_epoch(iter(loader), remote_data)
                 took = time.monotonic() - t0
             stats = loader.stats()
-            pids = list(loader._isolated.pids)
+            replacements = set(reader_pids()) - started
     assert sorted(seen) == list(range(remote_data.rows))  # every row exactly once, pixels checked
     assert 5.0 <= took < 20.0, took  # within stall_timeout
     assert stats["stalls"] >= 1 and stats["stall_wait_s"] >= 5.0, stats
-    assert stats["worker_restarts"] >= 1 and len(pids) >= 2  # the stuck reader was replaced
+    assert stats["worker_restarts"] >= 1 and replacements  # the stuck reader was replaced
     text = caplog.text
     assert f"no answer from {remote_data.deeplake_url} for " in text and "waiting up to 20 s" in text
     assert text.count("no answer from") == 1  # once per outage
     assert f"{remote_data.deeplake_url} answered again after" in text
-    assert pids_gone(pids) and not live_children() and not reader_threads()
+    assert pids_gone(started | replacements) and no_children_left() and not reader_threads()
 
 
 @pytest.mark.timeout(90)
@@ -109,13 +110,11 @@ def test_a_store_silent_for_good_ends_in_stall_error_naming_it_within_the_deadli
     assert f"no answer from {remote_data.deeplake_url} for " in str(err) and "stall_timeout=6 s" in str(err)
     assert err.source == remote_data.deeplake_url and 5.5 <= err.waited_s <= took + 0.5
     assert err.indices and set(err.indices) <= set(range(remote_data.rows)) and "rows in flight" in str(err)
-    pids = list(loader._isolated.pids)
     # The store answers again: the same loader reads the next epoch whole (a new reader).
     loader.set_epoch(1)
     assert sorted(read_epoch(iter(loader), remote_data)) == list(range(remote_data.rows))
-    pids = list(loader._isolated.pids)
     loader.close()
-    assert pids_gone(pids) and not live_children() and not reader_threads()
+    assert no_children_left() and not reader_threads()
 
 
 @pytest.mark.timeout(120)
@@ -125,10 +124,11 @@ def test_a_store_killed_and_restarted_on_its_port_is_ridden_out_through_new_read
     # Nothing listens for a while: the reader's reads get no answer (Deep Lake retries refused connections
     # inside), it is replaced, and the new reader's open waits for the store as Deep Lake's open does.
     with AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=20, max_restarts=0) as loader:
+        started = set(reader_pids())  # its reader, started with the loader
         time.sleep(1.0)
         running_seaweed.stop(kill=True)
         done = threading.Event()  # back 1.5 s after the stuck reader was replaced (and its own start)
-        until = lambda: len(loader._isolated.pids) >= 2  # noqa: E731
+        until = lambda: bool(set(reader_pids()) - started)  # noqa: E731
         back = threading.Thread(target=_when, args=(until, 12.0, done, running_seaweed.start))
         back.start()
         try:
@@ -138,11 +138,10 @@ def test_a_store_killed_and_restarted_on_its_port_is_ridden_out_through_new_read
         finally:
             back.join()
         stats = loader.stats()
-        pids = list(loader._isolated.pids)
     assert sorted(seen) == list(range(remote_data.rows))
     assert took < 20.0, took  # within stall_timeout
     assert stats["stalls"] >= 1 and stats["worker_restarts"] >= 1, stats
-    assert pids_gone(pids) and not live_children()
+    assert no_children_left()
 
 
 # -- fan-out workers (processes=K) -------------------------------------------------------------------
@@ -162,13 +161,13 @@ def test_fan_out_workers_stuck_in_a_stall_are_replaced_and_every_row_comes_once(
                 seen = read_epoch(it, remote_data)
                 took = time.monotonic() - t0
             stats = loader.stats()
-            first = set(it.pids.values())
+            last = set(worker_pids().values())  # the epoch has ended: nothing else joins them now
     assert sorted(seen) == list(range(remote_data.rows))  # every row exactly once, pixels checked
     assert 3.0 <= took < 60.0, took  # the workers' start is seconds (tens on a busy machine), then 3 s
     assert stats["stalls"] >= 1 and stats["stall_wait_s"] >= 3.0 and stats["worker_restarts"] >= 1, stats
     assert "(a stall: not counted in max_restarts)" in caplog.text
     assert f"{remote_data.deeplake_url} answered again after" in caplog.text
-    assert pids_gone(first) and not live_children()
+    assert len(last) == 2 and pids_gone(last) and no_children_left() and not forked_workers()
 
 
 @pytest.mark.timeout(120)
@@ -182,12 +181,11 @@ def test_fan_out_on_a_store_silent_for_good_ends_in_stall_error_and_stops_the_wo
         with pytest.raises(StallError) as info:
             next(it)
         took = time.monotonic() - t0
-        pids = list(it.pids.values())
     err = info.value
     assert took < 60.0, took  # the workers' start (seconds, tens on a busy machine), then 6 s of silence
     assert f"no answer from {remote_data.deeplake_url} for " in str(err) and 5.5 <= err.waited_s < 8.0
     assert err.indices and set(err.indices) <= set(range(remote_data.rows))
-    assert pids_gone(pids) and not live_children()  # stopped at once, not settled
+    assert no_children_left() and not forked_workers()  # stopped at once, not settled
     loader.close()
 
 
@@ -209,10 +207,10 @@ def test_close_from_another_thread_during_a_fan_out_stall_raises_loader_closed_i
         consumer = threading.Thread(target=consume, args=(it,))
         consumer.start()
         end = time.monotonic() + 40.0
-        while len(it.pids) < 2 and time.monotonic() < end:  # the workers started
+        while len(forked_workers()) < 2 and time.monotonic() < end:  # the workers started
             time.sleep(0.1)
         time.sleep(2.0)  # and wait on the silent store
-        pids = list(it.pids.values())
+        pids = forked_workers()
         assert consumer.is_alive() and len(pids) == 2
         t0 = time.monotonic()
         loader.close()
@@ -221,7 +219,7 @@ def test_close_from_another_thread_during_a_fan_out_stall_raises_loader_closed_i
     assert not consumer.is_alive() and closed_in < 3.0, closed_in
     assert len(got) == 1 and isinstance(got[0], LoaderClosedError), got  # never StopIteration
     assert f"the loader of {remote_data.deeplake_url} was closed while this epoch was being read" in str(got[0])
-    assert pids_gone(pids) and not live_children()
+    assert pids_gone(pids) and no_children_left()
 
 
 _CTRL_C_SCRIPT = """

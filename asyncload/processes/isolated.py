@@ -182,8 +182,6 @@ class IsolatedSource(Source[Any]):
         self._crashers: dict[int, Ended] = {}  # position → how the readers it killed alone ended
         self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
         self._configured: tuple[int, int | None] | None = None
-        #: pid of every reader started, the live one last (for logs, and for tests that check they are gone)
-        self.pids: list[int] = []
         self._finalizer = on_exit(self, ExitOrder.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
 
     # -- what ``inner`` answers in this process --------------------------------------------------
@@ -296,7 +294,6 @@ class IsolatedSource(Source[Any]):
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))
         self._holder[0] = r
-        self.pids.append(proc.pid)  # type: ignore[arg-type]
         # A weak reference: the thread must not keep the source alive (its GC is what stops the reader).
         r.thread = start_thread(_receive, weakref.ref(self), r, name="asyncload-reader-receive")
 

@@ -26,9 +26,6 @@ from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, Sou
 from .base import Columns, Source, stored_bytes
 
 StorageConcurrency = int | Literal["auto"] | None
-#: The pid of every process in which a Deep Lake read failed, once per failed request: the test suite
-#: checks that none failed in its own process (a failing read can segfault it, and the whole run with it).
-failed_reads: list[int] = []
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
 AUTO_STORAGE_THREADS = 64
 
@@ -360,6 +357,5 @@ class DeepLakeSource(Source[Any]):
             out[cols[k]] = [res] if len(indices) == 1 else res
         if failed is not None:
             k, cause = failed
-            failed_reads.append(os.getpid())
             raise read_error(self.url, cols[k], indices, _typed_cause(cause))
         return out

@@ -18,9 +18,9 @@ therefore yields the same batches, in the same order, as one ``AsyncLoader`` wit
 
 Lifetimes: ``WorkerPool.close()``, garbage collection of the pool, interpreter exit, a dead worker and
 Ctrl-C in the consumer stop every worker (asked, then killed half a second later) and join them.
-``AsyncLoader(processes=K)`` owns one pool; a ``FanoutIterator`` built on its own (``FanoutIterator(source,
-...)``) owns a private pool that it closes. An epoch abandoned mid-way is settled before the pool serves
-another, and none of its batches reaches the next.
+``AsyncLoader(processes=K)`` owns one pool and reads each epoch from it with ``FanoutIterator(pool, epoch)``.
+An epoch abandoned mid-way is settled before the pool serves another, and none of its batches reaches the
+next.
 
 Failures: an exception in a worker is re-raised in the parent (at its place in the order when
 ``in_order``) and the workers stay usable. A worker that dies, or stops answering (stuck in a read of a
@@ -33,13 +33,15 @@ Modules, one concept each; each imports only those above it:
 - ``shares``: which batches worker ``k`` serves (``sub_shard``), with which options;
 - ``wire``: the messages between parent and worker, and how they travel (fds, shared memory);
 - ``worker``: what runs inside a worker process;
-- ``pool``: the parent's hold on the processes: start, ask for an epoch, settle one left open, stop;
-- ``epoch``: one epoch read from the workers (``FanoutIterator``), and ``WorkerPool``.
+- ``pool``: the parent's hold on the processes (``WorkerPool``): start, ask for an epoch, settle one left
+  open, stop;
+- ``iterator``: one epoch read from the workers (``FanoutIterator``).
 """
 
 from __future__ import annotations
 
-from .iterator import FanoutIterator, WorkerPool
+from .iterator import FanoutIterator
+from .pool import WorkerPool
 from .shares import sub_shard
 
 __all__ = ["FanoutIterator", "WorkerPool", "sub_shard"]

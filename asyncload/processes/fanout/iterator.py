@@ -1,4 +1,4 @@
-"""One epoch as the parent reads it from the workers, and ``WorkerPool``, the pool that runs epochs.
+"""One epoch as the parent reads it from the workers of a ``WorkerPool``.
 
 Parent batch ``j`` is batch ``j // K`` of worker ``j % K`` (see the package doc). In order, the parent
 reads the worker whose turn it is; ``in_order=False`` takes whichever worker's batch is ready first.
@@ -15,9 +15,6 @@ alone and narrowed down to the rows that kill a reader; after a stall, its strea
 was. Past ``max_restarts`` deaths, or one outage past ``stall_timeout``, the epoch ends with
 ``WorkerError`` or ``StallError`` and the pool is closed. ``close()`` from another thread while the
 consumer waits in ``next()`` wakes it with ``LoaderClosedError`` and stops the workers at once.
-
-``WorkerPool`` lives here rather than in ``fanout.pool``: ``FanoutIterator(source, ...)`` makes a private pool
-and ``WorkerPool.epoch()`` makes an epoch, and one module holding both keeps the import graph one-way.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any
@@ -38,15 +34,13 @@ from typing import Any
 from ...engine.epoch import Epoch, closed_error, report_skipped
 from ...engine.progress import EpochProgress
 from ...engine.protocol import END, Failure
-from ...engine.sampler import Shard
 from ...engine.stats import Stats
 from ...errors import ConfigError, LoaderClosedError, StallError, WorkerError
 from ...image.decode import DecodeStage
 from ...image.gpu import PACKED, finish
 from ...runtime.loop import ExitOrder, on_exit, thread_pool
-from ...sources.base import Source
 from ..recovery import Ended, Recovery, beat_interval, narrow
-from .pool import _Pool
+from .pool import WorkerPool
 from .wire import (
     _CREDITS,
     Batch,
@@ -117,10 +111,9 @@ class _Taken:
 @dataclass
 class _Lease:
     """What ends an epoch (``FanoutIterator``'s finaliser; it must not hold the epoch): stop its device
-    threads, settle it on a shared pool, or close a pool the epoch owns."""
+    threads and settle it on the pool."""
 
     pool: WorkerPool
-    owns_pool: bool
     stats: Stats
     gen: int | None = None  # set when the epoch starts
     device: concurrent.futures.ThreadPoolExecutor | None = None  # ``decode="cuda"``: ``_finish_ahead``
@@ -135,8 +128,6 @@ class _Lease:
             self.pool.close(at_once=True)  # they hold nothing of the user's: killed now, not waited for
         if self.gen is not None:
             self.pool.settle(self.gen, self.stats)
-        if self.owns_pool:
-            self.pool.close()
         if self.wake is not None:
             for fd in self.wake:
                 os.close(fd)
@@ -144,11 +135,9 @@ class _Lease:
 
 
 class FanoutIterator(Epoch):
-    """One epoch of ``source``'s ``shard`` read by ``processes`` worker processes; yields the batches one
-    in-process ``AsyncLoader`` with the same options would (in the same order when ``in_order``).
-
-    Built on its own it starts a private ``WorkerPool`` (see there for ``context`` and ``timeout``) and
-    closes it at the end; ``WorkerPool.epoch()`` builds one on a persistent pool instead.
+    """Epoch ``epoch`` of ``pool``'s shard read by its worker processes; yields the batches one in-process
+    ``AsyncLoader`` with the same options would (in the same order when ``in_order``). The pool's workers
+    start on the first ``next()``; a newer epoch on the same pool settles this one.
     ``skip``: sequence numbers of this epoch's batches already consumed (resume): parent batch ``j`` is
     batch ``j // K`` of worker ``j % K``, whose loader leaves it out unread.
     Use as an iterator and ``close()`` it, or as a context manager; ``break`` + garbage collection and
@@ -156,35 +145,10 @@ class FanoutIterator(Epoch):
     """
 
     def __init__(
-        self,
-        source: Source[Any],
-        loader_kwargs: Mapping[str, Any],
-        shard: Shard,
-        epoch: int,
-        processes: int,
-        *,
-        in_order: bool = True,
-        context: str = "forkserver",
-        skip: frozenset[int] = frozenset(),
-        timeout: float = 10.0,
+        self, pool: WorkerPool, epoch: int, *, skip: frozenset[int] = frozenset(), in_order: bool = True,
         progress: EpochProgress | None = None,
-    ) -> None:
-        pool = WorkerPool(source, loader_kwargs, shard, processes, context=context, timeout=timeout)
-        self._setup(pool, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=True)
-
-    @classmethod
-    def _on(cls, pool: WorkerPool, epoch: int, **kw: Any) -> FanoutIterator:
-        self = cls.__new__(cls)
-        self._setup(pool, epoch, **kw)
-        return self
-
-    def _setup(
-        self, pool: WorkerPool, epoch: int, *, skip: frozenset[int], in_order: bool,
-        progress: EpochProgress | None, owns_pool: bool,
     ) -> None:  # fmt: skip
         if any(not isinstance(j, int) or j < 0 for j in skip):
-            if owns_pool:
-                pool.close()
             raise ConfigError(f"skip={sorted(skip)!r} is not allowed: batch sequence numbers (ints >= 0)")
         self._pool = pool
         self._k = k = pool.processes
@@ -217,18 +181,13 @@ class FanoutIterator(Epoch):
         self._marks: list[int] = []  # seqs taken (delivered, or left out whole) since the last ``_take``
         self._ahead: deque[_Taken] = deque()  # ``decode="cuda"``: taken, on the device threads, not yet yielded
         self._drained = False  # the workers have nothing more for this epoch (or failed): take no more
-        self._lease = _Lease(pool, owns_pool, self._stats, wake=os.pipe())
+        self._lease = _Lease(pool, self._stats, wake=os.pipe())
         self._finalizer = on_exit(self, ExitOrder.WORK, self._lease.end)
 
     # -- what a caller sees ----------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches this epoch yields (skipped ones left out)."""
         return len(self._order)
-
-    @property
-    def pids(self) -> dict[int, int]:
-        """Worker index → pid of the pool's workers (see ``WorkerPool.pids``)."""
-        return self._pool.pids
 
     def __next__(self) -> Any:
         if self._closed or (self._lease.gen is not None and self._lease.gen != self._pool.gen):
@@ -274,7 +233,7 @@ class FanoutIterator(Epoch):
         return closed_error(self._pool.url, self._stats.batches_yielded, len(self._order))
 
     def close(self) -> None:
-        """End the epoch: settle it on a shared pool (workers stay, idle), or close a pool it owns. From
+        """End the epoch: settle it on the pool (its workers stay, idle, for the next). From
         another thread while the consumer waits in ``next()``: the consumer is woken, gets
         ``LoaderClosedError``, and the workers are stopped at once (they may be stuck in a read)."""
         if self._closed:
@@ -632,21 +591,3 @@ class FanoutIterator(Epoch):
                 t.ended, t.next = True, len(t.seqs)
                 continue
             return self._deliver(t, msg)
-
-
-class WorkerPool(_Pool):
-    """``processes`` persistent worker processes, each reading its sub-shard (``sub_shard``) with a
-    ``ShardEpochs`` built once; epochs are run on it with ``epoch()``, one at a time.
-
-    ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
-    hangs or segfaults). ``timeout``: how long an abandoned epoch may take to settle. ``sampler``: the parent's sampler for
-    this shard when the caller has one already (``AsyncLoader``). ``options``: a ``LoaderOptions``, or the
-    keyword arguments of one. ``transform`` and ``collate_fn`` must be picklable (module level).
-    """
-
-    def epoch(
-        self, epoch: int, *, skip: frozenset[int] = frozenset(), in_order: bool = True,
-        progress: EpochProgress | None = None,
-    ) -> FanoutIterator:  # fmt: skip
-        """An iterator over epoch ``epoch`` served by this pool (the workers start on its first ``next()``)."""
-        return FanoutIterator._on(self, epoch, skip=skip, in_order=in_order, progress=progress, owns_pool=False)

@@ -15,8 +15,8 @@ alive half a second later (a worker holds nothing of the user's, and one stuck i
 would never exit), and joins them all. A worker found waiting for its store while settling is not waited
 for either: the pool is closed.
 
-The public ``WorkerPool`` (this pool plus ``epoch()``) is in ``processes.fanout.iterator``: an epoch built on its own
-makes a pool, and a pool makes epochs: with one class in each module, each would import the other.
+An epoch is read from the pool by ``processes.fanout.iterator.FanoutIterator(pool, epoch)``: the iterator
+knows the pool, the pool knows nothing of iterators, so the import runs one way.
 """
 
 from __future__ import annotations
@@ -85,9 +85,18 @@ def _stop_workers(procs: dict[int, _Proc], grace: list[float], owner_pid: int) -
     kill_processes([w.process for w in live], grace[0])
 
 
-class _Pool:
-    """The parent's side of ``WorkerPool``'s processes (see there for the arguments): it starts them at
-    the first epoch, asks each for its share of an epoch, settles an epoch left open, and stops them."""
+class WorkerPool:
+    """``processes`` persistent worker processes, each reading its sub-shard (``sub_shard``) with a
+    ``ShardEpochs`` built once; the parent's side of them: it starts them at the first epoch, asks each for
+    its share of an epoch, settles an epoch left open, and stops them. Epochs are read from it with
+    ``FanoutIterator(pool, epoch)``, one at a time.
+
+    ``context``: "spawn" or "forkserver" (never "fork": forking where Deep Lake or an event loop is live
+    hangs or segfaults). ``timeout``: how long an abandoned epoch may take to settle. ``sampler``: the
+    parent's sampler for this shard when the caller has one already (``AsyncLoader``). ``options``: a
+    ``LoaderOptions``, or the keyword arguments of one. ``transform`` and ``collate_fn`` must be picklable
+    (module level).
+    """
 
     def __init__(
         self,
@@ -162,7 +171,7 @@ class _Pool:
     @property
     def pids(self) -> dict[int, int]:
         """Worker index → pid of the workers started (empty before the first epoch's ``next()``; kept after
-        ``close()``, for logs and for checking that they are gone)."""
+        ``close()``), for the logs and errors that name a worker."""
         return dict(self._pids)
 
     def close(self, *, at_once: bool = False) -> None:

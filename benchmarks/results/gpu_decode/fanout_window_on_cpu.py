@@ -8,7 +8,7 @@ import time
 
 from asyncload import DeepLakeSource
 from asyncload.engine.sampler import Shard
-from asyncload.processes.fanout import WorkerPool
+from asyncload.processes.fanout import FanoutIterator, WorkerPool
 
 URL = "data/bench/photos-4000-jpg"
 OPTIONS = {"batch_size": 32, "decode": "cuda", "shuffle": True, "seed": 0}
@@ -18,7 +18,7 @@ if __name__ == "__main__":
     pool.gpu_stage = dataclasses.replace(pool.gpu_stage, device="cpu")
     for epoch in range(3):
         t, n = time.perf_counter(), 0
-        with pool.epoch(epoch) as it:
+        with FanoutIterator(pool, epoch) as it:
             for batch in it:
                 n += len(batch["images"])
         print(sys.argv[1] if len(sys.argv) > 1 else "", epoch, f"{n / (time.perf_counter() - t):.0f}/s", flush=True)
