@@ -194,9 +194,9 @@ class AsyncLoader:
         if self._isolated is not None:
             self._isolated.start()  # (started already, unless the open above drew the rows)
         self.shard = shard
-        self._reader = ShardEpochs(self._isolated or self.source, o, shard)
-        self.read_mode: ReadMode = self._reader.read_mode
-        self.sampler = self._reader.sampler
+        self._shard = ShardEpochs(self._isolated or self.source, o, shard)
+        self.read_mode: ReadMode = self._shard.read_mode
+        self.sampler = self._shard.sampler
         if shard.world_size > 1 or shard_from != "no process group":
             log.info(
                 "asyncload: %s reads rank %d of %d (from %s): %d batches per epoch",
@@ -279,7 +279,7 @@ class AsyncLoader:
             done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))
             it = FanoutIterator(self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress)
         else:
-            it = self._reader.epoch(self.epoch, progress)
+            it = self._shard.iterate(self.epoch, progress)
             if self._isolated is not None:
                 self._isolated.begin_epoch(it.stats())
         self._live = weakref.ref(it)
@@ -293,7 +293,7 @@ class AsyncLoader:
         snap = self._stats.snapshot()
         snap.update(
             concurrency_setting=self.options.concurrency, read_mode=self.read_mode, epoch=self.epoch,
-            retries=self._reader.source.retry_count(),
+            retries=self._shard.source.retry_count(),
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip
         return snap

@@ -76,7 +76,7 @@ class ShardEpochs:
             stall_timeout=o.stall_timeout,
         )  # fmt: skip
 
-    def epoch(
+    def iterate(
         self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None
     ) -> EpochIterator:
         """An iterator over the rest of ``epoch``, or over ``only`` (see ``plan``); its loop thread starts on

@@ -189,9 +189,9 @@ def _send(channel: _Channel, msg: object) -> None:
         raise _ParentGone from exc
 
 
-def _run_epoch(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
+def _run_epoch(channel: _Channel, shard: ShardEpochs, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
     """Serve one epoch of this worker's sub-shard, one batch per credit."""
-    total = len(reader.sampler)
+    total = len(shard.sampler)
     progress = EpochProgress(cmd.epoch, total)
     for j in cmd.skip:  # resume: these batches are left out without being read
         progress.mark(j)
@@ -199,7 +199,7 @@ def _run_epoch(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: Start
     # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
     expected = collections.deque(s for s in range(total) if s not in cmd.skip)
     samples = 0
-    with reader.epoch(cmd.epoch, progress) as it:
+    with shard.iterate(cmd.epoch, progress) as it:
         ctl.stats = it.stats()
         for batch in it:
             seq = -1
@@ -213,10 +213,10 @@ def _run_epoch(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: Start
     return End(cmd.gen, _figures(it.stats()))
 
 
-def _read_one(channel: _Channel, reader: ShardEpochs, ctl: _Control, cmd: ReadOne) -> Done | Cancelled:
+def _read_one(channel: _Channel, shard: ShardEpochs, ctl: _Control, cmd: ReadOne) -> Done | Cancelled:
     """Read ``cmd.indices`` alone as batch ``cmd.seq``: send it (unless a probe), then ``Done``. A probe's
     failure is an answer too (the read did not kill this process), so it ends in ``Done`` as well."""
-    it = reader.epoch(cmd.epoch, EpochProgress(cmd.epoch, len(reader.sampler)), only=[(cmd.seq, list(cmd.indices))])
+    it = shard.iterate(cmd.epoch, EpochProgress(cmd.epoch, len(shard.sampler)), only=[(cmd.seq, list(cmd.indices))])
     ctl.stats = it.stats()
     try:
         with it:
@@ -246,10 +246,10 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     channel = _Channel(conn)
     ctl.opening_since = time.monotonic()  # an open of a silent store is a stall too
     start_thread(_beat, channel, ctl, beat_interval(spec.options.stall_timeout), name="asyncload-fanout-beat")
-    reader: ShardEpochs | None = None
+    shard: ShardEpochs | None = None
     broken: Failure | None = None
     try:
-        reader = ShardEpochs(spec.source.open(), spec.options, spec.shard, worker=True)
+        shard = ShardEpochs(spec.source.open(), spec.options, spec.shard, worker=True)
     except BaseException as exc:  # noqa: BLE001 - told to the parent at each epoch it asks for
         broken = Failure(exc)
     ctl.opening_since = None
@@ -257,7 +257,7 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
         while (cmd := commands.get()) is not _STOP:
             ctl.busy, ctl.stats = True, None
             outcome: Terminal
-            if reader is None:
+            if shard is None:
                 assert broken is not None
                 outcome = Failed(cmd.gen, broken)
             elif not ctl.begin(cmd.gen, spec.credits):
@@ -265,9 +265,9 @@ def _serve(conn: Connection, spec: _WorkerSpec) -> None:
             else:
                 try:
                     if isinstance(cmd, ReadOne):
-                        outcome = _read_one(channel, reader, ctl, cmd)
+                        outcome = _read_one(channel, shard, ctl, cmd)
                     else:
-                        outcome = _run_epoch(channel, reader, ctl, cmd)
+                        outcome = _run_epoch(channel, shard, ctl, cmd)
                 except _ParentGone:
                     return
                 except BaseException as exc:  # noqa: BLE001 - every failure is the parent's to raise
