@@ -4,12 +4,14 @@ named alone."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 
 import pytest
 from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, EpochSampler, ReadError
+from asyncload.engine.blocks import BlockReads
 
 from .conftest import ROWS
 from .resume import check_resume, ids
@@ -44,6 +46,46 @@ def test_each_block_of_the_epoch_is_read_once_in_one_request(seg_url) -> None:
     assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3, block=BLOCK, window=WINDOW).batches(0)
     assert Counter(flat(got)) == Counter(range(ROWS))
     assert sorted(map(tuple, src.reads)) == [tuple(range(b, min(b + BLOCK, ROWS))) for b in range(0, ROWS, BLOCK)]
+
+
+def test_the_first_blocks_are_read_in_parts_as_they_come_due(seg_url) -> None:
+    """The blocks that start the epoch, in storage order over their spread, are read in parts as their
+    rows come due (each a contiguous run, reaching twice as far each time), not all at once at the start;
+    every other block in one request; every row once."""
+    block, window = 8, 64  # 8 of 26 blocks start the epoch; RAMP_BLOCKS * 8 = 64 positions in first parts
+    src = RecordingSource(seg_url)
+    loader = AsyncLoader(
+        src, batch_size=16, seed=3, processes=0, shuffle=True, shuffle_block=block, shuffle_window=window
+    )
+    got = ids(list(loader))
+    assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3, block=block, window=window).batches(0)
+    assert Counter(flat(src.reads)) == Counter(range(ROWS))  # each row read once
+    assert all(r == list(range(r[0], r[0] + len(r))) for r in src.reads)  # each read a contiguous run
+    reads_per_block = Counter(r[0] // block for r in src.reads)
+    assert sum(1 for k in reads_per_block.values() if k > 1) >= window // block // 2
+    assert len(src.reads) < 2 * -(-ROWS // block)
+
+
+def test_rows_held_for_later_batches_are_copied_out_of_the_answer() -> None:
+    """A reader process answers with views into one buffer per answer: a held row keeps its own bytes,
+    not the block's buffer (which goes with the rows asked for now)."""
+
+    class Views:
+        cancel_safe = True
+
+        async def read(self, indices):
+            buf = bytearray(b"".join(bytes([i]) * 4 for i in indices))
+            return {"x": [memoryview(buf)[4 * k : 4 * k + 4] for k in range(len(indices))]}
+
+    async def go():
+        reads = BlockReads(Views(), 4, [0, 5, 1, 2, 3, 4, 6, 7])
+        first = await reads.read([0])
+        assert bytes(first["x"][0]) == b"\0" * 4
+        assert all(type(v["x"]) is bytes for v in reads._held.values())  # noqa: SLF001 - what is held
+        rest = await reads.read([1, 2, 3, 5])
+        assert [bytes(v) for v in rest["x"]] == [bytes([i]) * 4 for i in (1, 2, 3, 5)]
+
+    asyncio.run(go())
 
 
 def test_a_full_shuffle_reads_batch_by_batch(seg_url) -> None:

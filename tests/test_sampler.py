@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from asyncload import EpochSampler, Shard
@@ -157,6 +158,49 @@ def test_block_order_mixes_a_batch_from_many_blocks_and_changes_with_epoch_and_s
     assert flat(EpochSampler(4096, 32, shuffle=True, seed=1, block=64, window=1024).batches(0)) == flat(batches)
     # the blocks themselves come in a random order: the first window is not the first 16 blocks
     assert {i // 64 for i in flat(batches)[:1024]} != set(range(16))
+
+
+@pytest.mark.parametrize("window", [1024, 4096])
+def test_block_order_edges_are_mixed_without_a_crowd_of_blocks_starting_together(window: int) -> None:
+    """The first blocks all start at the beginning, each in storage order over its spread (what a reader
+    reads of one as it comes due is a contiguous run); no other point of the epoch has more than a few
+    blocks starting within a block's positions of each other; the first and last batches are as mixed
+    as the rest."""
+    n, block = 32_000, 64  # whole batches of 32
+    s = EpochSampler(n, 32, shuffle=True, seed=4, block=block, window=window)
+    order = s.order(0).tolist()
+    first: dict[int, int] = {}
+    rows: dict[int, list[int]] = {}
+    for p, row in enumerate(order):
+        first.setdefault(row // block, p)
+        rows.setdefault(row // block, []).append(row)
+    opening = [b for b in rows if rows[b] == sorted(rows[b])]  # the others come in a random order
+    assert len(opening) == window // block and all(first[b] < window // 4 for b in opening)
+    later = sorted(first[b] for b in first if b not in opening)
+    crowd = max(sum(1 for q in later[k:] if q - p < block) for k, p in enumerate(later))
+    assert crowd <= 6  # ~1 a block's positions, never the old end's window / block at once
+    per_batch = [len({i // block for i in b}) for b in s.batches(0)]
+    mid = sorted(per_batch)[len(per_batch) // 2]
+    assert min(per_batch[:4] + per_batch[-4:]) >= mid // 2
+
+
+def test_a_window_is_at_most_about_half_the_dataset() -> None:
+    """A dataset of under two windows is mixed over about half its rows (so a reader never holds most of
+    it at once), down to ``SMALL_WINDOW``: below about twice that it is one mix of all its rows."""
+    from asyncload.engine.sampler import SMALL_WINDOW, block_order
+
+    def live_at_start(n: int, window: int) -> int:  # blocks whose first row comes within the first 64
+        order = block_order(n, 64, window, np.random.default_rng(0)).tolist()
+        return len({i // 64 for i in order[:64]})
+
+    assert live_at_start(4000, 4096) == live_at_start(4000, 4000 // 2 - 64) < 4000 // 64 * 3 // 4
+    assert np.array_equal(
+        block_order(4000, 64, 4096, np.random.default_rng(1)), block_order(4000, 64, 1936, np.random.default_rng(1))
+    )
+    n = 2 * SMALL_WINDOW - 200  # under 2 x SMALL_WINDOW: one mix of all, as under two windows always was
+    assert np.array_equal(
+        block_order(n, 64, 4096, np.random.default_rng(1)), block_order(n, 64, n, np.random.default_rng(1))
+    )
 
 
 def test_block_size_one_is_the_full_shuffle() -> None:

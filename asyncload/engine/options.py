@@ -59,7 +59,7 @@ class LoaderOptions:
     shuffle_block: int | Literal["auto"] = setting(
         "auto", "'auto' or an int >= 1 (1: a full shuffle)", lambda v: v == "auto" or v >= 1
     )
-    shuffle_window: int = setting(1024, "an int >= 1 (rows)", lambda v: v >= 1)
+    shuffle_window: int = setting(4096, "an int >= 1 (rows)", lambda v: v >= 1)
     seed: Any = setting(0, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
     concurrency: int | Literal["auto"] = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or v >= 1)
     max_concurrency: int = setting(512, "an int >= 1", lambda v: v >= 1)

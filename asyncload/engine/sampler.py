@@ -12,7 +12,7 @@ How an epoch is cut:
    positions (``block_order``), so every row comes once and each batch mixes ``window / block`` blocks.
    Stores lay rows out in order and read far more than a row per request (Deep Lake pulls ~130-260 KB
    for a 20 KB row), so a row read with its block costs its own bytes, and one read alone its range's
-   (``blocks.BlockReads`` reads each block once). ``block=1`` is a full shuffle;
+   (``blocks.BlockReads`` reads each row once, with its block). ``block=1`` is a full shuffle;
 2. ranks get equal, contiguous blocks of it (contiguous keeps neighbouring rows, which share storage
    chunks, in one rank). When ``world_size`` does not divide ``n`` the ``remainder`` policy decides:
    ``"pad"`` repeats the first samples of the order so every sample is seen at least once,
@@ -78,28 +78,44 @@ def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None)
     return Shard(rank=r, world_size=w), ("the torch.distributed process group" if w > 1 else "no process group")
 
 
+#: A window is at most about half the dataset (``n // 2 - block``) but not cut below this many rows. A
+#: dataset of under about two windows is one mix of all its rows, every block read and held as the epoch
+#: starts; the cut keeps that to datasets of under ~2 x ``SMALL_WINDOW`` rows, whatever the window.
+SMALL_WINDOW = 1024
+
+
 def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np.ndarray:
     """A permutation of ``range(n)`` read in blocks: the blocks of ``block`` contiguous rows in a random
     order, each block's rows spread at random over ``window`` positions from where the block's turn comes
-    (as Mosaic Streaming's py1e spreads a shard). The first ``window / block`` blocks all start at the
-    beginning and the last ones all end at the end, so that the first and last batches are as mixed as
-    the rest.
+    (as Mosaic Streaming's py1e spreads a shard), a new block starting every ~``block`` positions. At any
+    point of the epoch about ``window / block`` blocks are being drawn from: a batch mixes rows of that
+    many blocks, while a reader that fetches each block when its first row is due holds about half a
+    window of rows, steadily. ``window <= block`` reads each block in storage order.
 
-    At any point of the epoch about ``window / block`` blocks are being drawn from, a new one starting as
-    an old one ends: a batch mixes rows of that many blocks, while a reader that fetches each block whole
-    when its first row is due holds about half a window of rows, steadily, with no burst where a window
-    would begin. ``window <= block`` reads each block in storage order."""
+    The edges, so that the first and last batches are as mixed as the rest without a burst of reads:
+
+    - the first ``window / block`` blocks all start at the beginning, each block's rows in storage order
+      over its spread, so that a reader can fetch them in parts as they come due, each part a contiguous
+      run (``blocks.BlockReads``), instead of all of them at once;
+    - the blocks that start in the last two windows end together at the end, spread over the rest of the
+      epoch from where their turns come, so none is read with a crowd of others."""
     turn = np.empty(-(-n // block), np.int64)
     turn[rng.permutation(len(turn))] = np.arange(len(turn))  # each block's place in the epoch
     rows = np.arange(n, dtype=np.int64)
     if window <= block:
         return rows[np.lexsort((rows, turn[rows // block]))]
-    spread = min(window, n)
-    edge = -(-spread // block) - 1  # blocks that start with the first (and end with the last)
-    inner = len(turn) - 1 - 2 * edge
-    step = (n - spread) / inner if inner > 0 else 0.0  # a dataset of under ~2 windows: one mix of all
-    starts = np.clip((turn - edge) * step, 0.0, float(n - spread))
-    keys = starts[rows // block] + rng.uniform(0.0, float(spread), n)
+    spread = min(window, n, max(n // 2 - block, SMALL_WINDOW))  # at most ~half the dataset, see SMALL_WINDOW
+    edge = -(-spread // block) - 1  # blocks that start with the first
+    later = len(turn) - 1 - edge  # the others, one every (n - spread) / later positions
+    draw = rng.uniform(0.0, 1.0, n)  # where in its block's spread a row comes
+    if later <= edge:  # a dataset of under ~2 windows: one mix of all
+        return rows[np.argsort(draw, kind="stable")]
+    b = rows // block
+    first = np.flatnonzero(turn[b] <= edge)  # the first blocks' rows, block by block
+    draw[first] = draw[first[np.lexsort((draw[first], b[first]))]]  # each block's draws sorted, in row order
+    starts = np.maximum(turn - edge, 0) * ((n - spread) / later)
+    ends = np.where(starts > n - 2 * spread, float(n), starts + spread)
+    keys = starts[b] + draw * (ends - starts)[b]
     return rows[np.argsort(keys, kind="stable")]
 
 
