@@ -181,9 +181,9 @@ def test_server_down_for_good_fails_with_a_clear_error_within_a_deadline(
     src = ObjectStoreSource(remote_data.files_url, creds=proxied_creds(remote_data, proxy), retry=IMPATIENT).open()
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=3)
     it = iter(loader)
+    t0 = time.monotonic()  # before the store's last answer, from which the stall is timed (it may precede down())
     seen = next(it)["index"].tolist()
     proxy.schedule.down()  # for good
-    t0 = time.monotonic()
     with pytest.raises(ReadError) as info:
         read_epoch(it, remote_data, seen)
     wall = time.monotonic() - t0
