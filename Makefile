@@ -25,8 +25,10 @@ run: install  ## a dataset on a local S3 server behind emulated WAN latency: syn
 run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo
 
-test: install  ## the test suite (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
-	@ulimit -c unlimited 2>/dev/null; $(PY) -m pytest; rc=$$?; \
+# -n 3: three pytest-xdist workers, since most of the suite waits (on servers, stalls, child processes);
+# loadgroup sends the tests marked xdist_group("process_storms") to one worker, first, one after another.
+test: install  ## the test suite in 3 workers (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
+	@ulimit -c unlimited 2>/dev/null; $(PY) -m pytest -n 3 --dist loadgroup; rc=$$?; \
 	if [ $$rc -gt 128 ]; then $(PY) -m harness.crash_report $$rc $(PY); fi; exit $$rc
 
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash

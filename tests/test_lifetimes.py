@@ -104,6 +104,7 @@ print("ok", n)
 """
 
 
+@pytest.mark.xdist_group("process_storms")  # with test_shutdown's: one storm of processes at a time (xdist)
 @pytest.mark.timeout(300)
 def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
     """Deep Lake 4.7.4 can crash at interpreter exit after get_async (rc 134/139); asyncload must not."""

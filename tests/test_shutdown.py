@@ -54,6 +54,9 @@ PARALLEL = 4
 # takes to unwind a healthy run (up to ~5.6 s seen); unloaded runs take 1-2.5 s.
 EXIT_DEADLINE_S = 8.0
 SIGINT_EXIT = -signal.SIGINT  # how Popen / os.waitstatus_to_exitcode report Python's re-raised SIGINT (shells: 130)
+# The runs of many processes at a time, each importing torch and Deep Lake: under pytest-xdist (make
+# test) one worker runs them, one after another, so that their exit deadlines never meet two such storms.
+PROCESS_STORM = pytest.mark.xdist_group("process_storms")
 
 SCRIPT = r'''
 """Loading script for tests/test_shutdown.py: run one scenario (fresh) or fork scenarios (zygote)."""
@@ -406,6 +409,7 @@ def script(tmp_path: Path) -> Iterator[Path]:
     assert not leaked, f"processes still running the script: {leaked}"
 
 
+@PROCESS_STORM
 @pytest.mark.timeout(180)  # ~45 s on a quiet 2-core machine; the bound only guards against a hang
 def test_ctrl_c_mid_epoch_exits_promptly_with_the_sigint_code_100_times(
     seg_url: str, script: Path, tmp_path: Path
@@ -434,6 +438,7 @@ def test_ctrl_c_mid_epoch_exits_promptly_with_the_sigint_code_100_times(
     assert processes_running(script) == []
 
 
+@PROCESS_STORM
 @pytest.mark.timeout(120)
 def test_ctrl_c_while_an_epoch_starts_its_loop_exits_promptly(seg_url: str, script: Path, tmp_path: Path) -> None:
     """A Ctrl-C that interrupts ``LoopThread.start()`` while it waits for the new thread (the loop not yet
@@ -461,6 +466,7 @@ def test_ctrl_c_while_an_epoch_starts_its_loop_exits_promptly(seg_url: str, scri
     assert processes_running(script) == []
 
 
+@PROCESS_STORM
 @pytest.mark.timeout(120)
 def test_ctrl_c_in_fresh_interpreters(seg_url: str, script: Path) -> None:
     """The same, in brand-new interpreters (no zygote): fewer runs, since each costs ~2 s to import."""
@@ -471,6 +477,7 @@ def test_ctrl_c_in_fresh_interpreters(seg_url: str, script: Path) -> None:
     assert processes_running(script) == []
 
 
+@PROCESS_STORM
 @pytest.mark.timeout(120)
 def test_break_and_del_then_exit_cleanly(seg_url: str, script: Path, tmp_path: Path) -> None:
     """``break`` then interpreter exit, and ``del`` + gc then exit: code 0 within 5 s; forked and fresh."""
