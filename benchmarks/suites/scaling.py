@@ -45,10 +45,10 @@ sys.path.insert(0, str(ROOT))  # benchmarks, harness; and this checkout's asyncl
 
 import deeplake  # noqa: E402
 import torch  # noqa: E402
-from asyncload.train.data import SyncSegmentation  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, make_dataset  # noqa: E402
+from asyncload.tools.train.data import SyncSegmentation  # noqa: E402
 
 LOCAL = "local disk"
 

@@ -60,11 +60,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from asyncload.train.steps import iou_counts  # noqa: E402
-
 from asyncload import AsyncLoader  # noqa: E402
 from asyncload.sources.deeplake import DeepLakeSource  # noqa: E402
-from asyncload.train import RangeSource, StepOptions, UNet, timed_steps, train_step  # noqa: E402
+from asyncload.tools.train import RangeSource, StepOptions, UNet, timed_steps, train_step  # noqa: E402
+from asyncload.tools.train.steps import iou_counts  # noqa: E402
 from benchmarks.testbeds.photos import PHOTOS, _sources, encode, photo_sample  # noqa: E402
 
 CLASS_NAMES = ("darkest quarter", "dark quarter", "light quarter", "lightest quarter")
