@@ -50,8 +50,9 @@ class AsyncLoader:
                     a random order and each is read once, in one request (``blocks``), so a dataset
                     larger than memory streams at its stored bytes. "auto" (default): the source's
                     ``block_rows`` (64 for Deep Lake, 1 for object stores); 1: a full shuffle
-      shuffle_window  positions a block's rows are spread over (default 1024): a batch mixes about
-                    ``shuffle_window / shuffle_block`` blocks, and about half of it is held in memory
+      shuffle_window  positions a block's rows are spread over (default 4096; at most about half the
+                    dataset, not under 1,024): a batch mixes about ``shuffle_window / shuffle_block``
+                    blocks, and about half of it is held in memory, so lower it for large rows
                     (benchmarks/results/large/: bytes, speed and shuffle quality by setting)
       drop_last     leave out a last batch shorter than ``batch_size`` (default False)
       rank, world_size  which rank's share of each epoch this loader serves; by default the rank of

@@ -18,7 +18,7 @@ stored after the training rows and read in order (order does not change an evalu
 (A first try, independent ``photo_sample`` crops merely sorted by photo, was a weak test: blocks come
 in a random order, so a block-order batch still drew from 6.2 of the 7 photos, against 7.0.)
 
-Scaling. The Deep Lake default is ``shuffle_block=64``, ``shuffle_window=1024`` on datasets of 100,000s
+Scaling. The Deep Lake default was ``shuffle_block=64``, ``shuffle_window=1024`` (now 4096) on datasets of 100,000s
 of rows. On ~1,500 training rows that window would be most of the dataset, and the order nearly a full
 shuffle. So the block order is scaled to keep its shape: block 16, window 256 (the same 16 blocks mixed
 per batch; the dataset 6 windows long). Everything else is the same for both orders: rows, image size,
