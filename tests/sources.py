@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import resource
 import signal
@@ -37,6 +38,34 @@ class DelayedSource(DeepLakeSource):
         finally:
             self.in_flight -= 1
             self._samples -= len(indices)
+
+
+class RecordingSource(DeepLakeSource):
+    """A real Deep Lake read that logs each request's indices to the file ``log``, so that a test sees the
+    requests wherever they run (the default reader process: in-process Deep Lake reads are what the
+    suite keeps to a minimum, see docs/ARCHITECTURE.md's crash table)."""
+
+    def __init__(self, url: str, log: str | os.PathLike[str], **kw) -> None:
+        super().__init__(url, **kw)
+        self.log = str(log)
+
+    async def read(self, indices: list[int]) -> Columns:
+        with open(self.log, "a") as f:
+            f.write(json.dumps(list(indices)) + "\n")
+        return await super().read(indices)
+
+    @property
+    def reads(self) -> list[list[int]]:
+        """Every request logged so far, in the order they were made."""
+        try:
+            with open(self.log) as f:
+                return [json.loads(line) for line in f]
+        except FileNotFoundError:
+            return []
+
+    def forget(self) -> None:
+        """Start the log again."""
+        open(self.log, "w").close()
 
 
 class FailingSource(DeepLakeSource):

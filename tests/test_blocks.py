@@ -1,6 +1,8 @@
 """Shuffled epochs read in blocks (``blocks.BlockReads`` over ``sampler.block_order``): each block of the
 epoch's rows read once, in one request, every row yielded once, resumable, bounded, and a bad row still
-named alone."""
+named alone. The loaders read through the default reader process (reads are logged to a file by
+``RecordingSource``): in-process Deep Lake reads of abandoned epochs can crash the process (the cores in
+docs/ARCHITECTURE.md's crash table came from this module when it read in-process)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from asyncload.engine.blocks import BlockReads
 
 from .conftest import ROWS
 from .resume import check_resume, ids
-from .sources import FailingSource
+from .sources import FailingSource, RecordingSource
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -23,40 +25,26 @@ BLOCK, WINDOW = 8, 32  # 203 rows: 26 blocks, each batch drawn from ~4 of them
 OPTS = {"shuffle": True, "shuffle_block": BLOCK, "shuffle_window": WINDOW}
 
 
-class RecordingSource(DeepLakeSource):
-    """A real Deep Lake read that records every request's indices (read in this process: ``processes=0``)."""
-
-    def __init__(self, url: str, **kw) -> None:
-        super().__init__(url, **kw)
-        self.reads: list[list[int]] = []
-
-    async def read(self, indices):
-        self.reads.append(list(indices))
-        return await super().read(indices)
-
-
 def flat(batches: list[list[int]]) -> list[int]:
     return [i for b in batches for i in b]
 
 
-def test_each_block_of_the_epoch_is_read_once_in_one_request(seg_url) -> None:
-    src = RecordingSource(seg_url)
-    loader = AsyncLoader(src, batch_size=16, seed=3, processes=0, **OPTS)
+def test_each_block_of_the_epoch_is_read_once_in_one_request(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, batch_size=16, seed=3, **OPTS)
     got = ids(list(loader))
     assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3, block=BLOCK, window=WINDOW).batches(0)
     assert Counter(flat(got)) == Counter(range(ROWS))
     assert sorted(map(tuple, src.reads)) == [tuple(range(b, min(b + BLOCK, ROWS))) for b in range(0, ROWS, BLOCK)]
 
 
-def test_the_first_blocks_are_read_in_parts_as_they_come_due(seg_url) -> None:
+def test_the_first_blocks_are_read_in_parts_as_they_come_due(seg_url, tmp_path) -> None:
     """The blocks that start the epoch, in storage order over their spread, are read in parts as their
     rows come due (each a contiguous run, reaching twice as far each time), not all at once at the start;
     every other block in one request; every row once."""
     block, window = 8, 64  # 8 of 26 blocks start the epoch; RAMP_BLOCKS * 8 = 64 positions in first parts
-    src = RecordingSource(seg_url)
-    loader = AsyncLoader(
-        src, batch_size=16, seed=3, processes=0, shuffle=True, shuffle_block=block, shuffle_window=window
-    )
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, batch_size=16, seed=3, shuffle=True, shuffle_block=block, shuffle_window=window)
     got = ids(list(loader))
     assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3, block=block, window=window).batches(0)
     assert Counter(flat(src.reads)) == Counter(range(ROWS))  # each row read once
@@ -88,33 +76,33 @@ def test_rows_held_for_later_batches_are_copied_out_of_the_answer() -> None:
     asyncio.run(go())
 
 
-def test_a_full_shuffle_reads_batch_by_batch(seg_url) -> None:
-    src = RecordingSource(seg_url)
-    got = ids(list(AsyncLoader(src, batch_size=16, seed=3, processes=0, shuffle=True, shuffle_block=1)))
+def test_a_full_shuffle_reads_batch_by_batch(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    got = ids(list(AsyncLoader(src, batch_size=16, seed=3, shuffle=True, shuffle_block=1)))
     assert got == EpochSampler(ROWS, 16, shuffle=True, seed=3).batches(0)
     assert src.reads == got  # one request per batch: nothing read ahead in blocks
 
 
-def test_a_resumed_epoch_reads_only_the_rows_it_has_left(seg_url) -> None:
-    src = RecordingSource(seg_url)
-    first = AsyncLoader(src, batch_size=16, seed=5, processes=0, **OPTS)
+def test_a_resumed_epoch_reads_only_the_rows_it_has_left(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    first = AsyncLoader(src, batch_size=16, seed=5, **OPTS)
     it = iter(first)
     taken = ids([next(it) for _ in range(6)])
     state = first.state_dict()
     it.close()
-    src.reads.clear()
-    second = AsyncLoader(src, batch_size=16, seed=5, processes=0, **OPTS)
+    src.forget()
+    second = AsyncLoader(src, batch_size=16, seed=5, **OPTS)
     second.load_state_dict(state)
     rest = ids(list(second))
     assert Counter(flat(taken + rest)) == Counter(range(ROWS))
     assert Counter(flat(src.reads)) == Counter(flat(rest))  # each row of the rest read once, no other
 
 
-def test_rows_read_ahead_of_the_consumer_stay_within_the_window(seg_url) -> None:
+def test_rows_read_ahead_of_the_consumer_stay_within_the_window(seg_url, tmp_path) -> None:
     """What the blocks hold is bounded by the order, seen from outside: rows read but not yet yielded
     never exceed a window's worth plus what the pipeline itself keeps in flight and ready."""
-    src = RecordingSource(seg_url)
-    loader = AsyncLoader(src, batch_size=8, seed=1, processes=0, concurrency=16, prefetch=2, **OPTS)
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, batch_size=8, seed=1, concurrency=16, prefetch=2, **OPTS)
     ahead = []
     yielded = 0
     for b in loader:
@@ -141,9 +129,9 @@ def test_a_bad_row_in_a_block_is_named_alone_and_skipped_alone(seg_url) -> None:
     bad = 37
     src = FailingSource(seg_url, bad={bad})
     with pytest.raises(ReadError, match=f"unreadable object for sample {bad}") as err:
-        list(AsyncLoader(src, batch_size=16, seed=2, processes=0, **OPTS))
+        list(AsyncLoader(src, batch_size=16, seed=2, **OPTS))
     assert bad in err.value.indices and len(err.value.indices) <= 16  # the batch's own request, not the block
-    loader = AsyncLoader(src, batch_size=16, seed=2, processes=0, on_error="skip", **OPTS)
+    loader = AsyncLoader(src, batch_size=16, seed=2, on_error="skip", **OPTS)
     got = flat(ids(list(loader)))
     assert Counter(got) == Counter(i for i in range(ROWS) if i != bad)
     assert loader.stats()["skipped"] == 1
