@@ -16,6 +16,8 @@ if __name__ == "__main__":
 
 
 def __getattr__(name: str) -> Any:
+    if name.startswith("__"):  # not __path__: this is a module, and the trainer's modules have one home
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from .tools import train
 
     return getattr(train, name)

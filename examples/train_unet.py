@@ -22,7 +22,7 @@ import torch
 from asyncload import AsyncLoader, DeepLakeSource, make_dataset
 from asyncload.device import DeviceFeed
 from asyncload.tools.synthetic import CLASSES
-from asyncload.train import RangeSource, StepOptions, UNet, model_only_rate, timed_steps, train_step
+from asyncload.tools.train import RangeSource, StepOptions, UNet, model_only_rate, timed_steps, train_step
 
 DATA = "data/example-seg-64"
 if not os.path.exists(DATA):

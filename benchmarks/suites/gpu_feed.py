@@ -34,7 +34,7 @@ from asyncload import AsyncLoader, DeepLakeSource, make_dataset
 from asyncload.device import DeviceFeed
 from asyncload.tools.measure import Measurement, measure
 from asyncload.tools.synthetic import CLASSES
-from asyncload.train import StepOptions, TrainConfig, UNet, sync, timed_steps, train, train_step
+from asyncload.tools.train import StepOptions, TrainConfig, UNet, sync, timed_steps, train, train_step
 
 
 def machine() -> dict[str, Any]:
