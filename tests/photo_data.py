@@ -73,3 +73,18 @@ def make(
     ds.commit()
     del ds
     return url
+
+
+def make_odd_masks(url: str, rows: int, odd: tuple[int, ...], seed: int) -> str:
+    """``rows`` 64×64 JPEG images with lz4 masks, the masks of rows ``odd`` 32×48: not their image's size,
+    so they cannot be paired with it and are read again store-decoded."""
+    ds = deeplake.create(url)
+    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="jpg"))
+    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
+    pairs = [sample(np.random.default_rng([seed, i]), 64, 64) for i in range(rows)]
+    ds.append({
+        "images": [encode(img, "jpg") for img, _ in pairs],
+        "masks": [np.ascontiguousarray(m[:32, :48]) if i in odd else m for i, (_, m) in enumerate(pairs)],
+    })  # fmt: skip
+    ds.commit()
+    return url

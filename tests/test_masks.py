@@ -26,7 +26,7 @@ from asyncload import (
 from asyncload.image import codecs
 from asyncload.image.decode import decode_stage
 from asyncload.runtime import log as _log
-from tests.photo_data import encode, make, sample
+from tests.photo_data import make, make_odd_masks
 
 ROWS = 40
 AUG = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
@@ -104,19 +104,8 @@ def test_fanout_and_dataloader_workers_decode_deep_lakes_pixels(url: str) -> Non
 
 @pytest.fixture(scope="module")
 def odd_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """64×64 JPEG images with lz4 masks, rows 5 and 17 of whose masks are 32×48 (not their image's size)."""
-    url = "file://" + str(tmp_path_factory.mktemp("odd") / "ds")
-    ds = deeplake.create(url)
-    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="jpg"))
-    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
-    images, masks = [], []
-    for i in range(ROWS):
-        img, mask = sample(np.random.default_rng([9, i]), 64, 64)
-        images.append(encode(img, "jpg"))
-        masks.append(np.ascontiguousarray(mask[:32, :48]) if i in (5, 17) else mask)
-    ds.append({"images": images, "masks": masks})
-    ds.commit()
-    return url
+    """Rows 5 and 17 of whose masks are 32×48 (not their image's size)."""
+    return make_odd_masks("file://" + str(tmp_path_factory.mktemp("odd") / "ds"), ROWS, (5, 17), seed=9)
 
 
 def test_a_mask_whose_size_is_not_its_images_is_decoded_by_deep_lake_and_said_once(

@@ -24,7 +24,7 @@ from asyncload.engine.stats import Stats
 from asyncload.image.decode import decode_stage
 from asyncload.runtime.loop import LoopThread
 from asyncload.sources.base import Columns, stored_bytes
-from tests.photo_data import encode, make, sample
+from tests.photo_data import make, make_odd_masks
 from tests.sources import DelayedSource
 from tests.test_layout import import_graph
 
@@ -89,18 +89,7 @@ ODD = (5, 11)  # rows whose lz4 mask is not the size of its image
 
 @pytest.fixture(scope="module")
 def odd_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """16 rows of 64×64 JPEG images with lz4 masks, the masks of rows ``ODD`` 32×48."""
-    url = "file://" + str(tmp_path_factory.mktemp("odd") / "ds")
-    ds = deeplake.create(url)
-    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="jpg"))
-    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
-    pairs = [sample(np.random.default_rng([4, i]), 64, 64) for i in range(16)]
-    ds.append({
-        "images": [encode(img, "jpg") for img, _ in pairs],
-        "masks": [np.ascontiguousarray(m[:32, :48]) if i in ODD else m for i, (_, m) in enumerate(pairs)],
-    })  # fmt: skip
-    ds.commit()
-    return url
+    return make_odd_masks("file://" + str(tmp_path_factory.mktemp("odd") / "ds"), 16, ODD, seed=4)
 
 
 class Recording(DelayedSource):
