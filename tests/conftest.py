@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from pathlib import Path
@@ -14,6 +15,15 @@ from asyncload import EpochSampler, LoaderOptions, make_dataset
 from asyncload.sources.deeplake import BLOCK_ROWS
 
 ROWS = 203  # prime-ish: exercises short last batches and uneven shards
+
+# How the suite's DataLoader workers start where the start method is not what a test is about: forked
+# from multiprocessing's forkserver, which imports torch once per pytest process. A spawned worker imports
+# torch itself, ~2 CPU-seconds each, and the suite starts over a hundred of them. Each worker still
+# imports asyncload and Deep Lake on its own, as a spawned one does (the server never imports Deep Lake:
+# a process forked after that import is not safe). Spawn is tested where it is the subject (test_torch,
+# test_clients) and fork where it is allowed.
+WORKER_START = "forkserver"
+multiprocessing.set_forkserver_preload(["torch"])
 
 
 def shuffled(rows: int, batch_size: int, seed: int, block: int = BLOCK_ROWS) -> EpochSampler:

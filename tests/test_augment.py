@@ -20,6 +20,8 @@ from asyncload import (
 from asyncload.image.augment import Augment, uniforms
 from tests.photo_data import make
 
+from .conftest import WORKER_START
+
 ROWS = 40
 CROP = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
 
@@ -172,7 +174,7 @@ def test_fanout_workers_and_dataloader_workers_augment_exactly_as_one_process(ph
         assert by_row(list(fan)) == ref
     ds = AsyncIterableDataset(DeepLakeSource(photo_url), batch_size=8, **opts)
     ds.set_epoch(1)
-    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
     assert by_row(list(dl)) == ref
 
 

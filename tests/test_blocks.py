@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, EpochSampler, ReadError
 from asyncload.engine.blocks import BlockReads
 
-from .conftest import ROWS
+from .conftest import ROWS, WORKER_START
 from .resume import check_resume, ids
 from .sources import FailingSource, RecordingSource
 
@@ -121,7 +121,7 @@ def test_the_default_reader_process_and_check_resume(seg_url) -> None:
 def test_dataloader_workers_share_the_block_order_exactly_once(seg_url) -> None:
     ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=16, seed=7, concurrency=16, **OPTS)
     ds.set_epoch(1)
-    got = ids(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")))
+    got = ids(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)))
     assert got == EpochSampler(ROWS, 16, shuffle=True, seed=7, block=BLOCK, window=WINDOW).batches(1)
 
 

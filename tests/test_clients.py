@@ -43,7 +43,7 @@ from asyncload.sources.stores.http import HTTPStatusError
 from asyncload.sources.stores.probe import S3AccessError, S3BucketNotFoundError, S3EndpointError
 from asyncload.sources.stores.retry import GiveUp
 
-from .conftest import ROWS, shuffled
+from .conftest import ROWS, WORKER_START, shuffled
 from .remote_fixtures import serving
 from .test_torch import _free_port, batch_indices
 
@@ -206,7 +206,7 @@ def test_stateful_dataloader_resumes_mid_epoch_exactly(seg_url: str, workers: in
     def make() -> tuple[AsyncIterableDataset, StatefulDataLoader]:
         ds = AsyncIterableDataset(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=3, concurrency=16)
         ds.set_epoch(1)
-        ctx = "spawn" if workers else None
+        ctx = WORKER_START if workers else None
         return ds, StatefulDataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context=ctx)
 
     for k in (5, len(plan.batches(1))):
@@ -240,7 +240,7 @@ def test_adapter_without_workers_resumes_through_the_shared_helper(seg_url: str)
 
 
 class _AdapterInStatefulWorkers:
-    """The torch adapter read by StatefulDataLoader's persistent spawn workers, driven as ``check_resume``
+    """The torch adapter read by StatefulDataLoader's persistent workers, driven as ``check_resume``
     drives every other epoch shape (the loader's state is the DataLoader's, as a training loop saves it)."""
 
     def __init__(self, url: str) -> None:
@@ -248,7 +248,7 @@ class _AdapterInStatefulWorkers:
 
         self.ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=32, shuffle=True, seed=9, concurrency=16)
         self.dl = StatefulDataLoader(
-            self.ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", persistent_workers=True
+            self.ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START, persistent_workers=True
         )
 
     def set_epoch(self, epoch: int) -> None:

@@ -16,6 +16,8 @@ from asyncload.image import codecs
 from asyncload.sources.subset import RangeSource
 from tests.photo_data import encode, make, sample
 
+from .conftest import WORKER_START
+
 ROWS = 70
 
 
@@ -222,7 +224,7 @@ def test_fanout_and_dataloader_workers_decode_the_same_pixels(png_url: str) -> N
     with AsyncLoader(DeepLakeSource(png_url), 16, shuffle=True, decode="cpu", processes=2) as fan:
         check(fan)
     ds = AsyncIterableDataset(DeepLakeSource(png_url), batch_size=16, shuffle=True, decode="cpu")
-    check(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+    check(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START))
 
 
 @pytest.mark.timeout(180)
@@ -239,7 +241,7 @@ def test_a_bad_sample_in_a_worker_reaches_the_training_process_named(bad_url: st
     ds = AsyncIterableDataset(DeepLakeSource(bad_url), batch_size=3, on_error="skip", decode="cpu")
     got = sorted(
         i
-        for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+        for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
         for i in b["index"].tolist()
     )
     assert got == [i for i in range(12) if i not in (3, 6, 9)]

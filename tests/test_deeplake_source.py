@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, SourceError, make_dataset
 
+from .conftest import WORKER_START
 from .resume import check_resume
 
 pytestmark = pytest.mark.timeout(180)
@@ -110,7 +111,7 @@ def test_a_sampled_query_is_the_same_rows_in_every_worker(versioned: dict[str, s
     assert len(rows) == 40 and set(rows) <= set(range(1, ROWS, 4)) and len(set(rows)) < 40  # with replacement
     for e in range(2):
         ds.set_epoch(e)
-        got = indices(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn"))
+        got = indices(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START))
         assert Counter(got) == Counter(rows), f"epoch {e}"
 
 

@@ -145,7 +145,7 @@ def device_pool(url: str, processes: int, **opts):  # noqa: ANN201 - a WorkerPoo
     from asyncload.processes.fanout import WorkerPool
 
     kw = {"batch_size": 4, "decode": "cuda", "augment": CROP, "shuffle": True, "seed": 5, **opts}
-    pool = WorkerPool(DeepLakeSource(url), kw, Shard(), processes, context="spawn")
+    pool = WorkerPool(DeepLakeSource(url), kw, Shard(), processes)  # forkserver, the default
     pool.gpu_stage = dataclasses.replace(pool.gpu_stage, device="cpu")
     return pool
 

@@ -6,12 +6,10 @@ source's own counters), which is what a Deep Lake reader process runs too."""
 from __future__ import annotations
 
 import gc
-import os
 import subprocess
 import sys
 import textwrap
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -87,42 +85,6 @@ def test_an_error_stops_the_thread(seg_url) -> None:
     with pytest.raises(ValueError, match="bad pixel"):
         list(AsyncLoader(DeepLakeSource(seg_url), batch_size=8, transform=boom, processes=0))
     wait_no_loop_threads()
-
-
-EXIT_SCRIPT = """
-import faulthandler, sys
-faulthandler.dump_traceback_later(60, exit=True)  # a hang shows its stacks instead of a bare timeout
-from asyncload import AsyncLoader, DeepLakeSource
-src = DeepLakeSource(sys.argv[1])
-loader = AsyncLoader(src, batch_size=8, concurrency=128, read_mode=sys.argv[2])
-n = sum(len(b["index"]) for b in loader)
-assert n == int(sys.argv[3]), n
-loader.set_epoch(1)
-left_open = iter(loader)   # a second epoch abandoned with reads in flight at exit
-next(left_open)
-print("ok", n)
-"""
-
-
-@pytest.mark.xdist_group("process_storms")  # with test_shutdown's: one storm of processes at a time (xdist)
-@pytest.mark.timeout(300)
-def test_programs_exit_cleanly_in_20_fresh_processes(seg_url, tmp_path) -> None:
-    """Deep Lake 4.7.4 can crash at interpreter exit after get_async (rc 134/139); asyncload must not."""
-    script = tmp_path / "load.py"
-    script.write_text(textwrap.dedent(EXIT_SCRIPT))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-    def run(k: int) -> tuple[int, str]:
-        mode = "column" if k % 2 else "row"
-        p = subprocess.run(
-            [sys.executable, str(script), seg_url, mode, "203"], capture_output=True, text=True, timeout=90, env=env
-        )
-        return p.returncode, p.stdout + p.stderr[-6000:]
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(run, range(20)))
-    bad = [(rc, out) for rc, out in results if rc != 0 or "ok 203" not in out]
-    assert not bad, f"{len(bad)} of 20 runs failed; first: rc={bad[0][0]}\n{bad[0][1]}"
 
 
 def test_close_interrupted_by_ctrl_c_can_be_finished_by_a_second_close(seg_url) -> None:

@@ -2,8 +2,9 @@
 a new order each epoch, each sample once, and exact resume from a checkpoint mid-epoch and at an
 epoch's end.
 
-The workers are spawned: forked ones inherit the Deep Lake runtime of a parent that has opened (and,
-through the session fixture, written) datasets, and segfaulted in about 1 of 6 runs here.
+The workers start by forkserver (conftest.WORKER_START), not fork: forked ones inherit the Deep Lake
+runtime of a parent that has opened (and, through the session fixture, written) datasets, and segfaulted
+in about 1 of 6 runs here.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, ConfigError, DeepLakeSource
 
-from .conftest import ROWS, shuffled
+from .conftest import ROWS, WORKER_START, shuffled
 
 pl = pytest.importorskip("lightning.pytorch")
 from asyncload.lightning import AsyncLoadCallback  # noqa: E402
@@ -74,7 +75,7 @@ def run(
     url: str, root: Path, *extra: pl.Callback, ckpt: Path | None = None, module: Recorder | None = None
 ) -> Recorder:
     ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=BATCH, shuffle=True, seed=4, concurrency=16)
-    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn")
+    dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context=WORKER_START)
     module = module or Recorder()
     trainer = pl.Trainer(
         max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,

@@ -28,6 +28,8 @@ from asyncload.image.decode import decode_stage
 from asyncload.runtime import log as _log
 from tests.photo_data import make, make_odd_masks
 
+from .conftest import WORKER_START
+
 ROWS = 40
 AUG = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
 
@@ -96,7 +98,7 @@ def test_fanout_and_dataloader_workers_decode_deep_lakes_pixels(url: str) -> Non
     with AsyncLoader(DeepLakeSource(url), 8, shuffle=True, ragged="list", processes=2) as fan:
         assert_equal(collect(fan), ref)
     ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=8, shuffle=True, ragged="list")
-    assert_equal(collect(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")), ref)
+    assert_equal(collect(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)), ref)
 
 
 # -- where a mask cannot be paired ---------------------------------------------------------------------

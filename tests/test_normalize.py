@@ -29,6 +29,8 @@ from asyncload.image.augment import Augment
 from asyncload.image.normalize import ModelReady
 from tests.photo_data import make
 
+from .conftest import WORKER_START
+
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 CROP = [RandomResizedCrop((40, 48), scale=(0.2, 1.0)), RandomHorizontalFlip()]
 
@@ -132,7 +134,7 @@ def test_fanout_workers_and_dataloader_workers_deliver_the_same_model_ready_batc
     with AsyncLoader(DeepLakeSource(photo_url), 8, processes=2, **opts, **ready) as fan:
         fanned = by_row(list(fan))
     ds = AsyncIterableDataset(DeepLakeSource(photo_url), batch_size=8, **opts, **ready)
-    workers = by_row(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")))
+    workers = by_row(list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)))
     for got in (fanned, workers):
         assert got.keys() == one.keys()
         for i, (im, m) in got.items():

@@ -11,7 +11,8 @@ What is checked, and why this way:
 - **Fast start for 100 runs.** ``import asyncload`` costs ~2 s of CPU here (torch alone ~1.1 s), so 100
   fresh interpreters would take ~2 minutes on 2 cores. Most runs are therefore forked from a *zygote*: a
   process that imported torch, numpy, aiohttp, Pillow (the slow third-party imports) and nothing else,
-  and forks one child per run. Each child imports asyncload and Deep Lake itself (so Deep Lake's native
+  and forks one child per run (``gc.freeze()`` first, so that the child's collections and exit leave
+  those shared pages alone). Each child imports asyncload and Deep Lake itself (so Deep Lake's native
   state is the child's own, as in a fresh interpreter), runs the script at module level and leaves
   through the normal interpreter exit (traceback, ``threading`` shutdown hooks, ``atexit``,
   finalisation, the SIGINT re-raise), which is what is under test. Deep Lake must not be imported
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import ROWS
 from .remote_fixtures import remote_data, running_seaweed, seaweed
 
 FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names (stall case)
@@ -99,11 +101,20 @@ def scenario(run_id, name, mode):
     faulthandler.enable()  # a crash shows its stacks in the run's stderr
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows its stacks, then exits 1 (not -2)
     got_sigint = dump_stacks_if_slow_to_exit(EXIT_DEADLINE_S)
-    # processes=0: these scenarios are the loop thread's exits (a reader process's: test_fanout, test_isolation)
+    # processes=0: these scenarios are the loop thread's exits (a reader process's: test_fanout, test_isolation),
+    # but "exit", which reads with the defaults
     loader = AsyncLoader(
         DeepLakeSource(SEG_URL), batch_size=8, concurrency=32, prefetch=2, read_mode=mode, cpu_workers=1, processes=0
-    )
-    if name == "sigint":
+    ) if name != "exit" else AsyncLoader(DeepLakeSource(SEG_URL), batch_size=8, concurrency=128, read_mode=mode)
+    if name == "exit":
+        # A whole epoch, then a second one left open with reads in flight when the interpreter exits
+        # (Deep Lake 4.7.4 can crash at exit after get_async: rc 134/139).
+        n = sum(len(b["index"]) for b in loader)
+        loader.set_epoch(1)
+        left_open = iter(loader)
+        next(left_open)
+        say(f"done {run_id} n={n}")
+    elif name == "sigint":
         n = 0
         for epoch in range(1000):
             loader.set_epoch(epoch)
@@ -196,6 +207,10 @@ if sys.argv[1] == "zygote":
     except ImportError:
         pass
     assert "deeplake" not in sys.modules and "asyncload" not in sys.modules
+    # Out of the collector's sight before the forks: a child's collections and its exit would otherwise
+    # touch every object of torch's and copy each page they live on (~0.5 CPU-s a run, half its cost).
+    # They are module objects that live as long as the process; each child's own objects are collected.
+    gc.freeze()
     job = zygote()
     if job is None:
         sys.exit(0)
@@ -266,6 +281,8 @@ def check_run(run: Run, err_text: str) -> str | None:
         return "no KeyboardInterrupt traceback at the end of stderr"
     if run.scenario == "del" and "threads=-" not in " ".join(run.notes):
         return f"asyncload threads left after del + gc: {run.notes}"
+    if run.scenario == "exit" and f"n={ROWS}" not in run.notes:
+        return f"the epoch was not whole: {run.notes}"
     return None
 
 
@@ -495,6 +512,32 @@ def test_break_and_del_then_exit_cleanly(seg_url: str, script: Path, tmp_path: P
     errs = run_fresh_parallel(script, seg_url, fresh, seed=0)
     bad += [(r, why) for r in fresh if (why := check_run(r, errs[r.run_id]))]
     assert not bad, "\n".join(f"run {r.run_id} ({r.scenario}): {why}" for r, why in bad[:5])
+    assert processes_running(script) == []
+
+
+@PROCESS_STORM
+@pytest.mark.timeout(180)
+def test_programs_exit_cleanly_after_reading_in_20_processes(seg_url: str, script: Path, tmp_path: Path) -> None:
+    """Deep Lake 4.7.4 can crash at interpreter exit after ``get_async`` (rc 134/139); asyncload must not.
+    A program reads a whole epoch with the defaults (a reader process), leaves the next epoch open with
+    reads in flight and exits: code 0 within the deadline, every run; 16 forked, 4 fresh."""
+    out = tmp_path / "runs"
+    out.mkdir()
+    zygote = Zygote(script, seg_url, out)
+    forked = [Run(str(k), "exit") for k in range(16)]
+    try:
+        run_many(zygote, forked, deadline_s=150, rng=random.Random(3))
+    finally:
+        code = zygote.close()
+    assert code == 0, (out / "zygote.err").read_text()[-3000:]
+    bad = [(r, why) for r in forked if (why := check_run(r, (out / f"{r.run_id}.err").read_text(errors="replace")))]
+    fresh = [Run(str(100 + k), "exit") for k in range(4)]
+    errs = run_fresh_parallel(script, seg_url, fresh, seed=0)
+    bad += [(r, why) for r in fresh if (why := check_run(r, errs[r.run_id]))]
+    assert not bad, "\n".join(
+        f"run {r.run_id}: {why}\n{errs.get(r.run_id) or (out / f'{r.run_id}.err').read_text(errors='replace')}"[-3000:]
+        for r, why in bad[:3]
+    )
     assert processes_running(script) == []
 
 

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
 
-from .conftest import ROWS, live_children, shuffled, wait_no_loop_threads
+from .conftest import ROWS, WORKER_START, live_children, shuffled, wait_no_loop_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -79,7 +79,7 @@ def _rank_main(rank: int, world: int, port: int, url: str, out_dir: str) -> None
         for remainder in ("pad", "drop"):
             ds = AsyncIterableDataset(DeepLakeSource(url), batch_size=8, shuffle=True, seed=11, remainder=remainder)
             ds.set_epoch(1)
-            dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+            dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
             batches = [b["index"].tolist() for b in dl]
             result[remainder] = {"batches": batches, "len": len(dl)}
             # Equal batch counts are what keep collectives in step: every rank reaches this all_reduce.
