@@ -426,32 +426,47 @@ def script(tmp_path: Path) -> Iterator[Path]:
     assert not leaked, f"processes still running the script: {leaked}"
 
 
+def forked_runs(
+    script: Path, seg_url: str, tmp_path: Path, runs: list[Run], deadline_s: float, seed: int
+) -> dict[str, str]:
+    """``runs`` forked from a new zygote (``run_many``); each run's stderr by run id. The zygote itself
+    must have exited 0."""
+    out = tmp_path / "runs"
+    out.mkdir(exist_ok=True)
+    zygote = Zygote(script, seg_url, out)
+    try:
+        run_many(zygote, runs, deadline_s=deadline_s, rng=random.Random(seed))
+    finally:
+        code = zygote.close()
+    assert code == 0, (out / "zygote.err").read_text()[-3000:]
+    return {r.run_id: (out / f"{r.run_id}.err").read_text(errors="replace") for r in runs}
+
+
+def failures(runs: list[Run], errs: dict[str, str]) -> list[str]:
+    """What is wrong with each failed run (``check_run``), with the end of its stderr."""
+    return [
+        f"run {r.run_id} ({r.scenario}): {why}\n{errs.get(r.run_id, '')[-2000:]}"
+        for r in runs
+        if (why := check_run(r, errs.get(r.run_id, "")))
+    ]
+
+
 @PROCESS_STORM
 @pytest.mark.timeout(180)  # ~45 s on a quiet 2-core machine; the bound only guards against a hang
 def test_ctrl_c_mid_epoch_exits_promptly_with_the_sigint_code_100_times(
     seg_url: str, script: Path, tmp_path: Path
 ) -> None:
-    out = tmp_path / "runs"
-    out.mkdir()
-    rng = random.Random(1234)
-    zygote = Zygote(script, seg_url, out)
     runs = [Run(str(k), "sigint") for k in range(100)]
     t0 = time.monotonic()
-    try:
-        run_many(zygote, runs, deadline_s=150, rng=rng)
-    finally:
-        code = zygote.close()
+    errs = forked_runs(script, seg_url, tmp_path, runs, deadline_s=150, seed=1234)
     wall = time.monotonic() - t0
-    bad = [(r, why) for r in runs if (why := check_run(r, (out / f"{r.run_id}.err").read_text(errors="replace")))]
+    bad = failures(runs, errs)
     times = sorted(r.seconds_to_exit or 0.0 for r in runs)
     print(
         f"\n100 forked Ctrl-C runs in {wall:.1f}s: exit after SIGINT median {times[50]:.3f}s, "
         f"max {times[-1]:.3f}s; failures {len(bad)}"
     )
-    assert code == 0, (out / "zygote.err").read_text()[-3000:]
-    assert not bad, "\n".join(
-        f"run {r.run_id}: {why}\n{(out / f'{r.run_id}.err').read_text(errors='replace')[-2000:]}" for r, why in bad[:3]
-    )
+    assert not bad, "\n".join(bad[:3])
     assert processes_running(script) == []
 
 
@@ -461,16 +476,8 @@ def test_ctrl_c_while_an_epoch_starts_its_loop_exits_promptly(seg_url: str, scri
     """A Ctrl-C that interrupts ``LoopThread.start()`` while it waits for the new thread (the loop not yet
     known to the exit hook, ``EpochIterator._future`` not yet set): the run still exits promptly with
     the SIGINT code. Each run aims SIGINT at that moment (about 1 run in 10 lands inside ``start()``)."""
-    out = tmp_path / "runs"
-    out.mkdir()
-    zygote = Zygote(script, seg_url, out)
     runs = [Run(str(k), "sigint_start") for k in range(40)]
-    try:
-        run_many(zygote, runs, deadline_s=100, rng=random.Random(5))
-    finally:
-        code = zygote.close()
-    assert code == 0, (out / "zygote.err").read_text()[-3000:]
-    errs = {r.run_id: (out / f"{r.run_id}.err").read_text(errors="replace") for r in runs}
+    errs = forked_runs(script, seg_url, tmp_path, runs, deadline_s=100, seed=5)
     in_start = [r for r in runs if "in start" in errs[r.run_id].rsplit("Traceback", 1)[-1]]
     times = sorted(r.seconds_to_exit or 0.0 for r in runs)
     print(
@@ -478,8 +485,8 @@ def test_ctrl_c_while_an_epoch_starts_its_loop_exits_promptly(seg_url: str, scri
         f"SIGINT median {times[len(times) // 2]:.3f}s, max {times[-1]:.3f}s; those in start(): "
         f"{sorted(round(r.seconds_to_exit or 0.0, 3) for r in in_start)}"
     )
-    bad = [(r, why) for r in runs if (why := check_run(r, errs[r.run_id]))]
-    assert not bad, "\n".join(f"run {r.run_id}: {why}\n{errs[r.run_id][-2000:]}" for r, why in bad[:3])
+    bad = failures(runs, errs)
+    assert not bad, "\n".join(bad[:3])
     assert processes_running(script) == []
 
 
@@ -488,30 +495,26 @@ def test_ctrl_c_while_an_epoch_starts_its_loop_exits_promptly(seg_url: str, scri
 def test_ctrl_c_in_fresh_interpreters(seg_url: str, script: Path) -> None:
     """The same, in brand-new interpreters (no zygote): fewer runs, since each costs ~2 s to import."""
     runs = [Run(str(k), "sigint") for k in range(6)]
-    errs = run_fresh_parallel(script, seg_url, runs, seed=99)
-    bad = [(r, why) for r in runs if (why := check_run(r, errs.get(r.run_id, "")))]
-    assert not bad, "\n".join(f"run {r.run_id}: {why}\n{errs.get(r.run_id, '')[-2000:]}" for r, why in bad[:3])
+    bad = failures(runs, run_fresh_parallel(script, seg_url, runs, seed=99))
+    assert not bad, "\n".join(bad[:3])
     assert processes_running(script) == []
+
+
+def forked_and_fresh(script: Path, seg_url: str, tmp_path: Path, scenarios: list[str], fresh: int) -> list[str]:
+    """Each scenario run once: forked from a zygote, but the last ``fresh`` in brand-new interpreters.
+    The failures (``failures``)."""
+    forked = [Run(str(k), name) for k, name in enumerate(scenarios[: len(scenarios) - fresh])]
+    new = [Run(str(100 + k), name) for k, name in enumerate(scenarios[len(scenarios) - fresh :])]
+    bad = failures(forked, forked_runs(script, seg_url, tmp_path, forked, deadline_s=150, seed=7))
+    return bad + failures(new, run_fresh_parallel(script, seg_url, new, seed=0))
 
 
 @PROCESS_STORM
 @pytest.mark.timeout(120)
 def test_break_and_del_then_exit_cleanly(seg_url: str, script: Path, tmp_path: Path) -> None:
     """``break`` then interpreter exit, and ``del`` + gc then exit: code 0 within 5 s; forked and fresh."""
-    out = tmp_path / "runs"
-    out.mkdir()
-    zygote = Zygote(script, seg_url, out)
-    forked = [Run(str(k), "break" if k % 2 else "del") for k in range(12)]
-    try:
-        run_many(zygote, forked, deadline_s=60, rng=random.Random(7))
-    finally:
-        code = zygote.close()
-    assert code == 0
-    bad = [(r, why) for r in forked if (why := check_run(r, (out / f"{r.run_id}.err").read_text(errors="replace")))]
-    fresh = [Run(str(100 + k), "break" if k % 2 else "del") for k in range(4)]
-    errs = run_fresh_parallel(script, seg_url, fresh, seed=0)
-    bad += [(r, why) for r in fresh if (why := check_run(r, errs[r.run_id]))]
-    assert not bad, "\n".join(f"run {r.run_id} ({r.scenario}): {why}" for r, why in bad[:5])
+    bad = forked_and_fresh(script, seg_url, tmp_path, ["del", "break"] * 8, fresh=4)
+    assert not bad, "\n".join(bad[:5])
     assert processes_running(script) == []
 
 
@@ -521,23 +524,8 @@ def test_programs_exit_cleanly_after_reading_in_20_processes(seg_url: str, scrip
     """Deep Lake 4.7.4 can crash at interpreter exit after ``get_async`` (rc 134/139); asyncload must not.
     A program reads a whole epoch with the defaults (a reader process), leaves the next epoch open with
     reads in flight and exits: code 0 within the deadline, every run; 16 forked, 4 fresh."""
-    out = tmp_path / "runs"
-    out.mkdir()
-    zygote = Zygote(script, seg_url, out)
-    forked = [Run(str(k), "exit") for k in range(16)]
-    try:
-        run_many(zygote, forked, deadline_s=150, rng=random.Random(3))
-    finally:
-        code = zygote.close()
-    assert code == 0, (out / "zygote.err").read_text()[-3000:]
-    bad = [(r, why) for r in forked if (why := check_run(r, (out / f"{r.run_id}.err").read_text(errors="replace")))]
-    fresh = [Run(str(100 + k), "exit") for k in range(4)]
-    errs = run_fresh_parallel(script, seg_url, fresh, seed=0)
-    bad += [(r, why) for r in fresh if (why := check_run(r, errs[r.run_id]))]
-    assert not bad, "\n".join(
-        f"run {r.run_id}: {why}\n{errs.get(r.run_id) or (out / f'{r.run_id}.err').read_text(errors='replace')}"[-3000:]
-        for r, why in bad[:3]
-    )
+    bad = forked_and_fresh(script, seg_url, tmp_path, ["exit"] * 20, fresh=4)
+    assert not bad, "\n".join(bad[:3])
     assert processes_running(script) == []
 
 
