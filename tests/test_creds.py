@@ -146,12 +146,10 @@ def test_expiring_credentials_are_renewed_before_they_expire(remote_data: Remote
     loader = AsyncLoader(src, batch_size=16, concurrency=16)
     first = read_epoch(iter(loader), remote_data)
     calls_before = len((aws_files / "process-calls").read_text())
-    renewing = src.store().s3._renewing
-    assert renewing is not None and renewing.renewals == 0
+    assert src.store().s3._renewing is not None  # the process's keys expire: they are renewed, not kept
     time.sleep(3.5)
     second = read_epoch(iter(loader), remote_data)
     assert sorted(first) == sorted(second) == list(range(remote_data.rows))
-    assert renewing.renewals >= 1
     assert len((aws_files / "process-calls").read_text()) > calls_before  # the process was asked again
     assert src.retry_stats()["gave_up"] == 0
 
@@ -276,7 +274,7 @@ async def test_renewal_runs_once_off_the_loop_for_many_waiting_requests() -> Non
     loop_thread = th.current_thread().name
     time.sleep(0.15)  # now inside the margin
     tokens = await asyncio.gather(*(renewing.get() for _ in range(50)))
-    assert set(tokens) == {"token-2"} and renewing.renewals == 1 and len(calls) == 2
+    assert set(tokens) == {"token-2"} and len(calls) == 2  # renewed once
     assert calls[1] != loop_thread
 
 

@@ -49,7 +49,6 @@ class Renewing(Generic[T]):
         self.margin_s = margin_s
         self._lock = threading.Lock()
         self._value: tuple[T, float | None] | None = None
-        self.renewals = 0  # fetches after the first, for tests and stats
 
     def _fresh(self) -> T | None:
         v = self._value
@@ -62,8 +61,6 @@ class Renewing(Generic[T]):
         with self._lock:
             value = self._fresh()
             if value is None:
-                if self._value is not None:
-                    self.renewals += 1
                 self._value = self._fetch()
                 value = self._value[0]
             return value
