@@ -27,9 +27,11 @@ run-local: install  ## the same comparison on a local dataset (no server, no lat
 
 # -n 3: three pytest-xdist workers, since most of the suite waits (on servers, stalls, child processes);
 # loadgroup sends the tests marked xdist_group("process_storms") to one worker, first, one after another.
+# --max-worker-restart=0: a worker that dies (a native crash) ends the run, naming the test it ran; with a
+# replacement worker, xdist 3.6's loadgroup scheduler can wait for ever at the end (pytest-xdist #1378).
 test: install  ## the test suite in 3 workers (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
-	@ulimit -c unlimited 2>/dev/null; $(PY) -m pytest -n 3 --dist loadgroup; rc=$$?; \
-	if [ $$rc -gt 128 ]; then $(PY) -m harness.crash_report $$rc $(PY); fi; exit $$rc
+	@ulimit -c unlimited 2>/dev/null; start=$$(date +%s); $(PY) -m pytest -n 3 --dist loadgroup --max-worker-restart=0; rc=$$?; \
+	$(PY) -m harness.crash_report $$rc $(PY) $$start; exit $$rc
 
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow

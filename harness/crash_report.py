@@ -1,10 +1,13 @@
-"""After the test suite died by a signal: print the backtrace of every thread in its core file.
+"""After the test suite: print the backtrace of every thread in the core a native crash left.
 
-A native crash (Deep Lake's failing-read bug, or anything else) kills pytest without a Python traceback:
-Deep Lake's import replaces the SIGSEGV handler that faulthandler would use. ``make test`` runs pytest with
-``ulimit -c unlimited``; this finds the newest core in the working directory and asks gdb for
-``thread apply all bt``, so that a CI log names the faulting thread instead of only "Segmentation fault".
-Usage: ``python -m harness.crash_report <exit status> <python executable>``.
+A native crash (Deep Lake's failing-read bug, or anything else) kills its process without a Python
+traceback: Deep Lake's import replaces the SIGSEGV handler that faulthandler would use. Under xdist the
+process is a worker and pytest itself exits 1 ("worker 'gw2' crashed while running ..."), so a core is
+looked for whatever the exit status. ``make test`` runs pytest with ``ulimit -c unlimited``; this takes the
+newest core in the working directory written since the run started and asks gdb for ``thread apply all
+bt`` and the faulting thread's Python stack (``py-bt``, where CPython's gdb helpers are installed), so that
+a CI log names the faulting thread and the test. Crashes the suite causes on purpose dump no core
+(``tests/sources.py``). Usage: ``python -m harness.crash_report <exit status> <python> [<run start, epoch s>]``.
 """
 
 from __future__ import annotations
@@ -17,14 +20,18 @@ import subprocess
 import sys
 
 
-def main(status: int, python: str) -> None:
-    sig = status - 128
-    try:
-        name = signal.Signals(sig).name
-    except ValueError:
-        name = str(sig)
-    print(f"\n=== the test run died by signal {name} (exit status {status}) ===", flush=True)
-    cores = sorted(glob.glob("core*"), key=os.path.getmtime)
+def main(status: int, python: str, since: float = 0.0) -> None:
+    cores = sorted((c for c in glob.glob("core*") if os.path.getmtime(c) >= since), key=os.path.getmtime)
+    if status > 128:
+        try:
+            name = signal.Signals(status - 128).name
+        except ValueError:
+            name = str(status - 128)
+        print(f"\n=== the test run died by signal {name} (exit status {status}) ===", flush=True)
+    elif cores:
+        print(f"\n=== a process of the test run dumped core (exit status {status}) ===", flush=True)
+    else:
+        return
     if not cores:
         print(f"no core file here (core_pattern: {_read('/proc/sys/kernel/core_pattern')!r}, ulimit -c may be 0)")
         return
@@ -33,11 +40,12 @@ def main(status: int, python: str) -> None:
         print(f"core file {core} kept; gdb is not installed, so no backtrace")
         return
     out = subprocess.run(
-        ["gdb", "-batch", "-nx", "-ex", "info threads", "-ex", "thread apply all bt 25", os.path.realpath(python), core],
+        ["gdb", "-batch", "-nx", "-iex", "set auto-load safe-path /", "-ex", "info threads", "-ex", "py-bt",
+         "-ex", "thread apply all bt 25", os.path.realpath(python), core],
         capture_output=True, text=True, timeout=300,
     ).stdout  # fmt: skip
     # The faulting thread is the one gdb selects first ("Program terminated with signal ...").
-    print(out[-60_000:])
+    print(out[:60_000])  # the faulting thread and its Python stack come first
     print(f"=== core file: {core} ===")
 
 
@@ -50,4 +58,4 @@ def _read(path: str) -> str:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
