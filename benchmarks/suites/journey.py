@@ -90,7 +90,9 @@ def main() -> None:
             again = sorted({m for i, m in enumerate(path) if m in path[:i]})
             every |= set(path)
             lines.append(f"  - {' → '.join(path)}" + (f"  (re-entered: {', '.join(again)})" if again else ""))
-    lines.insert(0, f"{len(every)} modules entered in the training process in the steady state: {', '.join(sorted(every))}")
+    lines.insert(
+        0, f"{len(every)} modules entered in the training process in the steady state: {', '.join(sorted(every))}"
+    )
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
