@@ -101,11 +101,13 @@ def scenario(run_id, name, mode):
     faulthandler.enable()  # a crash shows its stacks in the run's stderr
     faulthandler.dump_traceback_later(30, exit=True)  # a hang shows its stacks, then exits 1 (not -2)
     got_sigint = dump_stacks_if_slow_to_exit(EXIT_DEADLINE_S)
-    # processes=0: these scenarios are the loop thread's exits (a reader process's: test_fanout, test_isolation),
-    # but "exit", which reads with the defaults
-    loader = AsyncLoader(
-        DeepLakeSource(SEG_URL), batch_size=8, concurrency=32, prefetch=2, read_mode=mode, cpu_workers=1, processes=0
-    ) if name != "exit" else AsyncLoader(DeepLakeSource(SEG_URL), batch_size=8, concurrency=128, read_mode=mode)
+    if name == "exit":  # the defaults: Deep Lake read in a reader process
+        loader = AsyncLoader(DeepLakeSource(SEG_URL), batch_size=8, concurrency=128, read_mode=mode)
+    else:  # processes=0: the loop thread's exits (a reader process's: test_fanout, test_isolation)
+        loader = AsyncLoader(
+            DeepLakeSource(SEG_URL), batch_size=8, concurrency=32, prefetch=2, read_mode=mode, cpu_workers=1,
+            processes=0,
+        )
     if name == "exit":
         # A whole epoch, then a second one left open with reads in flight when the interpreter exits
         # (Deep Lake 4.7.4 can crash at exit after get_async: rc 134/139).
