@@ -144,9 +144,11 @@ def test_expiring_credentials_are_renewed_before_they_expire(remote_data: Remote
     margin, so the next request renews them (in a worker thread) and every read still succeeds."""
     src = ObjectStoreSource(remote_data.files_url, profile="process")
     loader = AsyncLoader(src, batch_size=16, concurrency=16)
+    calls_at_open = len((aws_files / "process-calls").read_text())
     first = read_epoch(iter(loader), remote_data)
     calls_before = len((aws_files / "process-calls").read_text())
     assert src.store().s3._renewing is not None  # the process's keys expire: they are renewed, not kept
+    assert calls_before == calls_at_open  # not renewed during the first epoch (fresh for 3 s)
     time.sleep(3.5)
     second = read_epoch(iter(loader), remote_data)
     assert sorted(first) == sorted(second) == list(range(remote_data.rows))
