@@ -24,7 +24,7 @@ import logging
 import queue
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 from ..errors import LoaderClosedError, WorkerError
 from ..runtime.loop import ExitOrder, LoopKind, LoopThread, exiting, on_exit, start_thread
@@ -57,10 +57,10 @@ class Epoch(Iterator[Any], abc.ABC):
     _progress: EpochProgress
     _stats: Stats
 
-    def __iter__(self) -> Epoch:
+    def __iter__(self) -> Self:
         return self
 
-    def __enter__(self) -> Epoch:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -190,9 +190,6 @@ class EpochIterator(Epoch):
         self._stats.started = time.perf_counter()
         self._run.lt.start()
         self._run.future = self._run.lt.submit(self._pipeline.run())
-
-    def __iter__(self) -> EpochIterator:
-        return self
 
     def __len__(self) -> int:
         return len(self._plan.batches)
