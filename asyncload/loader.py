@@ -52,8 +52,8 @@ class AsyncLoader:
                     ``block_rows`` (64 for Deep Lake, 1 for object stores); 1: a full shuffle
       shuffle_window  positions a block's rows are spread over (default 4096; at most about half the
                     dataset, not under 1,024): a batch mixes about ``shuffle_window / shuffle_block``
-                    blocks, and about half of it is held in memory, so lower it for large rows
-                    (benchmarks/results/large/: bytes, speed and shuffle quality by setting)
+                    blocks; the rows read ahead wait on the node block store's disk (or, without
+                    it, in memory, within ``memory_budget``) (benchmarks/results/large/)
       drop_last     leave out a last batch shorter than ``batch_size`` (default False)
       rank, world_size  which rank's share of each epoch this loader serves; by default the rank of
                     the initialised ``torch.distributed`` process group (every rank of a torchrun job
@@ -63,6 +63,15 @@ class AsyncLoader:
       start_batch   leave out the rank's first N batches of every epoch this loader runs (how
                     ``AsyncIterableDataset`` resumes DataLoader workers; see ``sampler``)
       in_order      True (default): batches in sampler order (reorder buffer); False: as they complete
+
+    The node block store (``sources.nodestore``): each block fetched once per machine, kept on local disk
+    for every process, later epoch and later run of the same dataset version:
+      cache         "auto" (default): on for remote sources whose version is known (Deep Lake), off for
+                    local paths; True, False
+      cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else ~/.cache/asyncload/blocks)
+      cache_limit   bytes it may use on this machine, all datasets together, e.g. "50GB" ("auto",
+                    default: a quarter of the free space, at most 256 GiB); past it what is there stays
+                    and the rest is read from the store (``stats()["node_hit_rate"]``)
 
     How it is read:
       concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"

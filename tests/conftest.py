@@ -164,6 +164,13 @@ def copy_of(tmp_path: Path, seg_url: str):
 
 
 @pytest.fixture(autouse=True)
+def _node_store_of_this_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's node block store (``sources.nodestore``) in its own directory, for the processes it
+    starts too: a test never reads what another one kept."""
+    monkeypatch.setenv("ASYNCLOAD_CACHE_DIR", str(tmp_path / "node-store"))
+
+
+@pytest.fixture(autouse=True)
 def _no_failing_deep_lake_read_in_this_process(monkeypatch: pytest.MonkeyPatch):
     """Deep Lake 4.7.4 segfaults now and then while delivering a failed read, so a test whose Deep Lake
     read fails in the pytest process could kill the whole run: such reads belong in a reader process (the

@@ -66,10 +66,10 @@ def test_rows_held_for_later_batches_are_copied_out_of_the_answer() -> None:
             return {"x": [memoryview(buf)[4 * k : 4 * k + 4] for k in range(len(indices))]}
 
     async def go():
-        reads = BlockReads(Views(), 4, [0, 5, 1, 2, 3, 4, 6, 7])
+        reads = BlockReads(Views(), 4, [0, 5, 1, 2, 3, 4, 6, 7], n=8)
         first = await reads.read([0])
         assert bytes(first["x"][0]) == b"\0" * 4
-        assert all(type(v["x"]) is bytes for v in reads._held.values())  # noqa: SLF001 - what is held
+        assert all(type(v["x"]) is bytes for v, _ in reads._held.values())  # noqa: SLF001 - what is held
         rest = await reads.read([1, 2, 3, 5])
         assert [bytes(v) for v in rest["x"]] == [bytes([i]) * 4 for i in (1, 2, 3, 5)]
 

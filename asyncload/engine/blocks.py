@@ -1,34 +1,44 @@
-"""``BlockReads``: a shuffled epoch's rows read a block at a time, each row once.
+"""``BlockReads``: the read stage. Each row of an epoch is fetched from the remote once, with its block,
+and kept where it costs nothing until its batch comes: on the node's disk, or within the byte budget.
 
-Why: a store lays rows out in order and answers a read of one row with far more than the row (Deep
+Why blocks: a store lays rows out in order and answers a read of one row with far more than the row (Deep
 Lake 4.7.4 pulls ~130-260 KB of a chunk for a 20 KB JPEG), keeping the rest only briefly. On a dataset
 larger than what it keeps, a full shuffle pulls 6-7x its bytes. The sampler's block order
-(``sampler.block_order``) draws each batch from ~``window / block`` blocks of contiguous rows; this layer
-reads each block's rows of the epoch in one request when the first of them is asked for, and hands the
-rest out as their batches ask, so every stored byte crosses the network about once.
+(``sampler.block_order``) draws each batch from ~``window / block`` blocks of contiguous rows; this stage
+reads a block's rows in one request when the first of them is due, so every stored byte crosses the
+network about once.
 
-- **What is held is bounded by the order**: a row is kept from its block's read until its own batch
-  reads it, then dropped; the block order puts every row of a block within ~``window`` positions of its
-  first, so about half a window of rows is held at any time, steadily. A held row is a copy of its own
-  (``_own``): a reader process answers with views into one buffer per answer, and one held view would
-  keep its whole block's buffer alive until that row's batch.
-- **The start is read in parts**: the blocks that start the epoch all start together (so that the first
-  batches are as mixed as the rest), and read whole they would all be due at once: a window of rows
-  fetched and held before the first batch. Their rows come in storage order over their spread, so a
-  block whose rows are due in storage order is read in parts as they come due, each a contiguous run (a
-  read costs about its rows): the rows due within ``max(ramp, p)`` positions of the part's first, ``p``
-  positions from the start of this reader's rows, so the reach doubles (``ramp``: ``RAMP_BLOCKS``
-  blocks' worth). Any other block is read whole.
-- **Only the rows this epoch asks for** are read with a block (a resumed epoch's consumed batches, another
-  worker's batches, stay out), each once. A row asked for again (a retry, a hedge, a re-read of a failed
-  request) that is no longer held is read alone, as it would be without this layer.
-- **Failures stay with the rows that caused them**: a block read that fails is not tried again as a block;
-  the reads waiting on it read their own rows alone, so a bad row fails (or is skipped, with
-  ``on_error="skip"``) in its own request, named as it would be without this layer.
-- A waiter that is cancelled leaves the block read running (a Deep Lake read cannot be cancelled; the
-  next ask for its rows finds it), unless the store says its reads may be (``Source.cancel_safe``).
+Where the rows wait for their turn:
 
-Everything else (the URL, columns, stats hooks) is the wrapped source's.
+- **On the node block store** (``sources.nodestore``, remote sources by default): a block is fetched by the
+  first process of the node that needs it (a DataLoader worker, a fan-out process, a rank), whole, written
+  to disk, and every process reads its rows from there when they come due, in this epoch and the later
+  ones. The heap holds none of them.
+- **In the heap, within the budget** (no store: local datasets, ``cache=False``, a store that is full or
+  failed): a row read with its block is kept from the block's read to its batch, counted in
+  ``stats.bytes_held`` and against ``memory_budget`` (the pipeline's budget admits fewer batches while
+  rows are held). Past ``hold_limit`` bytes a block is no longer read ahead: its rows are read with their
+  own batches (``read_alone``), as a full shuffle reads them.
+
+How blocks are cut into reads:
+
+- **The start is read in parts**: the blocks that start the epoch all start together (so the first
+  batches are as mixed as the rest), and read whole they would all be due at once. Their rows come in
+  storage order over their spread, so such a block is read in parts as they come due, each a contiguous
+  run: the rows due within ``max(ramp, p)`` positions of the part's first, ``p`` positions from the start
+  of this reader's rows (the reach doubles; ``ramp``: ``RAMP_BLOCKS`` blocks' worth). With the node store
+  a part is this process's rows only; the rest of the block is fetched by whichever process needs it
+  next.
+- **Any other block is read whole** — with the node store every row of it (the rows of other workers and
+  ranks too, which they then find on disk); without it only the rows this epoch asks of this process.
+- ``block=None`` (a full shuffle, or no shuffle): no read ahead; the rows of each request that are not on
+  disk are fetched together and written down for the next epoch.
+
+Failures stay with the rows that caused them: a block read that fails is not tried again as a block; the
+reads waiting on it read their own rows alone, so a bad row fails (or is skipped) in its own request. A
+hedge (``read_alone``) reads its rows alone too, rather than joining the straggling block read. A waiter
+that is cancelled leaves a block read running (a Deep Lake read cannot be cancelled; the next ask for its
+rows finds it), unless the store says its reads may be (``Source.cancel_safe``).
 """
 
 from __future__ import annotations
@@ -41,29 +51,63 @@ from typing import Any
 
 import numpy as np
 
-from ..sources.base import Columns, Source
+from ..sources.base import Columns, Source, stored_bytes
+from ..sources.nodestore import BIN, CorruptPart, Shelf, column_key
+from .budget import part_bytes
+from .stats import Stats
 
 #: The first part of a block read in parts reaches ``RAMP_BLOCKS * block`` positions (512 rows for Deep
 #: Lake's 64): about what the pipeline asks for at once when an epoch starts (``shard.TUNER_START``, 256),
 #: so the first batches wait for a few rows of each starting block, not for the blocks whole.
 RAMP_BLOCKS = 8
 
+#: How long a process waits for another one's fetch of a bin before it fetches the rows itself (a holder
+#: stopped or stuck): the rows are then fetched twice, which costs bytes, never correctness.
+LOCK_PATIENCE_S = 30.0
+
 
 class BlockReads:
-    """``source`` read in blocks of ``block`` contiguous rows, for the rows in ``rows`` (this epoch's)."""
+    """Reads ``source`` for one epoch's ``rows`` (this process's, in order): in blocks of ``block`` rows
+    (None: row by row), through ``shelf`` (the node store; None: none), holding at most ``hold_limit``
+    bytes of rows read ahead in the heap. ``n``: the source's length (a block never reaches past it)."""
 
-    def __init__(self, source: Source[Any], block: int, rows: Iterable[int], ramp: int | None = None) -> None:
-        self._source = source
+    def __init__(
+        self,
+        source: Source[Any],
+        block: int | None,
+        rows: Iterable[int],
+        *,
+        n: int,
+        shelf: Shelf | None = None,
+        hold_limit: int = 1 << 62,
+        window: int = 0,
+        ramp: int | None = None,
+    ) -> None:
+        self.source = source
         self.block = block
-        self.ramp = RAMP_BLOCKS * block if ramp is None else ramp
+        self.n = n
+        self.shelf = shelf
+        self.hold_limit = hold_limit
+        self.held_bytes = 0  # bytes of ``_held`` (counted in the budget)
+        self.window = window  # rows whose blocks are read ahead at once (the limit must hold half of them)
+        self.stats = Stats()  # the pipeline's, once it ``attach``-es
+        self.ramp = RAMP_BLOCKS * (block or 1) if ramp is None else ramp
+        self._due: dict[int, list[int]] = {}  # part -> its rows this epoch asks for, not yet read
+        self._whole: set[int] = set()  # parts that are a whole block (read with the block's other rows)
+        self._part: dict[int, int] = {}  # row -> its part
+        if block is not None:
+            self._cut(block, rows)
+        self._held: dict[int, tuple[dict[str, Any], int]] = {}  # row -> (value per column, bytes)
+        self._reading: dict[int, asyncio.Task[None]] = {}  # part -> its read in flight
+        self._fetched: set[int] = set()  # rows this stage fetched from the remote (not hits when read back)
+
+    def _cut(self, block: int, rows: Iterable[int]) -> None:
         first: dict[int, int] = {}  # row -> its first position in this epoch's order
         for p, i in enumerate(rows):
             first.setdefault(int(i), p)
         runs: dict[int, list[tuple[int, int]]] = {}  # block -> (position, row), in position order
         for i, p in first.items():
             runs.setdefault(i // block, []).append((p, i))
-        self._due: dict[int, list[int]] = {}  # part -> its rows this epoch asks for, not yet read
-        self._part: dict[int, int] = {}  # row -> its part
         for run in runs.values():
             ordered = all(a < b for (_, a), (_, b) in pairwise(run))  # so each part is a contiguous run
             end = -1.0
@@ -72,64 +116,236 @@ class BlockReads:
                     part = len(self._due)
                     end = p + max(self.ramp, p) if ordered else math.inf
                     self._due[part] = []
+                    if end == math.inf:
+                        self._whole.add(part)
                 self._due[part].append(i)
                 self._part[i] = part
         for due in self._due.values():
             due.sort()  # requested in storage order
-        self._held: dict[int, dict[str, Any]] = {}  # row -> its value per column, read and not yet asked for
-        self._reading: dict[int, asyncio.Task[None]] = {}  # part -> its read in flight
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._source, name)
+    def attach(self, stats: Stats) -> None:
+        """Count into the epoch's ``stats`` (the pipeline's)."""
+        self.stats = stats
 
-    async def read(self, indices: list[int]) -> Columns:
-        """The values of ``indices``, from their blocks' reads where those are due or held."""
+    # -- the stage's entry points ---------------------------------------------------------------------
+    async def read(self, indices: list[int], _tries: int = 2) -> Columns:
+        """The values of ``indices``: from the node store, from rows held, from their blocks' reads (started
+        here where none is in flight), or read alone."""
         if not indices:
-            return await self._source.read(indices)
-        parts = {self._part.get(i) for i in indices if i not in self._held}
-        waits = [t for t in map(self._start, parts) if t is not None]
-        if waits:  # a failed block leaves its rows unheld: they are read alone below
-            try:
-                await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read...
-            except asyncio.CancelledError:
-                if self._source.cancel_safe:  # ...unless the store's reads may be cancelled
-                    for t in waits:  # (an epoch abandoned: nothing is left running past its loop)
-                        t.cancel()
-                raise
-            for t in waits:
-                if not t.cancelled():
-                    t.exception()  # retrieved: its rows' own reads below raise what is wrong
-        alone = [i for i in indices if i not in self._held]
-        lone = await self._source.read(alone) if alone else {}
-        pos = {i: k for k, i in enumerate(alone)}
-        out: dict[str, list[Any]] = {c: [] for c in (lone or self._held[indices[0]])}
+            return await self.source.read(indices)
+        cols = self._keys()
+        if self.shelf is not None:
+            await self._look(indices)
+        ready = self._ready(indices, cols)
+        todo = [i for i in indices if i not in ready]
+        if todo and self.block is not None:
+            await self._wait_parts(todo)
+            ready = self._ready(indices, cols)
+            todo = [i for i in indices if i not in ready]
+        fetched: dict[int, dict[str, Any]] = {}
+        if todo and self.shelf is not None:  # rows-only reads (block None), or a part that failed or was cut
+            fetched = await self._fill(todo, cols, keep=False)
+            self._undue(list(fetched))
+            todo = [i for i in todo if i not in fetched and i not in self._ready([i], cols)]
+        try:
+            return await self._gather(indices, cols, todo, fetched)
+        except CorruptPart as bad:  # deleted: its rows are fetched again (or, a second time, read alone)
+            assert self.shelf is not None
+            self.shelf.forget(bad.path)
+            self.stats.node_corrupt += 1
+            if _tries <= 0:
+                return await self.read_alone(indices)
+            return await self.read(indices, _tries - 1)
+
+    async def read_alone(self, indices: list[int]) -> Columns:
+        """``indices`` read from the source by themselves, past any block read in flight (a hedge)."""
+        self._undue(indices)
+        return await self.source.read(indices)
+
+    # -- where each row is ----------------------------------------------------------------------------
+    def _keys(self) -> dict[str, str]:
+        """Each column's name on disk for this read (stored bytes and decoded arrays are kept apart)."""
+        if self.shelf is None:
+            return {}
+        stored = stored_bytes.get()
+        return {c: column_key(c, c in stored) for c in self.source.columns}
+
+    async def _look(self, rows: list[int]) -> None:
+        """Read from disk what this process has not seen of the bins of ``rows``."""
+        assert self.shelf is not None
+        unseen = {r // BIN for r in rows if not self.shelf.scanned(r // BIN)}
+        if unseen:
+            await asyncio.to_thread(self.shelf.scan, unseen)
+
+    def _ready(self, rows: list[int], cols: dict[str, str]) -> set[int]:
+        """Of ``rows``, those held in the heap or on disk."""
+        out = {r for r in rows if r in self._held}
+        if self.shelf is not None:
+            out |= self.shelf.known((r for r in rows if r not in out), cols.values())
+        return out
+
+    async def _gather(
+        self, indices: list[int], cols: dict[str, str], alone: list[int], fetched: dict[int, dict[str, Any]]
+    ) -> Columns:
+        """Assemble the answer: ``alone`` read now, ``fetched`` as it came, the rest from the heap or the disk
+        (``CorruptPart`` before any held row is taken)."""
+        self._undue(alone)
+        lone = await self.source.read(alone) if alone else {}
+        apos = {i: k for k, i in enumerate(alone)}
+        disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
+        got: dict[str, list[Any]] = {}
+        if disk:
+            assert self.shelf is not None
+            got = await asyncio.to_thread(self._from_disk, disk, cols)
+            self.stats.node_hits += sum(1 for i in disk if i not in self._fetched)
+            self.stats.node_read_bytes += part_bytes(got)
+        dpos = {i: k for k, i in enumerate(disk)}
+        first = indices[0]
+        names = (lone or got or fetched.get(first) or (self._held[first][0] if first in self._held else cols)).keys()
+        out: dict[str, list[Any]] = {c: [] for c in names}
         for i in indices:
-            if i in pos:
-                for c, values in lone.items():
-                    out[c].append(values[pos[i]])
+            if i in apos:
+                for c in out:
+                    out[c].append(lone[c][apos[i]])
+            elif i in dpos:
+                for c in out:
+                    out[c].append(got[c][dpos[i]])
+            elif i in fetched:
+                for c in out:
+                    out[c].append(fetched[i][c])
             else:
-                row = self._held.pop(i)
+                row, nbytes = self._held.pop(i)
+                self._release(nbytes)
                 for c in out:
                     out[c].append(row[c])
         return out  # type: ignore[return-value]
 
+    def _from_disk(self, rows: list[int], cols: dict[str, str]) -> dict[str, list[Any]]:
+        assert self.shelf is not None
+        return {c: self.shelf.get(self.shelf.entries(rows, key)) for c, key in cols.items()}
+
+    def _undue(self, rows: list[int]) -> None:
+        """``rows`` are read now by themselves: no part reads them again later (they would be held for ever)."""
+        for i in rows:
+            part = self._part.pop(i, None)
+            due = self._due.get(part) if part is not None else None
+            if due is not None and i in due:
+                due.remove(i)
+
+    # -- block reads ----------------------------------------------------------------------------------
+    async def _wait_parts(self, todo: list[int]) -> None:
+        """Start (or join) the reads of the parts of ``todo`` and wait for them; a failed or cancelled one
+        leaves its rows to be read alone."""
+        parts = {self._part.get(i) for i in todo}
+        waits = [t for t in map(self._start, parts) if t is not None]
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read...
+        except asyncio.CancelledError:
+            if self.source.cancel_safe:  # ...unless the store's reads may be cancelled
+                for t in waits:  # (an epoch abandoned: nothing is left running past its loop)
+                    t.cancel()
+            raise
+        for t in waits:
+            if not t.cancelled():
+                t.exception()  # retrieved: its rows' own reads raise what is wrong
+
     def _start(self, part: int | None) -> asyncio.Task[None] | None:
-        """The read of ``part``'s rows: the one in flight, a new one, or None (nothing due)."""
+        """The read of ``part``'s rows: the one in flight, a new one, or None (nothing due, or no room to
+        hold what it would read ahead)."""
         if part is None:
             return None
         task = self._reading.get(part)
-        if task is None and part in self._due:
+        if task is None and self._due.get(part):
+            if self.held_bytes >= self.hold_limit:
+                return None  # the heap is full: the rows come with their own batches
             task = self._reading[part] = asyncio.ensure_future(self._read_part(part))
         return task
 
     async def _read_part(self, part: int) -> None:
         rows = self._due.pop(part)
         try:
-            cols = await self._source.read(rows)
+            if self.shelf is None:
+                cols = await self.source.read(rows)
+                self._count_fetch(rows, cols)
+                self._hold(rows, cols)
+                return
+            if part in self._whole and self.block is not None:  # the block whole, for every process
+                b = rows[0] // self.block
+                rows = sorted(set(rows) | set(range(b * self.block, min((b + 1) * self.block, self.n))))
+            await self._fill(rows, self._keys(), keep=True)
         finally:
             del self._reading[part]
+
+    async def _fill(self, rows: list[int], cols: dict[str, str], *, keep: bool) -> dict[int, dict[str, Any]]:
+        """Fetch the rows of ``rows`` not on disk and write them there, once per node: under the lock of
+        their first bin, looking again at the disk once it is held. Returns the rows fetched (for a caller
+        that asked for them now); where the store did not keep them and ``keep`` (rows read ahead for this
+        epoch), those this epoch asks for are held in the heap."""
+        assert self.shelf is not None
+        shelf = self.shelf
+        fd = await self._lock(rows[0] // BIN)
+        try:
+            await asyncio.to_thread(shelf.scan, {r // BIN for r in rows})
+            missing = [r for r in rows if r not in shelf.known([r], cols.values())]
+            if not missing:
+                return {}
+            got = await self.source.read(missing)
+            self._count_fetch(missing, got)
+            if self.window and self.block is not None:  # (raised once, on the first fetch: a ConfigError)
+                per_row = part_bytes(got) / len(missing)
+                shelf.store.check_limit(int(self.window // 2 * per_row), "cache_limit")
+                self.window = 0
+            by_key = {cols[c]: list(v) for c, v in got.items()}
+            try:
+                kept = await asyncio.to_thread(shelf.put, missing, by_key)
+            except TypeError:  # a column whose values cannot be written (objects)
+                kept = False
+        finally:
+            shelf.unlock(fd)
+        pos = {r: k for k, r in enumerate(missing)}
+        if not kept:
+            self.stats.node_not_kept += len(missing)
+            if keep:
+                wanted = [r for r in missing if r in self._part]
+                self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in got.items()})
+        return {r: {c: v[k] for c, v in got.items()} for r, k in pos.items()}
+
+    async def _lock(self, bin_: int) -> int:
+        """The node-wide lock of ``bin_``: polled (every 5 ms, backing off to 100 ms) while another process
+        fetches; past ``LOCK_PATIENCE_S`` fetched regardless (-1: no lock held)."""
+        assert self.shelf is not None
+        wait, waited = 0.005, 0.0
+        while True:
+            fd = await asyncio.to_thread(self.shelf.try_lock, bin_)
+            if fd is not None:
+                return fd
+            if waited >= LOCK_PATIENCE_S:
+                return -1
+            await asyncio.sleep(wait)
+            waited += wait
+            wait = min(0.1, wait * 2)
+
+    # -- the heap -------------------------------------------------------------------------------------
+    def _hold(self, rows: list[int], cols: Columns) -> None:
+        st = self.stats
         for k, i in enumerate(rows):
-            self._held[i] = {c: _own(values[k]) for c, values in cols.items()}
+            row = {c: _own(values[k]) for c, values in cols.items()}
+            nbytes = part_bytes({c: [v] for c, v in row.items()})
+            self._held[i] = (row, nbytes)
+            self.held_bytes += nbytes
+            st.bytes_held += nbytes
+        st.bytes_held_peak = max(st.bytes_held_peak, st.bytes_held)
+
+    def _release(self, nbytes: int) -> None:
+        self.held_bytes -= nbytes
+        self.stats.bytes_held -= nbytes
+
+    def _count_fetch(self, rows: list[int], cols: Columns) -> None:
+        self._fetched.update(rows)
+        self.stats.node_misses += len(rows)
+        self.stats.remote_bytes += part_bytes(cols)
 
 
 def _own(value: Any) -> Any:
@@ -143,4 +359,4 @@ def _own(value: Any) -> Any:
     return value
 
 
-__all__ = ["BlockReads"]
+__all__ = ["BlockReads", "LOCK_PATIENCE_S", "RAMP_BLOCKS"]

@@ -31,8 +31,16 @@ DecodedRatio = Callable[[Mapping[str, Any]], float]
 class ByteBudget:
     """Batches alive and the bytes they are estimated to cost, against ``limit`` bytes."""
 
-    def __init__(self, limit: int, batch_size: int, stats: Stats, decoded_ratio: DecodedRatio | None = None) -> None:
+    def __init__(
+        self,
+        limit: int,
+        batch_size: int,
+        stats: Stats,
+        decoded_ratio: DecodedRatio | None = None,
+        held: Callable[[], int] | None = None,
+    ) -> None:
         self.limit = limit
+        self._held = held  # bytes held outside batches (rows the read stage read ahead), within the limit too
         self.batch_size = batch_size
         self.stats = stats
         self.alive = 0  # batches admitted and not yet taken by the consumer
@@ -51,7 +59,8 @@ class ByteBudget:
         if not self._read_cost:  # nothing measured yet: the first batch alone
             return False
         per_batch = self.batch_size * (self._read_cost + self._out_cost)
-        return (self.alive + 1) * per_batch <= self.limit
+        ahead = self._held() if self._held is not None else 0
+        return (self.alive + 1) * per_batch + ahead <= self.limit
 
     async def room(self) -> None:
         """Wait (on the loop, blocking nothing) until one more batch fits."""

@@ -29,9 +29,15 @@ class Hedger:
     """Reads through ``read(indices)``, hedging stragglers; counts hedges in ``stats``."""
 
     def __init__(
-        self, read: Callable[[list[int]], Awaitable[Any]], stats: Stats, factor: float | None, floor_s: float
+        self,
+        read: Callable[[list[int]], Awaitable[Any]],
+        stats: Stats,
+        factor: float | None,
+        floor_s: float,
+        again: Callable[[list[int]], Awaitable[Any]] | None = None,
     ) -> None:
         self._read = read
+        self._again = again or read  # a hedge's read: its rows alone (not a join of the straggling block read)
         self._stats = stats
         self._factor = factor
         self._floor_s = floor_s
@@ -53,16 +59,16 @@ class Hedger:
             self._at = st.requests
         return self._after_s
 
-    def _start(self, idx: list[int]) -> asyncio.Future[tuple[Any, float]]:
+    def _start(self, idx: list[int], hedge: bool = False) -> asyncio.Future[tuple[Any, float]]:
         """Issue a read now. Counted here, not when its task first runs: reads issued in the same loop
         turn must count as issued before or after one another in the order they were issued."""
         self._started += 1
-        return asyncio.ensure_future(self._timed(idx))
+        return asyncio.ensure_future(self._timed(idx, hedge))
 
-    async def _timed(self, idx: list[int]) -> tuple[Any, float]:
+    async def _timed(self, idx: list[int], hedge: bool = False) -> tuple[Any, float]:
         t0 = time.perf_counter()
         try:
-            part = await self._read(idx)
+            part = await (self._again if hedge else self._read)(idx)
         finally:
             self._finished += 1
         return part, time.perf_counter() - t0
@@ -89,7 +95,7 @@ class Hedger:
                 break
             wait = max(self._floor_s, after / 4)
         self._stats.hedges += 1
-        second = self._start(idx)
+        second = self._start(idx, hedge=True)
         pending = {first, second}
         error: BaseException | None = None
         while pending:

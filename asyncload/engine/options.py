@@ -28,8 +28,9 @@ from ..runtime.log import log_once
 from ..runtime.loop import LoopKind
 from ..runtime.settings import setting, validate
 from ..sources.base import Source
+from ..sources.nodestore import parse_size
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
-from .sampler import EpochSampler, Remainder, Shard
+from .sampler import EpochSampler, Remainder, Shard, one_mix
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -42,6 +43,17 @@ def _decode_ok(v: Any) -> bool:
 
 def _budget_ok(v: Any) -> bool:
     return v == "auto" or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1)
+
+
+def _size_ok(v: Any) -> bool:
+    if v == "auto":
+        return True
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return v >= 1
+    try:
+        return isinstance(v, str) and parse_size(v) >= 1
+    except ValueError:
+        return False
 
 
 def _ragged_ok(v: Any) -> bool:
@@ -79,6 +91,11 @@ class LoaderOptions:
     loop: LoopKind = setting("auto", "'auto', 'uvloop' or 'asyncio'")
     shutdown_timeout: float = setting(10.0, "a number of seconds > 0", lambda v: v > 0)
     stall_timeout: float = setting(120.0, "a number of seconds > 0", lambda v: v > 0)
+    cache: bool | Literal["auto"] = setting("auto", "'auto', True or False", lambda v: v in ("auto", True, False))
+    cache_dir: str | None = setting(
+        None, "None or a directory path", lambda v: v is None or isinstance(v, (str, os.PathLike))
+    )
+    cache_limit: int | str = setting("auto", "'auto', a number of bytes >= 1 or a size such as '50GB'", _size_ok)
     log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
     hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
     decode: str = setting("auto", "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'", _decode_ok)
@@ -133,6 +150,16 @@ class LoaderOptions:
         return min(1 << 30, total // 8)
 
     @property
+    def cache_bytes(self) -> int | None:
+        """``cache_limit`` in bytes; None for ``"auto"`` (the node store's default)."""
+        return None if self.cache_limit == "auto" else parse_size(self.cache_limit)
+
+    def wants_cache(self, source: Source[Any]) -> bool:
+        """Whether ``source`` is read through the node block store: ``cache=True``, or ``"auto"`` and the
+        source is remote."""
+        return self.cache is True or (self.cache == "auto" and not source.local)
+
+    @property
     def cpu_pool(self) -> int:
         """Threads of the loop's CPU pool (decode, transform, collate): ``cpu_workers``, or one per core
         this process may run on (decoding releases the GIL and scales with cores), at least 2."""
@@ -167,8 +194,12 @@ class LoaderOptions:
 
     def sampler(self, n: int, shard: Shard, block_rows: int = 1) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows; ``block_rows``: the source's
-        ``Source.block_rows``, what ``shuffle_block="auto"`` takes."""
+        ``Source.block_rows``, what ``shuffle_block="auto"`` takes, unless the dataset is so small that its
+        block order would be one mix of all its rows (``sampler.one_mix``): then blocks buy no locality, and
+        a full shuffle reads the first batch without first reading every block."""
         block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
+        if self.shuffle_block == "auto" and one_mix(n, block, self.shuffle_window):
+            block = 1
         return EpochSampler(
             n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
             remainder=self.remainder, shard=shard, start=self.start_batch, block=block,

@@ -43,10 +43,11 @@ import logging
 import math
 import queue
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ReadError, StallError, WorkerError, read_error
+from ..errors import ConfigError, ReadError, StallError, WorkerError, read_error
 from ..runtime.loop import LoopThread
 from ..sources.base import stored_bytes
 from .assembly import assemble
@@ -131,9 +132,13 @@ class Pipeline:
         # Reads that cannot be cancelled run as tasks of their own, shielded, so that giving up on them
         # (``abandon``) stops the waiting without touching the read.
         self._uncancellable: set[asyncio.Future[Any]] = set()
-        self._hedger = Hedger(
-            plan.source.read if self._cancel_safe else self._shielded, stats, plan.hedge, plan.hedge_min_s
-        )
+        reads = plan.reads
+        if reads is not None:
+            reads.attach(stats)
+        read, again = (reads.read, reads.read_alone) if reads is not None else (plan.source.read, plan.source.read)
+        if not self._cancel_safe:
+            read, again = functools.partial(self._shielded, read), functools.partial(self._shielded, again)
+        self._hedger = Hedger(read, stats, plan.hedge, plan.hedge_min_s, again=again)
         self._fetchers: list[asyncio.Task[None]] = []
         self._reading: dict[int, list[int]] = {}  # the rows of each request in flight (for a stall's message)
         self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
@@ -151,7 +156,8 @@ class Pipeline:
         self.stats.concurrency = plan.requests * plan.request_size
         self._stage: ReadStage | None = plan.stage
         ratio = self._stage.decoded_ratio if self._stage is not None else None
-        self._budget = ByteBudget(plan.budget, plan.batch_size, stats, ratio)
+        held = (lambda: reads.held_bytes) if reads is not None else None  # rows read ahead, in the heap
+        self._budget = ByteBudget(plan.budget, plan.batch_size, stats, ratio, held)
 
     async def run(self) -> None:
         plan = self.plan
@@ -278,9 +284,9 @@ class Pipeline:
         if self._cancel_safe:
             self._hedger.cancel()
 
-    async def _shielded(self, idx: list[int]) -> Any:
-        """``source.read(idx)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
-        task = asyncio.ensure_future(self.plan.source.read(idx))
+    async def _shielded(self, read: Callable[[list[int]], Awaitable[Any]], idx: list[int]) -> Any:
+        """``read(idx)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
+        task = asyncio.ensure_future(read(idx))
         self._uncancellable.add(task)
         task.add_done_callback(self._uncancellable.discard)
         return await asyncio.shield(task)
@@ -374,8 +380,8 @@ class Pipeline:
         token = stored_bytes.set(stored) if stored is not None else None  # (a hedge's task copies it)
         try:
             part, seconds = await self._hedger.read(idx)
-        except (ReadError, WorkerError):  # WorkerError: the reader process died past its restart budget
-            raise
+        except (ReadError, WorkerError, ConfigError):  # WorkerError: the reader process died past its restart
+            raise  # budget; ConfigError: a setting the read stage found wrong (``cache_limit``)
         except Exception as exc:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
@@ -417,7 +423,9 @@ class Pipeline:
                 batch.parts[start] = (idx, part)
                 batch.held += nbytes
             except Exception as exc:  # noqa: BLE001 - delivered to the consumer, or skipped
-                if self.plan.on_error == "raise" or isinstance(exc, (WorkerError, StallError)):  # no sample's fault
+                if self.plan.on_error == "raise" or isinstance(
+                    exc, (WorkerError, StallError, ConfigError)
+                ):  # no sample's
                     self._fail(batch, exc)
                     continue
                 await self._salvage(batch, start, idx, exc)

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..image.decode import DecodeStage, Part, ReadAgain
 from ..sources.base import Source
+from .blocks import BlockReads
 from .collate import CollateFn, RaggedSpec, Transform
 from .options import OnError
 from .tuning import ConcurrencyTuner
@@ -61,6 +62,7 @@ class Plan:
     ragged: RaggedSpec = None  # per-column policy for samples of unequal shapes (see ``collate``)
     stage: DecodeStage | None = None  # decode and augment image columns (see ``decode``); None: plain collate
     budget: int = 1 << 30  # bytes of batches alive (read, decoded, ready) the pipeline aims to stay within
+    reads: BlockReads | None = None  # the read stage in front of ``source`` (blocks, the node store), or None
     stall_timeout: float = 120.0  # seconds with reads in flight and none answering before the epoch gives up
 
     def slots(self, requests: int) -> int:

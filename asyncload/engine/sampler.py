@@ -84,6 +84,23 @@ def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None)
 SMALL_WINDOW = 1024
 
 
+def _edges(n: int, block: int, window: int) -> tuple[int, int, int]:
+    """``block_order``'s cut: each block's spread, the blocks that start with the first, the others."""
+    spread = min(window, n, max(n // 2 - block, SMALL_WINDOW))  # at most ~half the dataset, see SMALL_WINDOW
+    edge = -(-spread // block) - 1  # blocks that start with the first
+    later = -(-n // block) - 1 - edge  # the others, one every (n - spread) / later positions
+    return spread, edge, later
+
+
+def one_mix(n: int, block: int, window: int) -> bool:
+    """Whether ``block_order`` of ``n`` rows is one mix of all of them (a dataset of under ~2 windows):
+    every batch then draws from every block, as a full shuffle's do."""
+    if block <= 1 or window <= block or n == 0:
+        return False
+    _, edge, later = _edges(n, block, window)
+    return later <= edge
+
+
 def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np.ndarray:
     """A permutation of ``range(n)`` read in blocks: the blocks of ``block`` contiguous rows in a random
     order, each block's rows spread at random over ``window`` positions from where the block's turn comes
@@ -104,9 +121,7 @@ def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np
     rows = np.arange(n, dtype=np.int64)
     if window <= block:
         return rows[np.lexsort((rows, turn[rows // block]))]
-    spread = min(window, n, max(n // 2 - block, SMALL_WINDOW))  # at most ~half the dataset, see SMALL_WINDOW
-    edge = -(-spread // block) - 1  # blocks that start with the first
-    later = len(turn) - 1 - edge  # the others, one every (n - spread) / later positions
+    spread, edge, later = _edges(n, block, window)
     draw = rng.uniform(0.0, 1.0, n)  # where in its block's spread a row comes
     if later <= edge:  # a dataset of under ~2 windows: one mix of all
         return rows[np.argsort(draw, kind="stable")]

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..image.decode import decode_stage
 from ..sources.base import Source
+from ..sources.nodestore import open_shelf
 from .blocks import BlockReads
 from .epoch import EpochIterator
 from .options import LoaderOptions, ReadMode
@@ -43,6 +44,9 @@ class ShardEpochs:
         if worker and self._stage is not None and self._stage.device is not None:  # the GPU is the parent's
             self._stage = dataclasses.replace(self._stage, ship=True)
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
+        self.shelf = (
+            open_shelf(source.store_key, source.url, o.cache_dir, o.cache_bytes) if o.wants_cache(source) else None
+        )
 
     def plan(self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None) -> Plan:
         """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``, or
@@ -65,11 +69,16 @@ class ShardEpochs:
         else:
             batches = only
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
-        source: Any = self.source
-        if self.sampler.shuffle and self.sampler.block > 1:  # each block of the epoch's rows read once
-            source = BlockReads(self.source, self.sampler.block, (i for _, b in batches for i in b))
+        block = self.sampler.block if self.sampler.shuffle and self.sampler.block > 1 else None
+        reads = None
+        if block is not None or self.shelf is not None:  # each block of the epoch's rows fetched once
+            rows = (i for _, b in batches for i in b)
+            hold = o.budget_bytes // 4  # rows read ahead in the heap, counted in the budget
+            reads = BlockReads(
+                self.source, block, rows, n=len(self.source), shelf=self.shelf, hold_limit=hold, window=o.shuffle_window
+            )
         return Plan(
-            source=source, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
+            source=self.source, reads=reads, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,
             collate_fn=o.collate_fn, with_index=o.with_index, on_error=o.on_error, tuner=tuner,
             log_every=o.log_every, hedge=o.hedge, ragged=o.ragged, stage=stage, budget=o.budget_bytes,

@@ -45,6 +45,13 @@ class Stats:
     cpu_loop_s: float = 0.0  # thread CPU seconds of the loop thread (issuing and awaiting reads)
     cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
     cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
+    # The read stage (``blocks.BlockReads``) and the node block store (``sources.nodestore``):
+    remote_bytes: int = 0  # bytes the read stage fetched from the remote store
+    node_hits: int = 0  # rows served from the node store's disk
+    node_misses: int = 0  # rows fetched from the remote (each written to the node store where it is on)
+    node_not_kept: int = 0  # rows fetched that the node store did not keep (over its limit, or failed)
+    node_corrupt: int = 0  # parts on disk that failed their checksum (deleted, rows fetched again)
+    node_read_bytes: int = 0  # bytes read from the node store's disk
     skipped_samples: list[tuple[int, str]] = field(default_factory=list)  # the first MAX_SKIP_RECORDS
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=2048))
 
@@ -88,6 +95,15 @@ class Stats:
             "cpu_loop_s": self.cpu_loop_s,
             "cpu_decode_s": self.cpu_decode_s,
             "cpu_collate_s": self.cpu_collate_s,
+            "remote_bytes": self.remote_bytes,
+            "node_hits": self.node_hits,
+            "node_misses": self.node_misses,
+            "node_hit_rate": self.node_hits / (self.node_hits + self.node_misses)
+            if self.node_hits + self.node_misses
+            else None,
+            "node_not_kept": self.node_not_kept,
+            "node_corrupt": self.node_corrupt,
+            "node_read_bytes": self.node_read_bytes,
             **pct,
         }
 

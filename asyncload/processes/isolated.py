@@ -195,6 +195,14 @@ class IsolatedSource(Source[Any]):
     def version(self) -> str | None:
         return self.inner.version
 
+    @property
+    def local(self) -> bool:
+        return self.inner.local
+
+    @property
+    def store_key(self) -> str | None:
+        return self.inner.store_key
+
     def row_ids(self, positions: list[int]) -> list[int]:
         return self.inner.row_ids(positions)
 

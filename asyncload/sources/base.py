@@ -126,6 +126,20 @@ class Source(abc.ABC, Generic[H]):
     def _version(self, handle: H) -> str | None:
         return None
 
+    @property
+    def local(self) -> bool:
+        """Whether the rows are on this machine already (a local path): then the node block store
+        (``sources.nodestore``) has nothing to save, and ``cache="auto"`` leaves it off."""
+        return False
+
+    @property
+    def store_key(self) -> str | None:
+        """What names this source's rows on the node block store: ``"<dataset>|<version>"``, where a
+        changed remote has another version, so it is never served from an older copy. None (not kept)
+        where the version is unknown."""
+        version = self.version
+        return None if version is None else f"{type(self).__qualname__} {self.url}|{version}"
+
     #: False where a forked child cannot safely use a store runtime inherited from its parent.
     fork_safe: bool = True
 

@@ -284,6 +284,11 @@ class DeepLakeSource(Source[Any]):
         return "column" if any(col.stored for col in self.image_columns().values()) else "row"
 
     @property
+    def local(self) -> bool:
+        """A dataset on this machine (``file://``, ``mem://``): the node block store has nothing to save."""
+        return self.url.startswith(("file://", "mem://"))
+
+    @property
     def block_rows(self) -> int:
         """Deep Lake reads a range of a chunk far larger than a photo's row (~130-260 KB for a 20 KB JPEG) and
         keeps it only briefly on a dataset larger than its cache: rows read next to their neighbours cost

@@ -276,6 +276,13 @@ class ObjectStoreSource(Source[_Index]):
         self._process_state()
         self._breaker.max_outage = self._stall_timeout + 5.0
 
+    @property
+    def store_key(self) -> str | None:
+        """None: not kept on the node block store yet. The version names the keys, not their contents
+        (the listing's sizes and ETags are not read), so a file rewritten under the same key would be served
+        from an older copy (Lightning-AI/litdata#292)."""
+        return None
+
     def _version(self, handle: _Index) -> str | None:
         """A digest of every row's keys, in row order: another listing or manifest is another version."""
         h = hashlib.sha256()

@@ -38,6 +38,10 @@ class RangeSource(Source[Any]):
         return self.inner.row_ids([self.start + i for i in positions])
 
     @property
+    def local(self) -> bool:
+        return self.inner.local
+
+    @property
     def opens_alike(self) -> bool:
         return self.inner.opens_alike
 

@@ -161,7 +161,8 @@ Terminal = (
 #: sum bounds what the workers held together).
 _SUMMED = (
     "requests", "samples_read", "bytes_read", "hedges", "hedges_won", "skipped", "concurrency", "memory_budget",
-    "bytes_held_peak", "cpu_loop_s", "cpu_decode_s", "cpu_collate_s",
+    "bytes_held_peak", "cpu_loop_s", "cpu_decode_s", "cpu_collate_s", "remote_bytes", "node_hits", "node_misses",
+    "node_not_kept", "node_corrupt", "node_read_bytes",
 )  # fmt: skip
 
 

@@ -1,0 +1,254 @@
+"""The node block store (``sources.nodestore`` behind ``engine.blocks``): each row fetched once per node,
+across DataLoader workers, fan-out processes and new processes; later epochs from disk; never stale,
+verified, crash-safe, bounded; and without it, rows read ahead held within the byte budget.
+
+Most tests read the local test dataset with ``cache=True`` (the store's mechanics do not depend on where
+the rows come from; every request that reaches Deep Lake is logged by ``RecordingSource``); one reads the
+SeaweedFS copy with the defaults, where the store is on by itself."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.data import DataLoader
+
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource
+from asyncload.sources.nodestore import NodeStore
+
+from .conftest import ROWS, WORKER_START
+from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
+from .sources import RecordingSource
+
+pytestmark = pytest.mark.timeout(180)
+
+OPTS = {"shuffle": True, "shuffle_block": 8, "shuffle_window": 32, "cache": True, "batch_size": 16}
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fetched(src: RecordingSource) -> Counter[int]:
+    """How many times each row was fetched from Deep Lake."""
+    return Counter(i for r in src.reads for i in r)
+
+
+def epoch_rows(batches) -> Counter[int]:
+    return Counter(int(i) for b in batches for i in b["index"])
+
+
+def store_bytes() -> int:
+    root = Path(os.environ["ASYNCLOAD_CACHE_DIR"])
+    return sum(p.stat().st_size for p in root.rglob("*.rows"))
+
+
+def test_later_epochs_read_the_disk_and_nothing_from_the_store(seg_url, seg_arrays, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, **OPTS)
+    first = list(loader)
+    assert epoch_rows(first) == Counter(range(ROWS))
+    assert fetched(src) == Counter(range(ROWS))  # each row once, whole blocks
+    s = loader.stats()
+    assert (s["node_misses"], s["node_hits"], s["node_hit_rate"]) == (ROWS, 0, 0.0)
+    src.forget()
+    loader.set_epoch(1)
+    second = list(loader)
+    assert epoch_rows(second) == Counter(range(ROWS)) and not src.reads
+    s = loader.stats()
+    assert (s["node_misses"], s["node_hits"], s["remote_bytes"]) == (0, ROWS, 0)
+    for b in second:  # the same pixels as Deep Lake's own decode
+        for k, i in enumerate(b["index"].tolist()):
+            assert np.array_equal(b["images"][k].numpy(), seg_arrays["images"][i])
+            assert np.array_equal(b["masks"][k].numpy(), seg_arrays["masks"][i])
+
+
+def test_two_dataloader_workers_fetch_each_row_once(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    ds = AsyncIterableDataset(src, **OPTS)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
+        assert epoch_rows(dl) == Counter(range(ROWS))
+        assert fetched(src) == Counter(range(ROWS))  # after epoch 1: nothing more
+
+
+def test_processes_2_fetch_each_row_once(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, processes=2, **OPTS)
+    try:
+        assert epoch_rows(loader) == Counter(range(ROWS))
+        assert fetched(src) == Counter(range(ROWS))
+        loader.set_epoch(1)
+        assert epoch_rows(loader) == Counter(range(ROWS))
+        assert fetched(src) == Counter(range(ROWS))
+        assert loader.stats()["node_hits"] == ROWS
+    finally:
+        loader.close()
+
+
+SCRIPT = """
+import json, sys
+from collections import Counter
+sys.path.insert(0, {root!r})
+from asyncload import AsyncLoader
+from tests.sources import RecordingSource
+src = RecordingSource({url!r}, {log!r})
+loader = AsyncLoader(src, **{opts!r})
+rows = Counter(int(i) for b in loader for i in b["index"])
+s = loader.stats()
+print(json.dumps({{"rows": len(rows), "once": set(rows.values()) == {{1}}, "hits": s["node_hits"],
+                  "misses": s["node_misses"]}}))
+"""
+
+
+def run_loader(url: str, log: Path, **opts) -> dict:
+    code = SCRIPT.format(root=str(ROOT), url=url, log=str(log), opts={**OPTS, **opts})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_run_in_a_new_process_reads_from_the_disk(seg_url, tmp_path) -> None:
+    log = tmp_path / "reads.jsonl"
+    assert run_loader(seg_url, log) == {"rows": ROWS, "once": True, "hits": 0, "misses": ROWS}
+    log.unlink()
+    assert run_loader(seg_url, log, seed=5) == {"rows": ROWS, "once": True, "hits": ROWS, "misses": 0}
+    assert not log.exists()  # not one request
+
+
+def test_a_corrupt_part_is_fetched_again_never_decoded(seg_url, seg_arrays, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, **OPTS)
+    list(loader)
+    part = sorted(Path(os.environ["ASYNCLOAD_CACHE_DIR"]).rglob("images*.rows"))[0]
+    data = bytearray(part.read_bytes())
+    data[-10] ^= 0xFF  # a flipped bit in the last row's pixels
+    part.write_bytes(bytes(data))
+    src.forget()
+    loader.set_epoch(1)
+    batches = list(loader)
+    assert epoch_rows(batches) == Counter(range(ROWS))
+    for b in batches:
+        for k, i in enumerate(b["index"].tolist()):
+            assert np.array_equal(b["images"][k].numpy(), seg_arrays["images"][i])
+    s = loader.stats()
+    assert s["node_corrupt"] >= 1
+    assert 0 < sum(fetched(src).values()) <= 64  # the corrupt part's rows again, not the epoch
+
+
+def test_a_new_commit_is_not_served_from_the_old_version(copy_of, tmp_path) -> None:
+    import deeplake
+
+    url = "file://" + str(copy_of())
+    log = tmp_path / "reads.jsonl"
+    run_loader(url, log)
+    versions = [p for d in Path(os.environ["ASYNCLOAD_CACHE_DIR"]).iterdir() if d.is_dir() for p in d.iterdir()]
+    assert len([v for v in versions if v.is_dir()]) == 1
+    ds = deeplake.open(url)
+    new = np.full_like(ds["images"][0], 7)
+    ds["images"][0] = new
+    ds.commit("row 0 repainted")
+    log.unlink()
+    assert run_loader(url, log, shuffle=False) == {"rows": ROWS, "once": True, "hits": 0, "misses": ROWS}
+    loader = AsyncLoader(DeepLakeSource(url), **{**OPTS, "shuffle": False})
+    first = next(iter(loader))
+    assert first["index"][0] == 0 and np.array_equal(first["images"][0].numpy(), new)
+    loader.close()
+    # the old version's shelf went when the new one opened (no process held it any more): one version
+    # per dataset (RecordingSource's, and DeepLakeSource's, a class of its own)
+    for d in Path(os.environ["ASYNCLOAD_CACHE_DIR"]).iterdir():
+        assert len([v for v in d.iterdir() if v.is_dir()]) == 1, d
+
+
+KILLED_WRITER = """
+import sys, os
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from asyncload.sources.nodestore import NodeStore
+store = NodeStore(Path({dir!r}), None)
+shelf = store.shelf("test|v1", "test")
+big = b"x" * (512 << 20)
+print("writing", flush=True)
+shelf.put([0], {{"images-x@b": [big]}})
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_nothing_that_is_read(tmp_path) -> None:
+    root = tmp_path / "store"
+    code = KILLED_WRITER.format(root=str(ROOT), dir=str(root))
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+    deadline = time.monotonic() + 30
+    while not list(root.rglob(".tmp-*")):  # the part is being written under its temporary name
+        assert time.monotonic() < deadline and child.poll() is None
+        time.sleep(0.002)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    shelf = NodeStore(root, None).shelf("test|v1", "test")
+    assert shelf is not None
+    shelf.scan({0})
+    assert shelf.known([0], ["images-x@b"]) == set()  # the partial file is not a part
+    assert not list(root.rglob("*.rows"))
+
+
+def test_the_limit_holds_with_a_dataset_twice_its_size(seg_url, tmp_path) -> None:
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    probe = AsyncLoader(src, **{**OPTS, "cache_dir": str(tmp_path / "probe")})
+    list(probe)
+    whole = sum(p.stat().st_size for p in (tmp_path / "probe").rglob("*.rows"))
+    limit = whole // 2
+    loader = AsyncLoader(src, **{**OPTS, "cache_limit": limit})
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        assert epoch_rows(loader) == Counter(range(ROWS))
+        assert store_bytes() <= limit
+    s = loader.stats()
+    assert s["node_not_kept"] > 0
+    assert 0.3 <= s["node_hit_rate"] <= 0.6, s["node_hit_rate"]  # about the half that is resident
+
+
+def test_a_limit_below_one_window_is_refused_with_what_to_set(seg_url) -> None:
+    loader = AsyncLoader(DeepLakeSource(seg_url), **{**OPTS, "cache_limit": 1000})
+    with pytest.raises(ConfigError, match=r"cache_limit=1,000 bytes is below what one window .* set cache_limit"):
+        list(loader)
+    loader.close()
+
+
+def test_an_unwritable_directory_warns_once_and_reads_without_the_store(seg_url, tmp_path, caplog) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    caplog.set_level(logging.WARNING, logger="asyncload")
+    loader = AsyncLoader(DeepLakeSource(seg_url), **{**OPTS, "cache_dir": str(blocked / "store")})
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert epoch_rows(loader) == Counter(range(ROWS))
+    said = [r.getMessage() for r in caplog.records if "node block store" in r.getMessage()]
+    assert len(said) == 1 and "cannot be used" in said[0] and "cache_dir" in said[0]
+
+
+def test_without_the_store_rows_read_ahead_stay_within_the_budget(seg_url) -> None:
+    budget = 256 << 10
+    loader = AsyncLoader(DeepLakeSource(seg_url), **{**OPTS, "cache": False, "memory_budget": budget})
+    batches = list(loader)
+    assert epoch_rows(batches) == Counter(range(ROWS))
+    s = loader.stats()
+    one_batch = max(sum(t.numel() * t.element_size() for t in b.values()) for b in batches)
+    assert s["bytes_held_peak"] <= budget + one_batch, (s["bytes_held_peak"], budget, one_batch)
+    assert s["node_hits"] == 0 and s["remote_bytes"] > 0
+
+
+def test_a_remote_deep_lake_dataset_is_kept_by_default(remote_data) -> None:  # noqa: F811 - the fixture
+    src = DeepLakeSource(remote_data.deeplake_url, creds=remote_data.creds())
+    loader = AsyncLoader(src, batch_size=16, shuffle=True)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert epoch_rows(loader) == Counter(range(remote_data.rows))
+    s = loader.stats()
+    assert (s["node_hits"], s["node_misses"], s["remote_bytes"]) == (remote_data.rows, 0, 0)
+    loader.close()
