@@ -11,7 +11,7 @@ import deeplake
 import numpy as np
 import pytest
 
-from asyncload import EpochSampler, LoaderOptions, make_dataset
+from asyncload import EpochSampler, LoaderOptions, Shard, make_dataset
 from asyncload.sources.deeplake import BLOCK_ROWS
 
 ROWS = 203  # prime-ish: exercises short last batches and uneven shards
@@ -28,8 +28,9 @@ multiprocessing.set_forkserver_preload(["torch"])
 
 def shuffled(rows: int, batch_size: int, seed: int, block: int = BLOCK_ROWS) -> EpochSampler:
     """The plan a loader cuts with ``shuffle=True`` and the default shuffle settings, for a source whose
-    ``block_rows`` is ``block`` (Deep Lake's by default; 1 for an object store: a full shuffle)."""
-    return EpochSampler(rows, batch_size, shuffle=True, seed=seed, block=block, window=LoaderOptions().shuffle_window)
+    ``block_rows`` is ``block`` (Deep Lake's by default; 1 for an object store: a full shuffle). The
+    suite's datasets are small enough for ``LoaderOptions.sampler``'s one-mix rule: a full shuffle."""
+    return LoaderOptions(shuffle=True, seed=seed, batch_size=batch_size).sampler(rows, Shard(), block)
 
 
 HEIGHT, WIDTH = 40, 56  # not square, so a swapped axis shows

@@ -151,8 +151,9 @@ class BlockReads:
             return await self._gather(indices, cols, todo, fetched)
         except CorruptPart as bad:  # deleted: its rows are fetched again (or, a second time, read alone)
             assert self.shelf is not None
-            self.shelf.forget(bad.path)
-            self.stats.node_corrupt += 1
+            if bad.path:  # ("": a part another read found corrupt meanwhile)
+                self.shelf.forget(bad.path)
+                self.stats.node_corrupt += 1
             if _tries <= 0:
                 return await self.read_alone(indices)
             return await self.read(indices, _tries - 1)

@@ -172,7 +172,7 @@ class Shelf:
             except FileNotFoundError:
                 names = []
             for name in names:
-                if not name.endswith(".rows"):
+                if not name.endswith(".rows") or name.startswith(_TMP):  # (a part being written)
                     continue
                 p = d / name
                 try:
@@ -186,7 +186,12 @@ class Shelf:
                 self._bins[b] = found
 
     def entries(self, rows: list[int], col: str) -> list[Entry]:
-        return [self._bins[r // BIN][col][r] for r in rows]
+        """Where ``rows`` lie; ``CorruptPart("")`` where one is no longer known (its part found corrupt by
+        another read meanwhile): the caller looks again."""
+        try:
+            return [self._bins[r // BIN][col][r] for r in rows]
+        except KeyError:
+            raise CorruptPart("") from None
 
     def forget(self, path: str) -> None:
         """Drop a corrupt part: deleted on disk, and its bin scanned again when next asked for."""
@@ -251,7 +256,7 @@ class Shelf:
         try:
             for d, name, head, bufs in plans:
                 d.mkdir(exist_ok=True)
-                tmp = d / f"{_TMP}{os.getpid()}-{threading.get_ident()}-{name}"
+                tmp = d / f"{_TMP}{os.getpid()}-{threading.get_ident()}-{name}.writing"
                 with open(tmp, "wb") as f:
                     f.write(_MAGIC + _HEAD.pack(len(head)) + head)
                     for buf in bufs:
