@@ -32,9 +32,9 @@ RUN = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
-def sphinx(out: Path, *extra: str, prelude: str = "") -> subprocess.CompletedProcess[str]:
+def sphinx(out: Path, *extra: str, builder: str = "html", prelude: str = "") -> subprocess.CompletedProcess[str]:
     code = f"import sys; {prelude}from sphinx.cmd.build import main; sys.exit(main(sys.argv[1:]))"
-    argv = [*STRICT, *extra, "-b", "html", "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
+    argv = [*STRICT, *extra, "-b", builder, "-d", str(out / "doctrees"), str(DOCS), str(out / "html")]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=150, env=env)
 
@@ -60,6 +60,7 @@ def test_the_site_builds_strictly_with_a_page_for_every_public_name(tmp_path: Pa
         tmp_path / "broken",
         "-D",
         "rst_epilog=See :py:class:`asyncload.NoSuchLoader`.",
+        builder="dummy",  # reads and resolves every page as html does, writes nothing
         prelude="import asyncload; asyncload.__all__.append('NoSuchName'); ",
     )
     assert broken.returncode != 0
@@ -133,4 +134,5 @@ def test_the_examples_of_the_readme_and_the_guides_run_as_written(seaweed, tmp_p
     )
     where = {f"example_{i:02d}.py": w for i, w in enumerate(blocks)}
     failed = [where[ln.split()[1]] for ln in done.stderr.splitlines() if ln.startswith("FAILED ")]
+    print(done.stdout)  # each example and its seconds (pytest -s, or -rP, shows them)
     assert done.returncode == 0, f"examples failed: {failed}\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
