@@ -52,6 +52,8 @@ napoleon_numpy_docstring = False
 default_role = "literal"  # the docstrings' `name` (Markdown habit) reads as code, not as a title
 
 API = DOCS / "api" / "generated"
+#: what the public names that are plain values hold (a class or function documents itself)
+VALUES = {"__version__": f"The installed version, ``{asyncload.__version__}`` here; ``asyncload --version`` prints it."}
 
 
 def _directive(name: str) -> str:
@@ -75,7 +77,12 @@ def write_api_pages() -> list[str]:
         if old.name not in pages:
             old.unlink()
     for file, name in pages.items():
-        text = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: asyncload\n\n.. {_directive(name)}:: {name}\n"
+        text = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: asyncload\n\n"
+        if name in VALUES:  # a plain value: autodoc would show its type's docstring (str's, for a version)
+            value = getattr(asyncload, name)
+            text += f".. py:data:: {name}\n   :type: {type(value).__name__}\n\n   {VALUES[name]}\n"
+        else:
+            text += f".. {_directive(name)}:: {name}\n"
         path = API / file
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
