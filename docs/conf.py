@@ -27,7 +27,7 @@ release = version = asyncload.__version__
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "api/generated/_toc.md"]  # _toc.md: included by api/index
 html_theme = "furo"
 html_title = f"asyncload {release}"
 html_static_path: list[str] = []
@@ -68,21 +68,39 @@ def _directive(name: str) -> str:
     return "autodata"
 
 
+def _page(name: str) -> str:
+    text = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: asyncload\n\n"
+    if name in VALUES:  # a plain value: autodoc would show its type's docstring (str's, for a version)
+        value = getattr(asyncload, name)
+        return text + f".. py:data:: {name}\n   :type: {type(value).__name__}\n\n   {VALUES[name]}\n"
+    return text + f".. {_directive(name)}:: {name}\n"
+
+
+def _toc(names: list[str]) -> str:
+    """The API index's lists, by kind (api/index.md includes it)."""
+    kinds: dict[str, list[str]] = {"Classes": [], "Errors": [], "Functions and values": []}
+    for name in names:
+        kind = _directive(name)
+        kinds[
+            "Errors" if kind == "autoexception" else "Classes" if kind == "autoclass" else "Functions and values"
+        ].append(name)
+    return "".join(
+        f"## {kind}\n\n```{{toctree}}\n:maxdepth: 1\n\n" + "".join(f"generated/{n}\n" for n in members) + "```\n\n"
+        for kind, members in kinds.items()
+        if members
+    )
+
+
 def write_api_pages() -> list[str]:
-    """One page per name of ``asyncload.__all__`` (rewritten at each build; stale pages removed)."""
+    """One page per name of ``asyncload.__all__`` and the index's lists (rewritten when they change, so
+    that an incremental build rereads only what changed; pages of names no longer public removed)."""
     API.mkdir(parents=True, exist_ok=True)
     names = sorted(asyncload.__all__, key=str.lower)
-    pages = {f"{name}.rst": name for name in names}
+    pages = {f"{name}.rst": _page(name) for name in names} | {"_toc.md": _toc(names)}
     for old in API.glob("*.rst"):
         if old.name not in pages:
             old.unlink()
-    for file, name in pages.items():
-        text = f"{name}\n{'=' * len(name)}\n\n.. currentmodule:: asyncload\n\n"
-        if name in VALUES:  # a plain value: autodoc would show its type's docstring (str's, for a version)
-            value = getattr(asyncload, name)
-            text += f".. py:data:: {name}\n   :type: {type(value).__name__}\n\n   {VALUES[name]}\n"
-        else:
-            text += f".. {_directive(name)}:: {name}\n"
+    for file, text in pages.items():
         path = API / file
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
