@@ -115,20 +115,29 @@ sys.exit(1 if failed else 0)
 
 
 @pytest.mark.timeout(300)
-def test_the_examples_of_the_readme_and_the_guides_run_as_written(seaweed, tmp_path: Path) -> None:
+def test_the_examples_of_the_readme_and_the_guides_run_as_written(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
     blocks = examples()
     assert len(blocks) >= 8, sorted(blocks)
     make_dataset(str(tmp_path / "data" / "seg"), 160, height=48, width=64, progress=False)
-    seaweed.create_bucket("my-bucket")
-    upload_files(seaweed, "my-bucket", "photos", *originals(24))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "PYTHONPATH"}
+    try:
+        server = request.getfixturevalue("seaweed")
+    except pytest.skip.Exception:  # no SeaweedFS binary: the local examples still run
+        server = None
+        blocks = {where: code for where, code in blocks.items() if "s3://" not in code}
+    else:
+        server.create_bucket("my-bucket")
+        upload_files(server, "my-bucket", "photos", *originals(24))
+        env |= server.env()
 
     scripts = []
     for i, (where, code) in enumerate(blocks.items()):
         script = tmp_path / f"example_{i:02d}.py"
         script.write_text(f"# {where}\n{code}")
         scripts.append(script.name)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and k != "PYTHONPATH"}
-    env |= seaweed.env() | {"PYTHONPATH": str(ROOT)}
+    env["PYTHONPATH"] = str(ROOT)
     done = subprocess.run(
         [sys.executable, "-c", DRIVER, *scripts], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=280
     )
@@ -136,3 +145,5 @@ def test_the_examples_of_the_readme_and_the_guides_run_as_written(seaweed, tmp_p
     failed = [where[ln.split()[1]] for ln in done.stderr.splitlines() if ln.startswith("FAILED ")]
     print(done.stdout)  # each example and its seconds (pytest -s, or -rP, shows them)
     assert done.returncode == 0, f"examples failed: {failed}\n{done.stdout[-2000:]}\n{done.stderr[-6000:]}"
+    if server is None:
+        pytest.skip("SeaweedFS is not installed: the object-store examples did not run (the local ones passed)")
