@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
+.PHONY: install run run-local test test-slow docs bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,14 @@ run-local: install  ## the same comparison on a local dataset (no server, no lat
 test: install  ## the test suite in 3 workers (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
 	@ulimit -c unlimited 2>/dev/null; start=$$(date +%s); $(PY) -m pytest -n 3 --dist loadgroup --max-worker-restart=0; rc=$$?; \
 	$(PY) -m harness.crash_report $$rc $(PY) $$start; exit $$rc
+
+# Strict: a warning, a broken cross-reference or link, or a public name (asyncload.__all__) without an API page
+# fails. -E: read every page again, so that a warning is never hidden by an earlier build's cache.
+# tests/test_site.py runs the same build, and runs the examples the pages mark <!-- run -->.
+SPHINXOPTS ?= -W --keep-going -n -E
+docs: install  ## the documentation site (docs/: guides, API reference from the docstrings, architecture, benchmarks) into docs/_build/html
+	$(PY) -m sphinx $(SPHINXOPTS) -b html docs docs/_build/html
+	@echo "open docs/_build/html/index.html"
 
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow
@@ -67,7 +75,7 @@ scaling: install  ## samples/s against worker processes 1..N, asyncload vs DataL
 	-@$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/scaling.py --rtt-ms 50 $(if $(filter 1 2,$(shell nproc)),--small,)
 
-train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see README)
+train: install  ## the compact U-Net on the synthetic dataset (torchrun works too: see docs/guides/training-loops.md)
 	$(PY) -m asyncload.train --config train_unet
 
 train-photos: install  ## the U-Net on photos of many sizes (JPEG + PNG masks, made on first use): random crops, mIoU, ~2 min on 2 cores
@@ -82,4 +90,4 @@ lint: install
 	$(PY) -m ruff format --check asyncload tests benchmarks
 
 clean:
-	rm -rf $(VENV) data .pytest_cache
+	rm -rf $(VENV) data .pytest_cache docs/_build docs/api/generated

@@ -1,6 +1,6 @@
 """Documentation where users look, kept true by tests: ``help(AsyncLoader)`` lists every setting (the one
 list; a setting added to ``LoaderOptions`` without a line there fails here), ``help(ObjectStoreSource)``
-and the README give the object-store layout and rules, and the smaller messages of issue 35."""
+and the guide to your own data give the object-store layout and rules, and the smaller messages of issue 35."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from asyncload.sources.objectstore import ObjectStoreSource
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+OWN_DATA = (ROOT / "docs" / "guides" / "own-data.md").read_text()
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -40,12 +41,12 @@ def test_help_asyncloader_documents_every_setting() -> None:
     assert "logging.basicConfig" in doc and "forkserver" in doc  # log_every's condition; what close() leaves
 
 
-def test_help_objectstoresource_and_the_readme_give_the_layout_listing_pairing_and_manifest() -> None:
+def test_help_objectstoresource_and_the_guide_give_the_layout_listing_pairing_and_manifest() -> None:
     doc = ObjectStoreSource.__doc__ or ""
     for words in ("<prefix>/<column>/<stem>.<ext>", "**Listing**", "**Pairing**", "**Manifest**", "sorted"):
         assert words in doc, words
     for words in ("<prefix>/<column>/<stem>.<ext>", "pair across columns by stem", "manifest"):
-        assert words in README, words
+        assert words in OWN_DATA, words
 
 
 def test_the_readme_installs_this_project_and_says_how_long_make_test_takes() -> None:

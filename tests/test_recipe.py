@@ -1,10 +1,10 @@
-"""The README's "Train on your own photos", run as written: a folder of JPEGs and PNG masks (5 classes,
-every photo its own size) → the section's Python script → a Deep Lake dataset on a real SeaweedFS S3
-server → the section's ``asyncload load`` and ``asyncload train`` commands, through the installed
-``asyncload`` command. Only the bucket's address and credentials come from the test (the standard
-``AWS_*`` variables the section exports); every line run is the README's, and the train command gets
-one setting more, ``--set model_only_steps=0`` (the model-alone figure, 13 steps more than the two
-epochs' own on 16 photos).
+"""The guide's "Train on your own photos" (docs/guides/own-data.md), run as written: a folder of JPEGs
+and PNG masks (5 classes, every photo its own size) → the section's Python script → a Deep Lake dataset
+on a real SeaweedFS S3 server → the section's ``asyncload load`` and ``asyncload train`` commands,
+through the installed ``asyncload`` command. Only the bucket's address and credentials come from the
+test (the standard ``AWS_*`` variables the section exports); every line run is the guide's, and the
+train command gets one setting more, ``--set model_only_steps=0`` (the model-alone figure, 13 steps more
+than the two epochs' own on 16 photos).
 """
 
 from __future__ import annotations
@@ -27,16 +27,17 @@ FIXTURES = (seaweed,)
 
 def recipe() -> tuple[str, list[str]]:
     """The section's Python script and its ``asyncload`` command lines."""
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "guides" / "own-data.md").read_text()
     section = text[text.index("## Train on your own photos") :]
-    section = section[: section.index("\n## ", 5)]  # this section only
+    end = section.find("\n## ", 5)  # this section only; it may be the page's last
+    section = section if end < 0 else section[:end]
     (script,) = re.findall(r"```python\n(.*?)```", section, re.S)
     commands = [ln for block in re.findall(r"```bash\n(.*?)```", section, re.S) for ln in block.splitlines()]
     return script, [ln.split("#")[0].strip() for ln in commands if ln.startswith("asyncload ")]
 
 
 @pytest.mark.timeout(240)
-def test_the_readme_recipe_runs_as_written_on_a_real_s3_server(seaweed, tmp_path: Path) -> None:
+def test_the_own_data_recipe_runs_as_written_on_a_real_s3_server(seaweed, tmp_path: Path) -> None:
     script, commands = recipe()
     assert [c.split()[:2] for c in commands] == [["asyncload", "load"], ["asyncload", "train"]]
     photo_folder(tmp_path / "photos", 16, sizes=(160, 420))

@@ -94,7 +94,7 @@ def choose_source(
     if kind == "files" and not files_ok:
         raise ConfigError(
             f"--source files is not allowed for {url}: object-store files are read from s3://, gs://, az:// or "
-            "http(s):// prefixes (a local folder of files: make a Deep Lake dataset of it, see the README's recipe)"
+            "http(s):// prefixes (a local folder of files: make a Deep Lake dataset of it, see docs/guides/own-data.md)"
         )
     if kind == "files" and (version or query):
         raise ConfigError("--version and --query are not allowed with --source files: they are Deep Lake's")
