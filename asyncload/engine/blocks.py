@@ -27,8 +27,9 @@ How blocks are cut into reads:
   storage order over their spread, so such a block is read in parts as they come due, each a contiguous
   run: the rows due within ``max(ramp, p)`` positions of the part's first, ``p`` positions from the start
   of this reader's rows (the reach doubles; ``ramp``: ``RAMP_BLOCKS`` blocks' worth). With the node store
-  a part is this process's rows only; the rest of the block is fetched by whichever process needs it
-  next.
+  a part is the whole run of storage from its first row to its last, other processes' rows in it too
+  (their batches come as soon as this one's); the rest of the block is fetched by whichever process
+  needs it next.
 - **Any other block is read whole** — with the node store every row of it (the rows of other workers and
   ranks too, which they then find on disk); without it only the rows this epoch asks of this process.
 - ``block=None`` (a full shuffle, or no shuffle): no read ahead; the rows of each request that are not on
@@ -275,6 +276,8 @@ class BlockReads:
             if part in self._whole and self.block is not None:  # the block whole, for every process
                 b = rows[0] // self.block
                 rows = sorted(set(rows) | set(range(b * self.block, min((b + 1) * self.block, self.n))))
+            else:  # a part at the start: its run of storage, every process's rows in it (they are due as soon)
+                rows = list(range(rows[0], rows[-1] + 1))
             await self._fill(rows, self._keys(), keep=True)
         finally:
             del self._reading[part]
