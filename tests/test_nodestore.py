@@ -267,3 +267,27 @@ def test_a_remote_deep_lake_dataset_is_kept_by_default(remote_data) -> None:  # 
     s = loader.stats()
     assert (s["node_hits"], s["node_misses"], s["remote_bytes"]) == (remote_data.rows, 0, 0)
     loader.close()
+
+
+def test_an_object_store_prefix_is_kept_and_a_rewritten_file_is_read_again(remote_data) -> None:  # noqa: F811
+    from asyncload import ObjectStoreSource
+
+    from .remote_fixtures import png_bytes, stem, upload_files
+
+    prefix = f"files-kept-{os.getpid()}"
+    upload_files(remote_data.server, remote_data.bucket, prefix, remote_data.images[:40], remote_data.masks[:40])
+    url = f"s3://{remote_data.bucket}/{prefix}"
+    loader = AsyncLoader(ObjectStoreSource(url, creds=remote_data.creds()), batch_size=8, shuffle=True)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert epoch_rows(loader) == Counter(range(40))
+    s = loader.stats()
+    assert (s["node_hits"], s["node_misses"], s["remote_bytes"]) == (40, 0, 0)
+    loader.close()
+    new = np.full_like(remote_data.images[3], 200)
+    remote_data.server.put_object(remote_data.bucket, f"{prefix}/images/{stem(3)}.png", png_bytes(new))
+    again = AsyncLoader(ObjectStoreSource(url, creds=remote_data.creds()), batch_size=8, shuffle=False)
+    batches = list(again)
+    assert again.stats()["node_misses"] == 40  # another version: nothing served from the old copy
+    assert np.array_equal(batches[0]["images"][3].numpy(), new)
+    again.close()

@@ -145,7 +145,7 @@ class BlockReads:
             todo = [i for i in indices if i not in ready]
         fetched: dict[int, dict[str, Any]] = {}
         if todo and self.shelf is not None:  # rows-only reads (block None), or a part that failed or was cut
-            fetched = await self._fill(todo, cols, keep=False)
+            fetched = await self._fill(todo, cols, keep=False, lock=False)  # (rows no other process asks for)
             self._undue(list(fetched))
             todo = [i for i in todo if i not in fetched and i not in self._ready([i], cols)]
         try:
@@ -202,24 +202,23 @@ class BlockReads:
             self.stats.node_hits += sum(1 for i in disk if i not in self._fetched)
             self.stats.node_read_bytes += part_bytes(got)
         dpos = {i: k for k, i in enumerate(disk)}
-        first = indices[0]
-        names = (lone or got or fetched.get(first) or (self._held[first][0] if first in self._held else cols)).keys()
-        out: dict[str, list[Any]] = {c: [] for c in names}
-        for i in indices:
-            if i in apos:
-                for c in out:
-                    out[c].append(lone[c][apos[i]])
-            elif i in dpos:
-                for c in out:
-                    out[c].append(got[c][dpos[i]])
-            elif i in fetched:
-                for c in out:
-                    out[c].append(fetched[i][c])
-            else:
+        held: dict[int, dict[str, Any]] = {}
+        for i in indices:  # (an index asked for twice in one request takes its held row once)
+            if i not in apos and i not in dpos and i not in fetched and i not in held:
                 row, nbytes = self._held.pop(i)
                 self._release(nbytes)
-                for c in out:
-                    out[c].append(row[c])
+                held[i] = row
+        first = indices[0]
+        names = (lone or got or fetched.get(first) or held.get(first) or cols).keys()
+        out: dict[str, list[Any]] = {c: [] for c in names}
+        for i in indices:
+            for c in out:
+                if i in apos:
+                    out[c].append(lone[c][apos[i]])
+                elif i in dpos:
+                    out[c].append(got[c][dpos[i]])
+                else:
+                    out[c].append((fetched.get(i) or held[i])[c])
         return out  # type: ignore[return-value]
 
     def _from_disk(self, rows: list[int], cols: dict[str, str]) -> dict[str, list[Any]]:
@@ -278,18 +277,22 @@ class BlockReads:
                 rows = sorted(set(rows) | set(range(b * self.block, min((b + 1) * self.block, self.n))))
             else:  # a part at the start: its run of storage, every process's rows in it (they are due as soon)
                 rows = list(range(rows[0], rows[-1] + 1))
-            await self._fill(rows, self._keys(), keep=True)
+            await self._fill(rows, self._keys(), keep=True, lock=True)
         finally:
             del self._reading[part]
 
-    async def _fill(self, rows: list[int], cols: dict[str, str], *, keep: bool) -> dict[int, dict[str, Any]]:
-        """Fetch the rows of ``rows`` not on disk and write them there, once per node: under the lock of
-        their first bin, looking again at the disk once it is held. Returns the rows fetched (for a caller
-        that asked for them now); where the store did not keep them and ``keep`` (rows read ahead for this
-        epoch), those this epoch asks for are held in the heap."""
+    async def _fill(
+        self, rows: list[int], cols: dict[str, str], *, keep: bool, lock: bool
+    ) -> dict[int, dict[str, Any]]:
+        """Fetch the rows of ``rows`` not on disk and write them there. ``lock``: once per node, under the
+        lock of their first bin, looking again at the disk once it is held (a block read whole, whose rows
+        every process asks for); else at once (rows only this process asks for this epoch: a lock would
+        only queue unrelated reads behind each other). Returns the rows fetched (for a caller that asked
+        for them now); where the store did not keep them and ``keep`` (rows read ahead for this epoch),
+        those this epoch asks for are held in the heap."""
         assert self.shelf is not None
         shelf = self.shelf
-        fd = await self._lock(rows[0] // BIN)
+        fd = await self._lock(rows[0] // BIN) if lock else -1
         try:
             await asyncio.to_thread(shelf.scan, {r // BIN for r in rows})
             missing = [r for r in rows if r not in shelf.known([r], cols.values())]

@@ -77,6 +77,21 @@ class _Index:
 
     keys: Mapping[str, tuple[str, ...]]
     rows: int
+    #: A digest of every row's object's ETag and size, from the listing: what names the objects' contents
+    #: (the node block store's key); None for a manifest, or a store whose listing does not give them.
+    contents: str | None = None
+
+
+def _contents(keys: Keys, tags: Mapping[str, str], full_key: Callable[[str], str]) -> str | None:
+    """A digest of each row's objects' ETags and sizes, in row order; None where one is missing."""
+    h = hashlib.sha256()
+    for col in sorted(keys):
+        for rel in keys[col]:
+            tag = tags.get(full_key(rel))
+            if tag is None:
+                return None
+            h.update(tag.encode() + b"\0")
+    return f"etags-sha256:{h.hexdigest()[:16]}"
 
 
 def _namer(ref: weakref.ref[ObjectStoreSource], keys: Keys) -> Callable[[str, int], str | None]:
@@ -278,10 +293,14 @@ class ObjectStoreSource(Source[_Index]):
 
     @property
     def store_key(self) -> str | None:
-        """None: not kept on the node block store yet. The version names the keys, not their contents
-        (the listing's sizes and ETags are not read), so a file rewritten under the same key would be served
-        from an older copy (Lightning-AI/litdata#292)."""
-        return None
+        """The node block store's name for these rows: the keys and every object's ETag and size, as the
+        listing gave them, so a file rewritten under the same key is read again, never served from an
+        older copy (Lightning-AI/litdata#292). None (not kept) for a manifest, which names keys only."""
+        contents = self.handle().contents
+        version = self.version
+        if contents is None or version is None:
+            return None
+        return f"{type(self).__qualname__} {self.url}|{version}+{contents}"
 
     def _version(self, handle: _Index) -> str | None:
         """A digest of every row's keys, in row order: another listing or manifest is another version."""
@@ -330,12 +349,13 @@ class ObjectStoreSource(Source[_Index]):
                 store, self._prefix, deadline=self.open_deadline, verify_tls=self.verify_tls, what=self.url
             )
         self._store = store
+        tags: dict[str, str] = {}
         async with new_session(len(self.columns), self.timeouts, self.verify_tls) as session:
             if self._manifest is not None:
                 rows = await self._load_manifest(session, budget, stats)
                 keys = keys_from_manifest(rows, self.columns, self._suffixes, self.url)
             else:
-                keys = await self._keys_from_listing(session, budget, stats)
+                keys = await self._keys_from_listing(session, budget, stats, tags)
         n = len(next(iter(keys.values())))
         name_objects(self.url, _namer(weakref.ref(self), keys))  # errors name the file: read_error
         if n == 0:
@@ -343,7 +363,7 @@ class ObjectStoreSource(Source[_Index]):
                 f"no samples at {self.url}: expected objects {', '.join(f'{c}/<stem>' for c in self.columns)}"
                 + ("" if self._manifest is not None else " (found by listing)")
             )
-        return _Index(keys, n)
+        return _Index(keys, n, _contents(keys, tags, self._full_key) if tags else None)
 
     # -- listing and manifests -----------------------------------------------------------------------
     def _full_key(self, rel: str) -> str:
@@ -370,9 +390,15 @@ class ObjectStoreSource(Source[_Index]):
         return await self.retry.call(attempt, what=what, budget=budget, stats=stats, breaker=breaker)
 
     async def _list(
-        self, session: aiohttp.ClientSession, prefix: str, budget: RetryBudget, stats: RetryStats
+        self,
+        session: aiohttp.ClientSession,
+        prefix: str,
+        budget: RetryBudget,
+        stats: RetryStats,
+        tags: dict[str, str] | None = None,
     ) -> list[str]:
-        """Every key under ``prefix`` (``list_page_size`` per page, following continuation tokens)."""
+        """Every key under ``prefix`` (``list_page_size`` per page, following continuation tokens); each
+        key's ETag and size go into ``tags`` where the listing gives them."""
         store = self._store
         assert store is not None
         keys: list[str] = []
@@ -385,13 +411,17 @@ class ObjectStoreSource(Source[_Index]):
                 raise SourceError(f"cannot list {self.url} at {store.kind} endpoint {store.endpoint}: {g}") from None
             page, token = store.parse_list(body)
             keys += page
+            if tags is not None:
+                tags.update(store.parse_tags(body))
             if not token:
                 return keys
 
-    async def _keys_from_listing(self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats) -> Keys:
+    async def _keys_from_listing(
+        self, session: aiohttp.ClientSession, budget: RetryBudget, stats: RetryStats, tags: dict[str, str]
+    ) -> Keys:
         by_column: dict[str, dict[str, str]] = {}
         for col in self.columns:
-            keys = await self._list(session, self._full_key(f"{col}/"), budget, stats)
+            keys = await self._list(session, self._full_key(f"{col}/"), budget, stats, tags)
             rels = [key[len(self._prefix) + 1 :] if self._prefix else key for key in keys]
             by_column[col] = stems(col, rels, self.url)
         return keys_from_listing(by_column, self.url)

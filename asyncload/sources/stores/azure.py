@@ -125,6 +125,15 @@ class AzureContainer(Store):
         keys = [name for blob in root.iter("Blob") if (name := blob.findtext("Name"))]
         return keys, (root.findtext("NextMarker") or "").strip() or None
 
+    def parse_tags(self, body: bytes) -> dict[str, str]:
+        out = {}
+        for blob in ET.fromstring(body).iter("Blob"):
+            name, props = blob.findtext("Name"), blob.find("Properties")
+            etag = props.findtext("Etag") if props is not None else None
+            if name and etag:
+                out[name] = f"{etag}/{props.findtext('Content-Length') if props is not None else ''}"
+        return out
+
     def credentials_refused(self, err: HTTPStatusError) -> bool:
         # Azure says AuthenticationFailed; Azurite says AuthorizationFailure with the same message.
         return err.status == 401 or err.code in _REFUSED or err.message.startswith("Server failed to authenticate")

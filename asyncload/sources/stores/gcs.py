@@ -85,6 +85,11 @@ class GCSBucket(Store):
         doc = json.loads(body)
         return [str(item["name"]) for item in doc.get("items", [])], doc.get("nextPageToken") or None
 
+    def parse_tags(self, body: bytes) -> dict[str, str]:
+        items = json.loads(body).get("items", [])
+        tags = {str(i["name"]): f"{i.get('etag') or i.get('md5Hash')}/{i.get('size')}" for i in items}
+        return {k: v for k, v in tags.items() if not v.startswith("None/")}
+
     def bucket_missing(self, err: HTTPStatusError) -> bool:
         return err.status == 404
 

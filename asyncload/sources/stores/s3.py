@@ -243,6 +243,16 @@ class S3Bucket(Store):
         truncated = (root.findtext(f"{ns}IsTruncated") or "").strip().lower() == "true"
         return keys, (root.findtext(f"{ns}NextContinuationToken") if truncated else None) or None
 
+    def parse_tags(self, body: bytes) -> dict[str, str]:
+        root = ET.fromstring(body)
+        ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        out = {}
+        for c in root.iter(f"{ns}Contents"):
+            key, etag, size = c.findtext(f"{ns}Key"), c.findtext(f"{ns}ETag"), c.findtext(f"{ns}Size")
+            if key and etag:
+                out[key] = f"{etag.strip()}/{size}"
+        return out
+
     def credentials_refused(self, err: HTTPStatusError) -> bool:
         return err.code in CREDENTIAL_CODES
 

@@ -85,6 +85,11 @@ class Store(abc.ABC):
         """``(keys, next page's token or None)`` from a listing page."""
         raise NotImplementedError(f"{self.kind} cannot be listed")
 
+    def parse_tags(self, body: bytes) -> dict[str, str]:
+        """``{key: "<etag>/<size>"}`` from a listing page, where the listing gives them (what names an
+        object's contents: the node block store's key); empty where it does not."""
+        return {}
+
     def credentials_refused(self, err: HTTPStatusError) -> bool:
         """``err`` says the credentials themselves were not accepted (not merely denied access)."""
         return err.status == 401
