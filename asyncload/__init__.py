@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .sources.objectstore import ObjectStoreSource
     from .sources.stores.http import Timeouts
     from .sources.stores.retry import RetryPolicy
+    from .sources.mixed import MixedSource
     from .sources.subset import RangeSource
     from .tools.synthetic import make_dataset
 
@@ -74,6 +75,7 @@ _LAZY = {
     "DeepLakeSource": ".sources.deeplake",
     "ObjectStoreSource": ".sources.objectstore",
     "RangeSource": ".sources.subset",
+    "MixedSource": ".sources.mixed",
     "make_dataset": ".tools.synthetic",
 }
 
@@ -110,6 +112,7 @@ __all__ = [
     "EpochIterator",
     "EpochSampler",
     "LoaderOptions",
+    "MixedSource",
     "ObjectStoreSource",
     "RandomHorizontalFlip",
     "RandomResizedCrop",

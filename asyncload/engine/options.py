@@ -29,7 +29,7 @@ from ..runtime.loop import LoopKind
 from ..runtime.settings import setting, validate
 from ..sources.base import Source
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
-from .sampler import EpochSampler, Remainder, Shard
+from .sampler import EpochOrder, EpochSampler, Remainder, Shard
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -165,14 +165,15 @@ class LoaderOptions:
         """``normalize``, ``layout`` and ``dtype`` as one value (None: uint8 NHWC, as decoded)."""
         return ModelReady.of(self.normalize, self.layout, self.dtype)
 
-    def sampler(self, n: int, shard: Shard, block_rows: int = 1) -> EpochSampler:
+    def sampler(self, n: int, shard: Shard, block_rows: int = 1, mix: EpochOrder | None = None) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows; ``block_rows``: the source's
-        ``Source.block_rows``, what ``shuffle_block="auto"`` takes."""
+        ``Source.block_rows``, what ``shuffle_block="auto"`` takes; ``mix``: the source's own order of
+        each epoch, where it composes one (``MixedSource``)."""
         block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
         return EpochSampler(
             n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
             remainder=self.remainder, shard=shard, start=self.start_batch, block=block,
-            window=self.shuffle_window,
+            window=self.shuffle_window, mix=mix,
         )  # fmt: skip
 
     @classmethod
