@@ -15,16 +15,17 @@ lifetime of what reads (a loop thread, or fan-out worker processes), and hands e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .engine.consumed import cut_of, merge, resume_cut
 from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
 from .engine.progress import EpochProgress
-from .engine.consumed import cut_of, resume_cut
-from .engine.sampler import EpochSampler, Shard, resolve_shard
+from .engine.sampler import EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
 from .engine.stats import Stats
 from .errors import ConfigError
@@ -275,13 +276,26 @@ class AsyncLoader:
         self._close_epoch()
         progress, cut = EpochProgress.from_dict(state, self._fingerprint(), self.source.url)
         progress, sampler = resume_cut(self.sampler, progress, cut)
+        self._check_fanout(sampler)
+        self._resume = (progress, sampler)
+        self.epoch = progress.epoch
+
+    def _check_fanout(self, sampler: EpochSampler) -> None:
         if sampler.taken and self.processes and self._isolated is None:
             raise ConfigError(
                 f"processes={self.processes} is not allowed to resume a state saved by another world (or batch "
                 f"size): fan-out workers resume only their own cut; resume with processes=0 or 'auto' for this epoch"
             )
-        self._resume = (progress, sampler)
-        self.epoch = progress.epoch
+
+    def resume_positions(self, epoch: int, taken: Ranges) -> None:
+        """Make the next ``iter()`` run ``epoch`` without the positions ``taken`` of its order (what a world
+        before this one consumed), the rest cut among this loader's world as ``load_state_dict`` cuts it:
+        how ``AsyncIterableDataset`` hands a rank's global resume point to each DataLoader worker."""
+        self._close_epoch()
+        sampler = dataclasses.replace(self.sampler, taken=merge(taken))
+        self._check_fanout(sampler)
+        self._resume = (EpochProgress(epoch, len(sampler)), sampler)
+        self.epoch = epoch
 
     # -- epochs ----------------------------------------------------------------------------------
     def __iter__(self) -> Epoch:
