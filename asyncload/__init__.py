@@ -48,10 +48,10 @@ if TYPE_CHECKING:
     from .runtime.settings import load_config
     from .sources.base import Source
     from .sources.deeplake import DeepLakeSource
+    from .sources.mixed import MixedSource
     from .sources.objectstore import ObjectStoreSource
     from .sources.stores.http import Timeouts
     from .sources.stores.retry import RetryPolicy
-    from .sources.mixed import MixedSource
     from .sources.subset import RangeSource
     from .tools.synthetic import make_dataset
 

@@ -13,9 +13,9 @@ from typing import Any
 
 from ..image.decode import decode_stage
 from ..sources.base import Source
-from .mixing import mixed_order
 from .blocks import BlockReads
 from .epoch import EpochIterator
+from .mixing import mixed_order
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
 from .progress import EpochProgress

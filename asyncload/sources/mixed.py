@@ -109,7 +109,9 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
                 if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w <= 0:
                     raise ConfigError(f"weights[{name!r}]={w!r} is not allowed: a finite number > 0")
             self._weights = tuple(Fraction(weights[n]) for n in names)
-        if epoch_rows is not None and (isinstance(epoch_rows, bool) or not isinstance(epoch_rows, int) or epoch_rows < 1):
+        if epoch_rows is not None and (
+            isinstance(epoch_rows, bool) or not isinstance(epoch_rows, int) or epoch_rows < 1
+        ):
             raise ConfigError(f"epoch_rows={epoch_rows!r} is not allowed: None or an int >= 1")
         renames = dict(columns or {})
         for name in renames:
@@ -163,7 +165,9 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
                 offsets.append(at)
                 strides.append(-(-k // align) * align)
                 at += strides[-1] * -(-c // k)  # a copy per pass over the source an epoch makes
-            self._composition = Composition(tuple(self.sources), lengths, counts, tuple(offsets), tuple(strides), blocks)
+            self._composition = Composition(
+                tuple(self.sources), lengths, counts, tuple(offsets), tuple(strides), blocks
+            )
         return self._composition
 
     def _open(self) -> tuple[Source[Any], ...]:
