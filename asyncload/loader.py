@@ -276,16 +276,8 @@ class AsyncLoader:
         self._close_epoch()
         progress, cut = EpochProgress.from_dict(state, self._fingerprint(), self.source.url)
         progress, sampler = resume_cut(self.sampler, progress, cut)
-        self._check_fanout(sampler)
         self._resume = (progress, sampler)
         self.epoch = progress.epoch
-
-    def _check_fanout(self, sampler: EpochSampler) -> None:
-        if sampler.taken and self.processes and self._isolated is None:
-            raise ConfigError(
-                f"processes={self.processes} is not allowed to resume a state saved by another world (or batch "
-                f"size): fan-out workers resume only their own cut; resume with processes=0 or 'auto' for this epoch"
-            )
 
     def resume_positions(self, epoch: int, taken: Ranges) -> None:
         """Make the next ``iter()`` run ``epoch`` without the positions ``taken`` of its order (what a world
@@ -293,7 +285,6 @@ class AsyncLoader:
         how ``AsyncIterableDataset`` hands a rank's global resume point to each DataLoader worker."""
         self._close_epoch()
         sampler = dataclasses.replace(self.sampler, taken=merge(taken))
-        self._check_fanout(sampler)
         self._resume = (EpochProgress(epoch, len(sampler)), sampler)
         self.epoch = epoch
 
@@ -313,7 +304,9 @@ class AsyncLoader:
                     sampler=self.sampler,
                 )  # fmt: skip
             done = frozenset(j for j in range(len(sampler)) if progress.done(j))
-            it = FanoutIterator(self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress)
+            it = FanoutIterator(
+                self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress, taken=sampler.taken
+            )
         else:
             it = self._shard.iterate(self.epoch, progress, taken=sampler.taken)
             if self._isolated is not None:

@@ -193,3 +193,29 @@ def test_spawned_ranks_resume_two_ranks_state_on_three_and_on_four(seg_url, smal
         both = taken + got
         assert sorted(both) == everything  # every row of the epoch ...
         assert sum(both.values()) - len(everything) == rows - left <= world - 1  # ... once, but the pad
+
+
+@pytest.mark.timeout(180)
+def test_fanout_workers_read_a_mixture_and_resume_another_worlds_state(seg_url, small_url) -> None:
+    """``processes=2`` over a mixture gives the batches one process does; then it resumes a state saved by
+    rank 0 of 2 (the cut sent to the workers with the epoch), as one process does."""
+    src = MixedSource({"real": DeepLakeSource(seg_url), "synth": DeepLakeSource(small_url)}, {"real": 1, "synth": 1})
+
+    def rows(batches) -> list[list[tuple[int, int]]]:
+        return [list(zip(b["source"].tolist(), b["index"].tolist(), strict=True)) for b in batches]
+
+    old = AsyncLoader(src, batch_size=8, shuffle=True, seed=4, shard=Shard(0, 2), processes=0)
+    it = iter(old)
+    for _ in range(3):
+        next(it)
+    state = old.state_dict()
+    it.close()
+    one = AsyncLoader(src, batch_size=16, shuffle=True, seed=4, processes=0)
+    ref = rows(one)
+    one.load_state_dict(state)
+    rest = rows(one)
+    assert len(rest) == -(-(ROWS + SMALL - 2 * 3 * 8) // 16)
+    with AsyncLoader(src, batch_size=16, shuffle=True, seed=4, processes=2) as fan:
+        assert rows(fan) == ref
+        fan.load_state_dict(state)
+        assert rows(fan) == rest
