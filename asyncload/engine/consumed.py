@@ -16,6 +16,25 @@ when the state is loaded (``consumed``). That a state from one rank describes ev
 ``DistributedDataParallel`` guarantees anyway: every rank takes the same number of batches per step, so when
 rank 0 saves after ``k`` batches, every rank has consumed its first ``k``. A state saved by a DataLoader
 worker's loader (a share of a rank) knows only its own batches, so it resumes only that share.
+
+What a checkpoint must hold: one state, from any rank (rank 0), saved after the step that took the last
+batch it counts (``DeviceFeed.state_dict()`` where a feed holds batches ahead). What it promises: the
+rows of that epoch not yet taken by any rank, each once, whatever the new world size, batch size or
+number of DataLoader workers; the same seed, shuffle settings and data are required (a changed version
+of the data is refused). Resuming on fewer GPUs with ``torchrun``::
+
+    # train.py, under torchrun --nproc-per-node 8 (and later --nproc-per-node 4)
+    loader = AsyncLoader(src, batch_size=32, shuffle=True, seed=0)  # the rank from the process group
+    if os.path.exists("ckpt.pt"):
+        ckpt = torch.load("ckpt.pt")
+        model.load_state_dict(ckpt["model"])
+        loader.load_state_dict(ckpt["data"])  # every rank loads the one state rank 0 saved
+    for epoch in range(loader.epoch, epochs):
+        loader.set_epoch(epoch)  # keeps a loaded resume point of that epoch
+        for step, batch in enumerate(loader):
+            train_step(batch)
+            if step % 500 == 0 and dist.get_rank() == 0:
+                torch.save({"model": model.state_dict(), "data": loader.state_dict()}, "ckpt.pt")
 """
 
 from __future__ import annotations
