@@ -9,11 +9,15 @@ epochs: cycle ``q`` is one permutation seeded by ``(seed, i, q)``, and its ``j``
 again up to ``r``. So a source asked for fewer rows than it has takes a different part each epoch, no row
 comes again before every row has come (100 rows an epoch of a 203-row source: epochs 0-2 cover all 203,
 97 of them twice, the repeats at the end of epoch 2), and no row comes twice in an epoch unless the source
-is asked for more rows than it has (then each comes ``k`` or ``k + 1`` times). Every pass is in the
-source's own block order (``sampler.block_order``, its own ``block_rows``, at most the loader's
-``shuffle_block``; its window scaled by its share), so each store is read in blocks as it would be alone;
-each pass is a copy of its own in the mixture's positions (``Composition``). Without ``shuffle`` the passes
-are in storage order.
+is asked for more rows than it has (then each comes ``k`` or ``k + 1`` times). Every pass is in block
+order (``sampler.block_order``) with the loader's block (``shuffle_block``; "auto": the largest
+``block_rows`` of the sources) and a window scaled by the source's share, so that once interleaved each
+block's rows still come within about one ``shuffle_window`` of the mixed epoch: a Deep Lake source is read
+in blocks as it would be alone, and block reads (``engine.blocks``) hold about half a window of rows
+whatever the source. (A source that reads rows one by one, an object store, is cut in the same blocks: a
+full shuffle of it would spread each block's rows over the whole epoch, and a block read would hold them
+all that long.) Each pass is a copy of its own in the mixture's positions (``Composition``). Without
+``shuffle`` the passes are in storage order.
 
 How they interleave: source ``i``'s ``j``-th row of the epoch is given the key ``(j + u_i) / c_i`` (``u_i``
 in ``(0, 1)``, drawn per epoch with ``shuffle``, else 1/2) and the epoch is sorted by key. Any run of ``L``
@@ -50,7 +54,7 @@ class MixedOrder:
         n = self.mix.lengths[i]
         if not shuffle or rng is None:
             return np.arange(n, dtype=np.int64)
-        b = min(block, self.mix.blocks[i])
+        b = block
         if b <= 1:
             return rng.permutation(n).astype(np.int64)
         share = self.mix.counts[i] / max(1, sum(self.mix.counts))

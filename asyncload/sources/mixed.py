@@ -44,15 +44,13 @@ SOURCE_COLUMN = "source"
 @dataclass(frozen=True)
 class Composition:
     """What one epoch of a mixture holds: per source (in the mapping's order) its length, its rows per
-    epoch, the position of its first copy's row 0, the positions between copies, and the rows that cost
-    about one read together (``block_rows``)."""
+    epoch, the position of its first copy's row 0 and the positions between its copies."""
 
     names: tuple[str, ...]
     lengths: tuple[int, ...]
     counts: tuple[int, ...]
     offsets: tuple[int, ...]
     strides: tuple[int, ...]
-    blocks: tuple[int, ...]
 
     def locate(self, positions: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Each position's source (its place in the mapping) and row within that source."""
@@ -171,16 +169,13 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
             weights = self._weights or tuple(Fraction(k) for k in lengths)
             total = self.epoch_rows if self.epoch_rows is not None else sum(lengths)
             counts = tuple(largest_remainder(total, list(weights)))
-            blocks = tuple(max(1, s.block_rows) for s in srcs)
-            align = max(blocks)
+            align = self.block_rows
             offsets, strides, at = [], [], 0
             for k, c in zip(lengths, counts, strict=True):
                 offsets.append(at)
                 strides.append(-(-k // align) * align)
                 at += strides[-1] * -(-c // k)  # a copy per pass over the source an epoch makes
-            self._composition = Composition(
-                tuple(self.sources), lengths, counts, tuple(offsets), tuple(strides), blocks
-            )
+            self._composition = Composition(tuple(self.sources), lengths, counts, tuple(offsets), tuple(strides))
         return self._composition
 
     def _open(self) -> tuple[Source[Any], ...]:
