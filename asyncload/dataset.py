@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .engine.consumed import consumed, cut_of, merge
+from .engine.consumed import cut_of, order_of, resume_cut
 from .engine.epoch import Epoch
 from .engine.mixing import mixed_order
 from .engine.options import LoaderOptions
@@ -215,21 +215,13 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
                     f"state was saved with {key}={state['plan'].get(key)!r}, but this dataset has {key}={value!r}; "
                     f"a resumed epoch must have the same order"
                 )
-        cut = state["cut"]
-        taken = merge(tuple(map(tuple, cut.get("taken") or ())))
-        mine = cut_of(dataclasses.replace(self._rank_sampler(()), taken=taken))
-        if {**cut, "shard": cut["shard"][1:]} == {**mine, "shard": mine["shard"][1:]}:  # the world that saved
-            self._pending = None
-            self._set(epoch, k, taken)
-            return
-        saved = dataclasses.replace(
-            self._rank_sampler(()), batch_size=int(cut["batch_size"]), drop_last=bool(cut["drop_last"]),
-            remainder=cut["remainder"], start=int(cut["start"]), shard=Shard(*map(int, cut["shard"])), taken=taken,
-        )  # fmt: skip
-        if state.get("rank_batches") != saved.rank_batches:
-            raise ConfigError(f"state has rank_batches={state.get('rank_batches')!r}, its cut {saved.rank_batches}")
+        base, cut = self._rank_sampler(()), dict(state["cut"])
+        mine = cut_of(base)["shard"]
+        if isinstance(cut.get("shard"), list) and cut["shard"][1:] == mine[1:]:  # any rank of this world saved:
+            cut["shard"] = mine  # every rank took as many batches, so each resumes after its own ``k``
+        progress, rest = resume_cut(base, EpochProgress(epoch, int(state["rank_batches"]), k), cut)
         self._pending = None
-        self._set(epoch, 0, consumed(saved, EpochProgress(epoch, saved.rank_batches, k)))
+        self._set(epoch, progress.next, rest.taken)
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader pickles the dataset in the main process for spawn/forkserver workers, where no
@@ -255,11 +247,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
 
     def _order(self) -> dict[str, Any]:
         """What fixes the epoch's global order (as ``AsyncLoader`` saves it)."""
-        s = self._rank_sampler(())
-        return {
-            "n": s.n, "shuffle": s.shuffle, "seed": s.seed, "shuffle_block": s.block if s.shuffle else None,
-            "shuffle_window": s.window if s.shuffle else None, "dataset_version": self.source.version,
-        }  # fmt: skip
+        return order_of(self._rank_sampler(()), self.source.version)
 
     def _rank_sampler(self, taken: Ranges | None = None) -> EpochSampler:
         """This rank's cut of the epoch (its DataLoader workers together), less ``taken`` (default: what

@@ -21,7 +21,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .engine.consumed import cut_of, merge, resume_cut
+from .engine.consumed import cut_of, merge, order_of, resume_cut
 from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
 from .engine.progress import EpochProgress
@@ -239,12 +239,7 @@ class AsyncLoader:
     # -- resume ----------------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
         """What must match for a saved state to mean the same epoch in this loader: its global order."""
-        s = self.sampler
-        return {
-            "n": s.n, "shuffle": s.shuffle, "seed": s.seed,
-            "shuffle_block": s.block if s.shuffle else None, "shuffle_window": s.window if s.shuffle else None,
-            "dataset_version": self.source.version,
-        }  # fmt: skip
+        return order_of(self.sampler, self.source.version)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: the epoch and the batches the consumer has taken.

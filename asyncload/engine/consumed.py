@@ -110,6 +110,15 @@ def consumed(sampler: EpochSampler, progress: EpochProgress) -> Ranges:
     return merge(got)
 
 
+def order_of(s: EpochSampler, version: str | None) -> dict[str, Any]:
+    """What fixes the epoch's global order, as a state saves it: it must match for a state to resume."""
+    return {
+        "n": s.n, "shuffle": s.shuffle, "seed": s.seed,
+        "shuffle_block": s.block if s.shuffle else None, "shuffle_window": s.window if s.shuffle else None,
+        "dataset_version": version,
+    }  # fmt: skip
+
+
 def cut_of(s: EpochSampler) -> dict[str, Any]:
     """How ``s`` cuts the epoch's order, as a state saves it (plain lists and numbers)."""
     return {
@@ -151,4 +160,4 @@ def resume_cut(base: EpochSampler, progress: EpochProgress, cut: dict[str, Any])
     return EpochProgress(progress.epoch, len(rest)), rest
 
 
-__all__ = ["consumed", "cut_of", "free", "merge", "resume_cut"]
+__all__ = ["consumed", "cut_of", "free", "merge", "order_of", "resume_cut"]

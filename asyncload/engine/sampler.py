@@ -51,9 +51,9 @@ Ranges = tuple[tuple[int, int], ...]
 
 @runtime_checkable
 class EpochOrder(Protocol):
-    """An epoch's global order composed by its source (``sources.mixed.Mixture``), not a permutation of
-    ``range(n)``: ``n`` positions whose values are the source's positions (a row may come more than once).
-    A pure function of its arguments, so that every rank and worker computes the same order."""
+    """An epoch's global order composed by its source (``engine.mixing.MixedOrder``), not a permutation of
+    ``range(n)``: ``n`` distinct positions of the source, which may have more positions than ``n``. A pure
+    function of its arguments, so that every rank and worker computes the same order."""
 
     def order(self, seed: int, epoch: int, shuffle: bool, block: int, window: int) -> np.ndarray: ...
 
