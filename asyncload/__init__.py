@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .runtime.settings import load_config
     from .sources.base import Source
     from .sources.deeplake import DeepLakeSource
+    from .sources.mixed import MixedSource
     from .sources.objectstore import ObjectStoreSource
     from .sources.stores.http import Timeouts
     from .sources.stores.retry import RetryPolicy
@@ -74,6 +75,7 @@ _LAZY = {
     "DeepLakeSource": ".sources.deeplake",
     "ObjectStoreSource": ".sources.objectstore",
     "RangeSource": ".sources.subset",
+    "MixedSource": ".sources.mixed",
     "make_dataset": ".tools.synthetic",
 }
 
@@ -110,6 +112,7 @@ __all__ = [
     "EpochIterator",
     "EpochSampler",
     "LoaderOptions",
+    "MixedSource",
     "ObjectStoreSource",
     "RandomHorizontalFlip",
     "RandomResizedCrop",

@@ -24,6 +24,12 @@ Two forms of resume state:
   ``state_dict(batches_consumed=k)`` records the epoch and that count; after ``load_state_dict`` the
   rank's remaining batches are dealt to the workers from worker 0 again, which is what a new DataLoader
   iterator expects, and the resumed loop yields exactly the batches it had not, in the same order.
+  The state is global: every rank of the saver's world took ``k`` batches (DistributedDataParallel keeps
+  them in step), so rank 0 alone saves it, and every rank of any world size loads it. In the world that
+  saved it, each rank resumes after its ``k`` batches; in another, the positions of the epoch's order that
+  the old world consumed are left out and the rest is cut among the new ranks (``engine.consumed``),
+  every row once; that resumed epoch is shorter (``len()``), and ``batches_consumed`` counts its batches.
+  The positions left out travel to the workers with the epoch, in the same shared memory.
 - **the torchdata ``Stateful`` protocol**, for ``StatefulDataLoader``: ``state_dict()`` with no argument
   is the state of the iterator live *in this process* (each worker's own share), and
   ``load_state_dict`` of such a state makes this process's next iterator continue it. StatefulDataLoader
@@ -33,6 +39,7 @@ Both carry the dataset's version; a state never resumes on other data.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -40,10 +47,12 @@ from typing import Any
 import torch
 import torch.utils.data
 
+from .engine.consumed import cut_of, order_of, resume_cut
 from .engine.epoch import Epoch
+from .engine.mixing import mixed_order
 from .engine.options import LoaderOptions
-from .engine.progress import check_dataset_version
-from .engine.sampler import Remainder, Shard, distributed_rank_world
+from .engine.progress import EpochProgress, check_dataset_version
+from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
 from .runtime.log import log_once_forked
@@ -51,7 +60,11 @@ from .sources.base import Source
 
 log = logging.getLogger("asyncload")
 
-RANK_STATE_VERSION = 2  # 2: names the dataset's version
+RANK_STATE_VERSION = 3  # 2: names the dataset's version; 3: the epoch's order and the cut, for any world
+
+#: Ranges of an epoch's order consumed by earlier worlds that the shared cell holds (``_cell``): each world
+#: adds at most one per rank, and touching ones merge.
+MAX_TAKEN = 512
 
 
 class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
@@ -93,8 +106,9 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self.source = source.open()
         self.rank = rank
         self.world_size = world_size
-        # [epoch, rank batches of that epoch already consumed]: shared with every worker (module doc).
-        self._cell = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # [epoch, rank batches of that epoch already consumed, ranges taken by earlier worlds, the ranges]:
+        # shared with every worker (module doc).
+        self._cell = torch.zeros(3 + 2 * MAX_TAKEN, dtype=torch.int64).share_memory_()
         self._pending: dict[str, Any] | None = None  # a Stateful state for this process's next iterator
         self._here: AsyncLoader | None = None  # the loader of this process's latest iterator
 
@@ -107,7 +121,22 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
     def _start(self) -> int:
         return int(self._cell[1])
 
-    def _set(self, epoch: int, start: int) -> None:
+    @property
+    def _taken(self) -> Ranges:
+        k = int(self._cell[2])
+        flat = self._cell[3 : 3 + 2 * k].tolist()
+        return tuple((flat[2 * j], flat[2 * j + 1]) for j in range(k))
+
+    def _set(self, epoch: int, start: int, taken: Ranges | None = None) -> None:
+        if taken is not None:
+            if len(taken) > MAX_TAKEN:
+                raise ConfigError(
+                    f"a resume state with {len(taken)} ranges of consumed rows is not allowed: at most {MAX_TAKEN} "
+                    f"(start the epoch afresh)"
+                )
+            flat = [v for r in taken for v in r]
+            self._cell[3 : 3 + len(flat)] = torch.tensor(flat, dtype=torch.int64)
+            self._cell[2] = len(taken)
         self._cell[1] = start
         self._cell[0] = epoch
 
@@ -117,7 +146,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         point survives only ``set_epoch`` of its own epoch."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} is not allowed: an int >= 0")
-        self._set(epoch, self._start if epoch == self.epoch else 0)
+        if epoch == self.epoch:
+            self._set(epoch, self._start)
+        else:
+            self._set(epoch, 0, ())
 
     # -- resume ----------------------------------------------------------------------------------------
     def state_dict(self, batches_consumed: int | None = None) -> dict[str, Any]:
@@ -145,7 +177,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             )
         return {
             "form": "rank", "version": RANK_STATE_VERSION, "epoch": self.epoch, "batches_consumed": batches_consumed,
-            "rank_batches": total, "dataset_version": self.source.version,
+            "rank_batches": total, "dataset_version": self.source.version, "plan": self._order(),
+            "cut": cut_of(self._rank_sampler()),
         }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -159,20 +192,36 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         if state.get("form") == "iterator":
             self._pending = dict(state)
             return
-        if state.get("version") != RANK_STATE_VERSION or "batches_consumed" not in state:
+        if state.get("version") not in (2, RANK_STATE_VERSION) or "batches_consumed" not in state:
             raise ConfigError(
                 f"state {state!r} is not allowed: a dict from state_dict(batches_consumed=...) of version "
-                f"{RANK_STATE_VERSION}, or from state_dict()"
+                f"{RANK_STATE_VERSION} (or 2), or from state_dict()"
             )
         check_dataset_version(state.get("dataset_version"), self.source.version, self.source.url)
-        total = self._rank_batches()
-        if state.get("rank_batches") != total:
-            raise ConfigError(
-                f"state has rank_batches={state.get('rank_batches')!r}, this dataset {total}: it was saved "
-                f"with other options, dataset length or world size"
-            )
+        epoch, k = int(state["epoch"]), int(state["batches_consumed"])
+        if state["version"] == 2:  # saved before states were global: the same world only
+            total = self._rank_batches(())
+            if state.get("rank_batches") != total:
+                raise ConfigError(
+                    f"state has rank_batches={state.get('rank_batches')!r}, this dataset {total}: it was saved "
+                    f"with other options, dataset length or world size"
+                )
+            self._pending = None
+            self._set(epoch, k, ())
+            return
+        for key, value in self._order().items():
+            if state["plan"].get(key) != value:
+                raise ConfigError(
+                    f"state was saved with {key}={state['plan'].get(key)!r}, but this dataset has {key}={value!r}; "
+                    f"a resumed epoch must have the same order"
+                )
+        base, cut = self._rank_sampler(()), dict(state["cut"])
+        mine = cut_of(base)["shard"]
+        if isinstance(cut.get("shard"), list) and cut["shard"][1:] == mine[1:]:  # any rank of this world saved:
+            cut["shard"] = mine  # every rank took as many batches, so each resumes after its own ``k``
+        progress, rest = resume_cut(base, EpochProgress(epoch, int(state["rank_batches"]), k), cut)
         self._pending = None
-        self._set(int(state["epoch"]), int(state["batches_consumed"]))
+        self._set(epoch, progress.next, rest.taken)
 
     def __getstate__(self) -> dict[str, Any]:
         # DataLoader pickles the dataset in the main process for spawn/forkserver workers, where no
@@ -196,9 +245,21 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         return Shard(rank=rank, world_size=world, worker=worker, num_workers=workers)
 
-    def _rank_batches(self) -> int:
+    def _order(self) -> dict[str, Any]:
+        """What fixes the epoch's global order (as ``AsyncLoader`` saves it)."""
+        return order_of(self._rank_sampler(()), self.source.version)
+
+    def _rank_sampler(self, taken: Ranges | None = None) -> EpochSampler:
+        """This rank's cut of the epoch (its DataLoader workers together), less ``taken`` (default: what
+        the shared cell says earlier worlds took)."""
         s = self.shard()
-        return self.options.sampler(len(self.source), Shard(s.rank, s.world_size)).rank_batches
+        sampler = self.options.sampler(
+            len(self.source), Shard(s.rank, s.world_size), self.source.block_rows, mix=mixed_order(self.source)
+        )
+        return dataclasses.replace(sampler, taken=self._taken if taken is None else taken)
+
+    def _rank_batches(self, taken: Ranges | None = None) -> int:
+        return self._rank_sampler(taken).rank_batches
 
     def __len__(self) -> int:
         """Batches in this rank's epoch, summed over its DataLoader workers. Also after a mid-epoch
@@ -208,10 +269,12 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
 
     def __iter__(self) -> Epoch:
         pending, self._pending = self._pending, None
+        taken: Ranges = ()
         if pending is not None:  # a Stateful state: its own epoch and the deal it was cut with
-            epoch, start = int(pending.get("epoch", 0)), int(pending.get("plan", {}).get("start", 0))
+            cut = pending.get("cut", pending.get("plan", {}))
+            epoch, start = int(pending.get("epoch", 0)), int(cut.get("start", 0))
         else:
-            epoch, start = self.epoch, self._start
+            epoch, start, taken = self.epoch, self._start, self._taken
         shard = self.shard()
         # DataLoader workers share the byte budget as fan-out workers do: N workers hold what one would
         budget = max(1, self.options.budget_bytes // shard.num_workers)
@@ -220,6 +283,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         loader.set_epoch(epoch)
         if pending is not None:
             loader.load_state_dict(pending)
+        elif taken:
+            loader.resume_positions(epoch, taken)
         self._here = loader
         it = iter(loader)
         if torch.utils.data.get_worker_info() is not None:

@@ -15,15 +15,17 @@ lifetime of what reads (a loop thread, or fan-out worker processes), and hands e
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .engine.consumed import cut_of, merge, order_of, resume_cut
 from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
 from .engine.progress import EpochProgress
-from .engine.sampler import Shard, resolve_shard
+from .engine.sampler import EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
 from .engine.stats import Stats
 from .errors import ConfigError
@@ -216,7 +218,9 @@ class AsyncLoader:
         self._live: Callable[[], Epoch | None] = lambda: None
         self._stats = Stats()
         self._progress = EpochProgress(0, len(self.sampler))  # of the live or last epoch
-        self._resume: EpochProgress | None = None  # loaded by load_state_dict, used by the next iter()
+        self._cut = self.sampler  # how the live or last epoch was cut (``taken``: what a resumed world left out)
+        # loaded by load_state_dict, used by the next iter(): the progress and the cut it counts in
+        self._resume: tuple[EpochProgress, EpochSampler] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -227,8 +231,8 @@ class AsyncLoader:
         return self.options.concurrency
 
     def __len__(self) -> int:
-        """Batches per epoch for this loader's shard."""
-        return len(self.sampler)
+        """Batches per epoch for this loader's shard (of the resumed epoch's cut, once a state is loaded)."""
+        return len(self._resume[1] if self._resume is not None else self.sampler)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next ``iter()`` yields (reshuffles with ``shuffle=True``).
@@ -237,21 +241,14 @@ class AsyncLoader:
         a training loop can call ``set_epoch(epoch)`` unconditionally after loading a checkpoint.
         """
         _check("epoch", epoch, isinstance(epoch, int) and epoch >= 0, "an int >= 0")
-        if self._resume is not None and self._resume.epoch != epoch:
+        if self._resume is not None and self._resume[0].epoch != epoch:
             self._resume = None
         self.epoch = epoch
 
     # -- resume ----------------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
-        """What must match for a saved state to mean the same batches in this loader."""
-        s = self.sampler
-        return {
-            "n": s.n, "batch_size": s.batch_size, "shuffle": s.shuffle, "seed": s.seed,
-            "drop_last": s.drop_last, "remainder": s.remainder, "start": s.start,
-            "shuffle_block": s.block if s.shuffle else None, "shuffle_window": s.window if s.shuffle else None,
-            "shard": [s.shard.rank, s.shard.world_size, s.shard.worker, s.shard.num_workers],
-            "dataset_version": self.source.version,
-        }  # fmt: skip
+        """What must match for a saved state to mean the same epoch in this loader: its global order."""
+        return order_of(self.sampler, self.source.version)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: the epoch and the batches the consumer has taken.
@@ -259,24 +256,48 @@ class AsyncLoader:
         Save it with the model's checkpoint; ``load_state_dict`` makes the next ``iter()`` yield exactly
         the batches not yet taken (in the same order when ``in_order``). Batches read ahead but not
         taken are not in the state: they are read again after a resume, never lost or repeated.
+
+        The state is global: saved by any rank, it loads into every rank of any world size, with any
+        batch size (``engine.consumed``), so rank 0 alone can checkpoint. It assumes what
+        DistributedDataParallel guarantees: every rank has taken as many batches as this one. A few
+        hundred bytes: the epoch's order (seed, length, version), the cut (world size, batch size, the
+        ranges an earlier world had taken) and this shard's consumed batches (a count, and the few taken
+        out of order).
         """
-        progress = self._resume if self._resume is not None else self._progress
+        progress, cut = self._resume if self._resume is not None else (self._progress, self._cut)
         if progress.epoch != self.epoch and self._live() is None:
-            progress = EpochProgress(self.epoch, len(self.sampler))
-        return progress.to_dict(self._fingerprint())
+            progress, cut = EpochProgress(self.epoch, len(self.sampler)), self.sampler
+        return progress.to_dict(self._fingerprint(), cut_of(cut))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next ``iter()`` continues that epoch where it stood."""
+        """Resume from ``state_dict()``: the next ``iter()`` continues that epoch where it stood.
+
+        A state saved by a loader cut the same way (the same shard of the same world, the same batch
+        size) resumes batch for batch. Any other (another world size, another rank's state, another
+        batch size) resumes from the positions of the epoch's order the saver's world consumed: the rest
+        is cut among this world's ranks, every row once (a pad of at most ``world_size - 1`` repeats with
+        ``remainder="pad"``), and this loader's epoch has the batches of its share of that rest."""
         self._close_epoch()
-        self._resume = EpochProgress.from_dict(state, self._fingerprint(), len(self.sampler), self.source.url)
-        self.epoch = self._resume.epoch
+        progress, cut = EpochProgress.from_dict(state, self._fingerprint(), self.source.url)
+        progress, sampler = resume_cut(self.sampler, progress, cut)
+        self._resume = (progress, sampler)
+        self.epoch = progress.epoch
+
+    def resume_positions(self, epoch: int, taken: Ranges) -> None:
+        """Make the next ``iter()`` run ``epoch`` without the positions ``taken`` of its order (what a world
+        before this one consumed), the rest cut among this loader's world as ``load_state_dict`` cuts it:
+        how ``AsyncIterableDataset`` hands a rank's global resume point to each DataLoader worker."""
+        self._close_epoch()
+        sampler = dataclasses.replace(self.sampler, taken=merge(taken))
+        self._resume = (EpochProgress(epoch, len(sampler)), sampler)
+        self.epoch = epoch
 
     # -- epochs ----------------------------------------------------------------------------------
     def __iter__(self) -> Epoch:
         """Start the current epoch (or its rest, after ``load_state_dict``). A loader runs one epoch at
         a time: a previous iterator of it is closed."""
         self._close_epoch()
-        progress = self._resume if self._resume is not None else EpochProgress(self.epoch, len(self.sampler))
+        progress, sampler = self._resume or (EpochProgress(self.epoch, len(self.sampler)), self.sampler)
         self._resume = None
         o = self.options
         it: Epoch
@@ -286,15 +307,17 @@ class AsyncLoader:
                     self.source, o, self.shard, self.processes, context=o.mp_context, timeout=o.shutdown_timeout,
                     sampler=self.sampler,
                 )  # fmt: skip
-            done = frozenset(j for j in range(len(self.sampler)) if progress.done(j))
-            it = FanoutIterator(self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress)
+            done = frozenset(j for j in range(len(sampler)) if progress.done(j))
+            it = FanoutIterator(
+                self._pool, self.epoch, skip=done, in_order=o.in_order, progress=progress, taken=sampler.taken
+            )
         else:
-            it = self._shard.iterate(self.epoch, progress)
+            it = self._shard.iterate(self.epoch, progress, taken=sampler.taken)
             if self._isolated is not None:
                 self._isolated.begin_epoch(it.stats())
         self._live = weakref.ref(it)
         self._stats = it.stats()
-        self._progress = progress
+        self._progress, self._cut = progress, sampler
         return it
 
     def stats(self) -> dict[str, Any]:

@@ -322,3 +322,18 @@ def test_inspect_a_dataset_on_s3_with_creds_and_a_query(remote_data, tmp_path, c
     assert main(["inspect", url]) == 1  # no credentials: a one-line error naming the URL, not a traceback
     line = one_line(capsys.readouterr().err)
     assert line.startswith("asyncload inspect: ") and url in line
+
+
+def test_load_reads_a_mixture(small, tmp_path, capsys) -> None:
+    """``--mix URL=WEIGHT``: the URL and another dataset as one ``MixedSource``; the baseline reads the
+    mixture's rows one at a time; a mixture's own flags without ``--mix`` are refused."""
+    other = tmp_path / "other"
+    make_dataset(str(other), 12, height=16, width=16, seed=3, progress=False)
+    argv = ["load", str(small), "--mix", f"{other}=0.5", "--weight", "1.5", "--epoch-rows", "40"]
+    assert main([*argv, "--batch-size", "8", "--sequential-rows", "6", "--processes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| sequential reads, one row at a time (6 rows) | 6 |" in out
+    assert "| asyncload column reads, concurrency auto, processes 0 | 40 |" in out
+    assert "MixedSource" in out and "mix(small=file://" in out
+    assert main(["load", str(small), "--epoch-rows", "40"]) == 2  # a usage error
+    assert "--weight and --epoch-rows are not allowed without --mix" in capsys.readouterr().err

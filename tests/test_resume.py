@@ -40,13 +40,29 @@ def test_fanout_processes_resume_through_the_shared_helper(seg_url) -> None:
     check_resume(lambda: AsyncLoader(src, batch_size=32, shuffle=True, seed=6, processes=2), in_order=True, epochs=1)
 
 
-def test_state_from_other_options_is_refused_naming_the_option(seg_url) -> None:
+def test_state_from_another_order_is_refused_naming_the_option(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     state = AsyncLoader(src, batch_size=16, seed=1).state_dict()
-    with pytest.raises(ConfigError, match="state was saved with batch_size=16, but this loader has batch_size=8"):
-        AsyncLoader(src, batch_size=8, seed=1).load_state_dict(state)
     with pytest.raises(ConfigError, match="state was saved with seed=1, but this loader has seed=2"):
         AsyncLoader(src, batch_size=16, seed=2).load_state_dict(state)
+    with pytest.raises(ConfigError, match="state was saved with shuffle=False, but this loader has shuffle=True"):
+        AsyncLoader(src, batch_size=16, seed=1, shuffle=True).load_state_dict(state)
+
+
+def test_another_batch_size_resumes_from_the_rows_consumed(seg_url) -> None:
+    """The state names positions of the epoch's order, not batches: a loader with another batch size
+    yields exactly the rows not yet taken, in the epoch's order."""
+    src = DeepLakeSource(seg_url)
+    first = AsyncLoader(src, batch_size=16, shuffle=True, seed=1)
+    it = iter(first)
+    taken = [i for _ in range(5) for i in next(it)["index"].tolist()]
+    state = first.state_dict()
+    it.close()
+    second = AsyncLoader(src, batch_size=10, shuffle=True, seed=1)
+    second.load_state_dict(state)
+    rest = ids(list(second))
+    assert [len(b) for b in rest] == [10] * 12 + [3]
+    assert taken + [i for b in rest for i in b] == shuffled(ROWS, 16, 1).order(0).tolist()
 
 
 def test_set_epoch_to_another_epoch_drops_the_resume_point(seg_url) -> None:

@@ -30,7 +30,7 @@ from ..runtime.settings import setting, validate
 from ..sources.base import Source
 from ..sources.nodestore import parse_size
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
-from .sampler import EpochSampler, Remainder, Shard, one_mix
+from .sampler import EpochOrder, EpochSampler, Remainder, Shard, one_mix
 
 ReadMode = Literal["auto", "row", "column"]
 OnError = Literal["raise", "skip"]
@@ -192,18 +192,19 @@ class LoaderOptions:
         """``normalize``, ``layout`` and ``dtype`` as one value (None: uint8 NHWC, as decoded)."""
         return ModelReady.of(self.normalize, self.layout, self.dtype)
 
-    def sampler(self, n: int, shard: Shard, block_rows: int = 1) -> EpochSampler:
+    def sampler(self, n: int, shard: Shard, block_rows: int = 1, mix: EpochOrder | None = None) -> EpochSampler:
         """The plan of epochs these options cut for ``shard`` of ``n`` rows; ``block_rows``: the source's
         ``Source.block_rows``, what ``shuffle_block="auto"`` takes, unless the dataset is so small that its
         block order would be one mix of all its rows (``sampler.one_mix``): then blocks buy no locality, and
-        a full shuffle reads the first batch without first reading every block."""
+        a full shuffle reads the first batch without first reading every block. ``mix``: the source's own
+        order of each epoch, where it composes one (``MixedSource``)."""
         block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
         if self.shuffle_block == "auto" and one_mix(n, block, self.shuffle_window):
             block = 1
         return EpochSampler(
             n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
             remainder=self.remainder, shard=shard, start=self.start_batch, block=block,
-            window=self.shuffle_window,
+            window=self.shuffle_window, mix=mix,
         )  # fmt: skip
 
     @classmethod

@@ -7,6 +7,12 @@ lost and nothing is yielded twice.
 Batches are named by their sequence number in the shard's plan for the epoch (``EpochSampler.batches``).
 In order, the consumed set is a prefix (``next``); out of order, a prefix plus a few later ones
 (``extra``), which keeps the state small either way.
+
+A saved state has two parts besides: ``plan``, what fixes the epoch's global order (length, seed, shuffle,
+the data's version), which must match to resume at all; and ``cut``, how the saver's world cut that order
+(world size, batch size, the positions an earlier run had taken), which need not: a loader cut another way
+(another world size, another batch size) resumes from the positions the saver's world consumed
+(``engine.consumed``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from typing import Any
 
 from ..errors import ConfigError
 
-STATE_VERSION = 2  # 2: the plan names the dataset's version
+STATE_VERSION = 3  # 2: the plan names the dataset's version; 3: the cut apart, so any world resumes it
+#: What a version-2 state's ``plan`` held that is the cut of the epoch, not its order.
+CUT_KEYS = ("batch_size", "drop_last", "remainder", "start", "shard")
 
 
 @dataclass
@@ -45,7 +53,8 @@ class EpochProgress:
     def copy(self) -> EpochProgress:
         return EpochProgress(self.epoch, self.total, self.next, set(self.extra))
 
-    def to_dict(self, fingerprint: dict[str, Any]) -> dict[str, Any]:
+    def to_dict(self, fingerprint: dict[str, Any], cut: dict[str, Any]) -> dict[str, Any]:
+        """The saved state: this progress, the epoch's order (``fingerprint``) and how it was ``cut``."""
         return {
             "version": STATE_VERSION,
             "epoch": self.epoch,
@@ -53,28 +62,35 @@ class EpochProgress:
             "next": self.next,
             "extra": sorted(self.extra),
             "plan": fingerprint,
+            "cut": cut,
         }
 
     @classmethod
     def from_dict(
-        cls, state: dict[str, Any], fingerprint: dict[str, Any], total: int, where: str = "the dataset"
-    ) -> EpochProgress:
-        """Validate a saved state against the loader it is loaded into; errors name the mismatch."""
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        cls, state: dict[str, Any], fingerprint: dict[str, Any], where: str = "the dataset"
+    ) -> tuple[EpochProgress, dict[str, Any]]:
+        """The progress a saved state records and the cut it was recorded in, once its epoch's order is
+        checked against the loader it is loaded into (errors name the mismatch). A version-2 state (no
+        ``cut``: saved before states resumed on other world sizes) is read as the cut its plan named."""
+        version = state.get("version") if isinstance(state, dict) else None
+        if version not in (2, STATE_VERSION) or not isinstance(state, dict):
             raise ConfigError(
-                f"state version {state.get('version') if isinstance(state, dict) else state!r} is not allowed: {STATE_VERSION}"
+                f"state version {version if isinstance(state, dict) else state!r} is not allowed: "
+                f"{STATE_VERSION} (or 2), a dict from AsyncLoader.state_dict()"
             )
-        saved = state.get("plan", {})
+        saved = dict(state.get("plan", {}))
+        cut = dict(state.get("cut", {}))
+        if version == 2:
+            cut = {k: saved.pop(k, None) for k in CUT_KEYS} | {"taken": []}
         check_dataset_version(saved.get("dataset_version"), fingerprint.get("dataset_version"), where)
         for key, value in fingerprint.items():
             if saved.get(key) != value:
                 raise ConfigError(
                     f"state was saved with {key}={saved.get(key)!r}, but this loader has {key}={value!r}; "
-                    f"a resumed epoch must be cut the same way"
+                    f"a resumed epoch must have the same order"
                 )
-        if state["total"] != total:
-            raise ConfigError(f"state has {state['total']} batches in epoch {state['epoch']}, this loader {total}")
-        return cls(int(state["epoch"]), total, int(state["next"]), set(map(int, state["extra"])))
+        progress = cls(int(state["epoch"]), int(state["total"]), int(state["next"]), set(map(int, state["extra"])))
+        return progress, cut
 
 
 def with_progress(state: dict[str, Any], progress: EpochProgress) -> dict[str, Any]:

@@ -25,16 +25,37 @@ How an epoch is cut:
 5. ``start`` resumes a rank mid-epoch: its first ``start`` batches are left out and the rest are dealt
    to workers from worker 0 again (batch ``k`` to worker ``(k - start) % W``), because a new DataLoader
    iterator also starts its round-robin at worker 0.
+6. ``taken`` resumes the *world* mid-epoch, whatever its size was (``engine.consumed``): the positions of
+   the global order that an earlier run consumed are left out and what remains, in order, is cut among
+   this world's ranks as in 2-4. A pad repeats the first positions of the epoch's order, as in 2, so a
+   resume into the world that saved reproduces the uninterrupted run batch for batch.
+
+A source that composes its own epochs (``MixedSource``: rows of several sources in fixed proportions,
+each cycling through its rows across epochs) gives its global order through ``EpochOrder``: the sampler
+then cuts that order instead of a permutation of ``range(n)``, so the mixture's interleave (and with it
+each batch's proportion) survives ranks, workers and resume.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
 Remainder = Literal["pad", "drop"]
+
+#: Positions of an epoch's global order, as sorted, disjoint, half-open ranges ``(start, stop)``.
+Ranges = tuple[tuple[int, int], ...]
+
+
+@runtime_checkable
+class EpochOrder(Protocol):
+    """An epoch's global order composed by its source (``engine.mixing.MixedOrder``), not a permutation of
+    ``range(n)``: ``n`` distinct positions of the source, which may have more positions than ``n``. A pure
+    function of its arguments, so that every rank and worker computes the same order."""
+
+    def order(self, seed: int, epoch: int, shuffle: bool, block: int, window: int) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,8 @@ class EpochSampler:
     start: int = 0
     block: int = 1  # rows kept together in a shuffled order (1: a full shuffle)
     window: int = 1  # rows whose order is mixed at once, in whole blocks (<= block: none)
+    taken: Ranges = ()  # positions of the order consumed by an earlier run (a resumed world), left out
+    mix: EpochOrder | None = None  # the source's own order of each epoch (``MixedSource``), else None
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -163,12 +186,17 @@ class EpochSampler:
 
     # -- sizes -----------------------------------------------------------------------------------
     @property
+    def left(self) -> int:
+        """Positions of the epoch's order still to read: all ``n``, less those ``taken`` by an earlier run."""
+        return self.n - sum(b - a for a, b in self.taken)
+
+    @property
     def rank_samples(self) -> int:
         """Samples per rank per epoch (equal on every rank)."""
-        w = self.shard.world_size
+        w, m = self.shard.world_size, self.left
         if self.remainder == "pad":
-            return -(-self.n // w) if self.n else 0
-        return self.n // w
+            return -(-m // w) if m else 0
+        return m // w
 
     @property
     def rank_batches(self) -> int:
@@ -184,6 +212,8 @@ class EpochSampler:
     # -- order -----------------------------------------------------------------------------------
     def order(self, epoch: int) -> np.ndarray:
         """The global order of all ``n`` indices in ``epoch`` (the same on every rank and worker)."""
+        if self.mix is not None:
+            return self.mix.order(self.seed, epoch, self.shuffle, self.block, self.window)
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
@@ -191,15 +221,29 @@ class EpochSampler:
             return rng.permutation(self.n).astype(np.int64)
         return block_order(self.n, self.block, self.window, rng)
 
+    def remaining(self) -> np.ndarray:
+        """The positions of the order this world cuts among its ranks: those not ``taken``, in order, then
+        the pad (the order's first positions again, cycling when there are fewer than ranks)."""
+        keep = np.ones(self.n, dtype=bool)
+        for a, b in self.taken:
+            keep[a:b] = False
+        left = np.flatnonzero(keep)
+        pad = self.rank_samples * self.shard.world_size - len(left)
+        if pad > 0:
+            left = np.concatenate([left, np.arange(pad, dtype=np.int64) % self.n])
+        return left
+
+    def rank_positions(self) -> np.ndarray:
+        """The positions of the epoch's order that this rank reads, in order (padded or cut by ``remainder``)."""
+        per_rank = self.rank_samples
+        start = self.shard.rank * per_rank
+        return self.remaining()[start : start + per_rank]
+
     def rank_indices(self, epoch: int) -> np.ndarray:
         """This rank's samples for ``epoch``, in order, padded or truncated by ``remainder``."""
-        order = self.order(epoch)
-        per_rank, w = self.rank_samples, self.shard.world_size
-        total = per_rank * w
-        if total > self.n:  # pad, cycling when there are fewer samples than ranks
-            order = np.resize(order, total)
-        start = self.shard.rank * per_rank
-        return order[start : start + per_rank]
+        if not self.n:
+            return np.empty(0, dtype=np.int64)
+        return self.order(epoch)[self.rank_positions()]
 
     def batches(self, epoch: int) -> list[list[int]]:
         """This shard's batches for ``epoch``: lists of dataset indices, in the order to yield them."""

@@ -16,10 +16,11 @@ from ..sources.base import Source
 from ..sources.nodestore import open_shelf
 from .blocks import BlockReads
 from .epoch import EpochIterator
+from .mixing import mixed_order
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
 from .progress import EpochProgress
-from .sampler import Shard
+from .sampler import Ranges, Shard
 from .tuning import ConcurrencyTuner
 
 #: Samples in flight when a reader's first epoch starts with ``concurrency="auto"``. A first epoch on a
@@ -37,7 +38,8 @@ class ShardEpochs:
     def __init__(self, source: Source[Any], options: LoaderOptions, shard: Shard, *, worker: bool = False) -> None:
         self.source = source
         self.options = o = options
-        self.sampler = o.sampler(len(source), shard, source.block_rows)
+        # A source that composes its own epochs (``MixedSource``) gives the sampler its order.
+        self.sampler = o.sampler(len(source), shard, source.block_rows, mix=mixed_order(source))
         self._tuner: ConcurrencyTuner | None = None
         self._worker = worker
         self._stage = decode_stage(source, o)
@@ -48,9 +50,12 @@ class ShardEpochs:
             open_shelf(source.store_key, source.url, o.cache_dir, o.cache_bytes) if o.wants_cache(source) else None
         )
 
-    def plan(self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None) -> Plan:
+    def plan(
+        self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None, taken: Ranges = ()
+    ) -> Plan:
         """The pipeline's plan for ``epoch``: the shard's batches not yet consumed in ``progress``, or
-        ``only`` these ``(seq, indices)`` (a fan-out reader reading a batch, or part of one, alone)."""
+        ``only`` these ``(seq, indices)`` (a fan-out reader reading a batch, or part of one, alone).
+        ``taken``: the positions of the epoch's order an earlier run consumed (a resumed world)."""
         o = self.options
         auto = o.concurrency == "auto"
         most = o.max_concurrency if auto else int(o.concurrency)
@@ -65,7 +70,8 @@ class ShardEpochs:
         self.source.configure(fetchers, fetchers * size)
         self.source.set_stall_timeout(o.stall_timeout)
         if only is None:
-            batches = [(seq, b) for seq, b in enumerate(self.sampler.batches(epoch)) if not progress.done(seq)]
+            sampler = dataclasses.replace(self.sampler, taken=taken) if taken else self.sampler
+            batches = [(seq, b) for seq, b in enumerate(sampler.batches(epoch)) if not progress.done(seq)]
         else:
             batches = only
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
@@ -86,13 +92,13 @@ class ShardEpochs:
         )  # fmt: skip
 
     def iterate(
-        self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None
+        self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None, taken: Ranges = ()
     ) -> EpochIterator:
         """An iterator over the rest of ``epoch``, or over ``only`` (see ``plan``); its loop thread starts on
         the first ``next()``."""
         o = self.options
         return EpochIterator(
-            self.plan(epoch, progress, only),
+            self.plan(epoch, progress, only, taken),
             progress,
             loop=o.loop,
             cpu_workers=o.cpu_pool,

@@ -63,6 +63,7 @@ from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerErro
 from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source, stored_bytes
+from ..sources.mixed import Composition, composition_of
 from .recovery import Ended, Recovery, beat_interval, narrow
 
 if TYPE_CHECKING:
@@ -205,6 +206,10 @@ class IsolatedSource(Source[Any]):
 
     def row_ids(self, positions: list[int]) -> list[int]:
         return self.inner.row_ids(positions)
+
+    def composition(self) -> Composition | None:
+        """A mixture's composition (``MixedSource``), so the sampler orders its epochs here as it would."""
+        return composition_of(self.inner)
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:

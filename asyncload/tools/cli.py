@@ -76,6 +76,17 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
+def _mix(text: str) -> tuple[str, float]:
+    """``--mix URL=WEIGHT`` (or a URL alone, weight 1); the weight after the last ``=``."""
+    url, sep, weight = text.rpartition("=")
+    if not sep:
+        return text, 1.0
+    try:
+        return url, float(weight)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--mix {text!r} is not allowed: URL=WEIGHT, a number after '='") from None
+
+
 def _size(text: str) -> int | tuple[int, int]:
     """``256`` or ``256x320`` (height x width)."""
     try:
@@ -256,7 +267,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
 
     from ..engine.options import LoaderOptions
     from ..errors import CollateError, ConfigError
-    from .compare import choose_source, compare, machine, print_report, report
+    from .compare import choose_source, compare, machine, mix_of, print_report, report
 
     if args.repeat < 1:
         raise ConfigError(f"--repeat={args.repeat} is not allowed: an int >= 1")
@@ -271,6 +282,14 @@ def _cmd_load(args: argparse.Namespace) -> int:
         args.url, columns, args.source, creds=_creds(args), token=args.token, profile=args.profile,
         version=args.version, query=args.query, manifest=args.manifest,
     )  # fmt: skip
+    if args.mix:  # the other datasets of a mixture: each found as the URL is (Deep Lake, or files)
+        others = [
+            (choose_source(u, columns, "auto", creds=_creds(args), token=args.token, profile=args.profile)[0], w)
+            for u, w in args.mix
+        ]  # fmt: skip
+        where, rows = mix_of(where, others, args.weight, args.epoch_rows)
+    elif args.weight != 1.0 or args.epoch_rows is not None:
+        raise ConfigError("--weight and --epoch-rows are not allowed without --mix: they weigh a mixture's datasets")
     if not args.json:
         print(
             f"asyncload load: {rows} rows of {where.url} ({where.why}), {where.network}; "
@@ -431,6 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
         "az:// or http(s):// prefix (ObjectStoreSource: <prefix>/<column>/<stem>.<ext>)",
     )  # fmt: skip
     ld.add_argument("--manifest", help="object-store files: a manifest (URL or local file) naming the rows")
+    mx = ld.add_argument_group("a mixture (MixedSource): the URL and other datasets in fixed shares of each epoch")
+    mx.add_argument(
+        "--mix", type=_mix, action="append", default=[], metavar="URL=WEIGHT",
+        help="another dataset of the mixture and its weight (repeat for more; URL alone: weight 1)",
+    )  # fmt: skip
+    mx.add_argument("--weight", type=float, default=1.0, help="the URL's own weight in the mixture (default 1)")
+    mx.add_argument("--epoch-rows", type=int, help="rows of a mixed epoch (default: the datasets' rows summed)")
     _add_source_options(ld)
     _add_load_options(ld)
     _add_model_options(ld)

@@ -6,7 +6,9 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
   store prefix (``ObjectStoreSource``: ``<prefix>/<column>/<stem>.<ext>``). ``--source auto`` decides by
   opening the URL with Deep Lake (outside the timing): a dataset there, Deep Lake; none, and the URL is an
   ``s3://``, ``gs://`` or ``az://`` prefix, the files under it; ``http(s)://`` is always files (with
-  ``--manifest``); ``--source deeplake|files`` says it outright.
+  ``--manifest``); ``--source deeplake|files`` says it outright. ``--mix URL=WEIGHT`` (repeatable) reads a
+  ``MixedSource`` of the URL and those datasets (``mix_of``), with ``--weight`` the URL's own weight and
+  ``--epoch-rows`` the rows of an epoch; the baseline then reads the mixture's rows one at a time.
 - **Photos of any size**: the augmentation flags map to the loader's own ``augment=`` ops (``--resize``:
   ``Resize``, ``--crop``: ``RandomResizedCrop``, ``--flip``: ``RandomHorizontalFlip``), ``--ragged`` to
   ``ragged=``, ``--normalize``/``--layout``/``--dtype`` to the model-ready settings.
@@ -51,7 +53,7 @@ NORMALIZE = {
 class Where:
     """The dataset a comparison reads: how to make a fresh source of it, and what to call it."""
 
-    kind: str  # "deeplake" or "files"
+    kind: str  # "deeplake", "files" or "mixed"
     url: str
     why: str  # how the kind was chosen
     network: str  # "local disk", "endpoint http://...", ...
@@ -127,6 +129,30 @@ def choose_source(
     return Where("files", url.rstrip("/"), why, network, make_files), rows
 
 
+def mix_of(
+    main: Where, others: Sequence[tuple[Where, float]], weight: float, epoch_rows: int | None
+) -> tuple[Where, int]:
+    """``main`` and ``others`` (each with its weight) as one ``MixedSource``, named by their URLs, and its
+    rows per epoch; opened once here, so a mismatch of columns fails before anything is timed."""
+    from ..sources.mixed import MixedSource
+
+    wheres = [main, *(w for w, _ in others)]
+    urls = [w.url for w in wheres]
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"--mix names {urls}: each dataset once")
+    names: list[str] = []  # each dataset by the last part of its URL (its place after it, where two agree)
+    for k, url in enumerate(urls):
+        name = url.rstrip("/").rsplit("/", 1)[-1] or url
+        names.append(name if name not in names else f"{name}.{k}")
+    weights = dict(zip(names, [weight, *(x for _, x in others)], strict=True))
+
+    def make() -> Any:
+        return MixedSource({n: w.make() for n, w in zip(names, wheres, strict=True)}, weights, epoch_rows)
+
+    why = f"a mixture, weights {weights}"
+    return Where("mixed", make().url, why, main.network, make), _rows(make())
+
+
 def _rows(source: Any) -> int:
     """Open ``source`` (its named errors: missing dataset, column, bucket), count its rows, close it."""
     try:
@@ -165,7 +191,9 @@ def sequential_files(make: Callable[[], Any], limit: int) -> Iterator[int]:
             yield 1
     finally:
         source.close()  # asks this loop to close the source's session: let it
-        loop.run_until_complete(asyncio.gather(*asyncio.all_tasks(loop), return_exceptions=True))
+        left = asyncio.all_tasks(loop)
+        if left:  # (gather of nothing makes its future on another loop: a mixture of Deep Lake leaves none)
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
         loop.close()
 
 
@@ -227,7 +255,7 @@ def compare(
             it = (
                 sequential_deeplake(where.make, columns, baseline_rows)
                 if where.kind == "deeplake"
-                else sequential_files(where.make, baseline_rows)
+                else sequential_files(where.make, baseline_rows)  # files, or a mixture's rows: read([i]) each
             )
             base.runs.append(measure("sync", it, count=lambda _: 1))
         loaders: list[Any] = []
@@ -236,7 +264,9 @@ def compare(
             ours.name = describe_loader(loaders[0], settings)
     if base is not None:
         n = base.runs[0].samples
-        what = "ds[i][col]" if where.kind == "deeplake" else "GETs, one row at a time"
+        what = {"deeplake": "ds[i][col]", "mixed": "reads, one row at a time"}.get(
+            where.kind, "GETs, one row at a time"
+        )
         base.name = f"sequential {what} ({n} rows)"
     return base, ours
 
@@ -281,7 +311,7 @@ def report(
     """Everything ``--json`` prints; the table is made from it."""
     doc: dict[str, Any] = {
         "url": where.url,
-        "source": "DeepLakeSource" if where.kind == "deeplake" else "ObjectStoreSource",
+        "source": {"deeplake": "DeepLakeSource", "mixed": "MixedSource"}.get(where.kind, "ObjectStoreSource"),
         "source_chosen_because": where.why,
         "rows": rows,
         "columns": list(columns),

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures
+import dataclasses
 import logging
 import math
 import os
@@ -34,6 +35,7 @@ from typing import Any
 from ...engine.epoch import Epoch, closed_error, report_skipped
 from ...engine.progress import EpochProgress
 from ...engine.protocol import END, Failure
+from ...engine.sampler import Ranges
 from ...engine.stats import Stats
 from ...errors import ConfigError, LoaderClosedError, StallError, WorkerError
 from ...image.decode import DecodeStage
@@ -146,13 +148,14 @@ class FanoutIterator(Epoch):
 
     def __init__(
         self, pool: WorkerPool, epoch: int, *, skip: frozenset[int] = frozenset(), in_order: bool = True,
-        progress: EpochProgress | None = None,
+        progress: EpochProgress | None = None, taken: Ranges = (),
     ) -> None:  # fmt: skip
         if any(not isinstance(j, int) or j < 0 for j in skip):
             raise ConfigError(f"skip={sorted(skip)!r} is not allowed: batch sequence numbers (ints >= 0)")
         self._pool = pool
         self._k = k = pool.processes
-        self._batches: list[list[int]] = pool.sampler.batches(epoch)
+        self._taken = taken  # the positions an earlier world consumed (a resumed world): out of the cut
+        self._batches: list[list[int]] = dataclasses.replace(pool.sampler, taken=taken).batches(epoch)
         self._order = [j for j in range(len(self._batches)) if j not in skip]
         self._epoch = epoch
         self._turns: dict[int, _Turns] = {}
@@ -202,7 +205,7 @@ class FanoutIterator(Epoch):
         try:
             if self._lease.gen is None:
                 st.started = t0
-                self._lease.gen = self._pool.begin(self._epoch, self._skips)
+                self._lease.gen = self._pool.begin(self._epoch, self._skips, self._taken)
             count, batch = self._next_batch()
         except BaseException as exc:
             st.waiting_since = None
@@ -452,7 +455,9 @@ class FanoutIterator(Epoch):
             t.stash.append(End(gen, _figures(Stats())))
             return
         mine = {j // self._k for j in range(len(self._batches)) if j % self._k == t.index}
-        self._pool.send(t.index, StartEpoch(gen, self._epoch, frozenset(mine - {j // self._k for j in rest})))
+        self._pool.send(
+            t.index, StartEpoch(gen, self._epoch, frozenset(mine - {j // self._k for j in rest}), self._taken)
+        )
         self._pool.busy.add(t.index)
         t.heard = time.monotonic()
 

@@ -33,7 +33,7 @@ from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ...engine.options import LoaderOptions
-from ...engine.sampler import EpochSampler, Shard
+from ...engine.sampler import EpochSampler, Ranges, Shard
 from ...engine.shard import ShardEpochs
 from ...engine.stats import Stats
 from ...errors import ConfigError
@@ -182,7 +182,7 @@ class WorkerPool:
         self.busy.clear()
         self._finalizer()
 
-    def begin(self, epoch: int, skips: Mapping[int, frozenset[int]]) -> int:
+    def begin(self, epoch: int, skips: Mapping[int, frozenset[int]], taken: Ranges = ()) -> int:
         """Start the workers if they are not running, settle an epoch still open, and ask worker ``k`` of
         ``skips`` to serve ``epoch`` leaving out its own batches ``skips[k]``; returns the epoch's gen."""
         if self.closed:
@@ -192,7 +192,7 @@ class WorkerPool:
             self._start()
         self.gen += 1
         for k, own_skip in skips.items():
-            self.send(k, StartEpoch(self.gen, epoch, own_skip))
+            self.send(k, StartEpoch(self.gen, epoch, own_skip, taken))
         self.busy = set(skips)
         return self.gen
 

@@ -1,7 +1,7 @@
 """What parent and worker say to each other, and how it travels.
 
 Protocol (typed messages, one duplex ``Pipe`` per worker):
-- parent → worker: ``StartEpoch(gen, epoch, skip)``, ``ReadOne(gen, epoch, seq, indices, probe)`` (after a
+- parent → worker: ``StartEpoch(gen, epoch, skip, taken)``, ``ReadOne(gen, epoch, seq, indices, probe)`` (after a
   reader died: one batch, or part of one, read alone), ``Credit(gen)`` (one more batch may be sent),
   ``Cancel(gen)`` (stop that epoch), ``None`` or a closed pipe (exit);
 - worker → parent: ``Beat(gen, silent_since)`` every tick while it works (see there);
@@ -61,11 +61,13 @@ _STOP = None  # parent → worker: exit (closing the pipe means the same)
 # -- messages --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StartEpoch:
-    """Parent → worker: serve epoch ``epoch`` of your sub-shard, leaving out your batches ``skip``."""
+    """Parent → worker: serve epoch ``epoch`` of your sub-shard, leaving out your batches ``skip``; ``taken``:
+    the positions of the epoch's order an earlier world consumed (``EpochSampler.taken``), left out of the cut."""
 
     gen: int
     epoch: int
     skip: frozenset[int]
+    taken: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)

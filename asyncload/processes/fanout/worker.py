@@ -20,6 +20,7 @@ of this module.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import queue
 import threading
 import time
@@ -191,7 +192,7 @@ def _send(channel: _Channel, msg: object) -> None:
 
 def _run_epoch(channel: _Channel, shard: ShardEpochs, ctl: _Control, cmd: StartEpoch) -> End | Cancelled:
     """Serve one epoch of this worker's sub-shard, one batch per credit."""
-    total = len(shard.sampler)
+    total = len(dataclasses.replace(shard.sampler, taken=cmd.taken))
     progress = EpochProgress(cmd.epoch, total)
     for j in cmd.skip:  # resume: these batches are left out without being read
         progress.mark(j)
@@ -199,7 +200,7 @@ def _run_epoch(channel: _Channel, shard: ShardEpochs, ctl: _Control, cmd: StartE
     # including a wholly skipped one (on_error="skip") that it never yields; it yields in order.
     expected = collections.deque(s for s in range(total) if s not in cmd.skip)
     samples = 0
-    with shard.iterate(cmd.epoch, progress) as it:
+    with shard.iterate(cmd.epoch, progress, taken=cmd.taken) as it:
         ctl.stats = it.stats()
         for batch in it:
             seq = -1
