@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, MixedSource, make_dataset
+from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, MixedSource, Shard, make_dataset
 from asyncload.engine.mixing import MixedOrder
 from asyncload.sources.mixed import largest_remainder
 
@@ -95,7 +95,8 @@ def test_a_mixed_epoch_read_carries_source_and_index(seg_url, small_url, seg_arr
     with AsyncLoader(src, batch_size=16, shuffle=True, seed=1) as loader:
         assert loader.processes == 1  # Deep Lake's reads in a reader process, as for one source
         batches = list(loader)
-        order = MixedOrder(src.composition()).order(1, 0, True, 64, 4096)
+        block = loader.options.sampler(len(src), Shard(), src.block_rows).block  # (a small set: a full shuffle)
+        order = MixedOrder(src.composition()).order(1, 0, True, block, 4096)
     expected = rows_of(MixedOrder(src.composition()), order)
     got = [(int(w), int(i)) for b in batches for w, i in zip(b["source"], b["index"], strict=True)]
     assert got == expected
