@@ -76,6 +76,40 @@ def test_rows_held_for_later_batches_are_copied_out_of_the_answer() -> None:
     asyncio.run(go())
 
 
+def test_a_hedge_reads_its_rows_alone_past_a_stuck_block_read() -> None:
+    """A block read that hangs holds every row of its block; a hedge (``read_alone``) must not join it, or
+    hedging does nothing under the block order: it reads its own rows by themselves and answers, and the
+    rows it took are not read again (or held for ever) when the block read ends."""
+    release = asyncio.Event()
+
+    class StuckBlocks:
+        cancel_safe = True
+        columns = ("x",)
+        calls: list[list[int]] = []
+
+        async def read(self, indices):
+            self.calls.append(list(indices))
+            if len(indices) > 1:  # the block read: stuck until released
+                await release.wait()
+            return {"x": [bytes([i]) for i in indices]}
+
+    async def go():
+        src = StuckBlocks()
+        reads = BlockReads(src, 4, [3, 2, 1, 0, 7, 6, 5, 4], n=8)  # (not in storage order: whole blocks)
+        stuck = asyncio.ensure_future(reads.read([0]))
+        await asyncio.sleep(0.05)
+        assert not stuck.done() and src.calls == [[0, 1, 2, 3]]
+        hedge = await asyncio.wait_for(reads.read_alone([0]), timeout=5)
+        assert hedge == {"x": [b"\0"]} and src.calls[-1] == [0]
+        release.set()
+        assert (await stuck) == {"x": [b"\0"]}
+        rest = await reads.read([1, 2, 3])
+        assert rest == {"x": [b"\1", b"\2", b"\3"]} and len(src.calls) == 2  # held, not read again
+        assert not reads._held  # noqa: SLF001 - nothing left behind
+
+    asyncio.run(go())
+
+
 def test_a_full_shuffle_reads_batch_by_batch(seg_url, tmp_path) -> None:
     src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
     got = ids(list(AsyncLoader(src, batch_size=16, seed=3, shuffle=True, shuffle_block=1)))
