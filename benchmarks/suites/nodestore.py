@@ -155,6 +155,7 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="the memory section only (local, large PNG rows)")
     ap.add_argument("--memory-rows", type=int, default=1000)
     ap.add_argument("--rows", type=int, default=30000)
+    ap.add_argument("--distinct", type=int, default=None, help="make this many rows, each stored rows/distinct times")
     ap.add_argument("--rtts", default="0,50")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--readers", default=",".join(READERS))
@@ -166,7 +167,7 @@ def main() -> None:
         return
     a.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}, "runs": []}
-    spec = DatasetSpec(rows=a.rows, image_format="jpg")
+    spec = DatasetSpec(rows=a.rows, image_format="jpg", distinct=a.distinct)
     with world(ROOT / "data" / "bench") as w:
         w.add("large", spec)
         stored = du(w.local["large"])
