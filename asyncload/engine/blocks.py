@@ -17,8 +17,9 @@ Where the rows wait for their turn:
 - **In the heap, within the budget** (no store: local datasets, ``cache=False``, a store that is full or
   failed): a row read with its block is kept from the block's read to its batch, counted in
   ``stats.bytes_held`` and against ``memory_budget`` (the pipeline's budget admits fewer batches while
-  rows are held). Past ``hold_limit`` bytes a block is no longer read ahead: its rows are read with their
-  own batches (``read_alone``), as a full shuffle reads them.
+  rows are held). A block read starts only while what is held, and what the reads in flight will hold
+  (their rows at the largest bytes per row seen), fits ``hold_limit``; past it the rows are read with
+  their own batches, as a full shuffle reads them.
 
 How blocks are cut into reads:
 
@@ -90,6 +91,8 @@ class BlockReads:
         self.shelf = shelf
         self.hold_limit = hold_limit
         self.held_bytes = 0  # bytes of ``_held`` (counted in the budget)
+        self._ahead = 0.0  # bytes the block reads in flight are expected to hold (``hold_limit`` counts them)
+        self._row_bytes = 0.0  # bytes per row read so far (the largest mean of a read)
         self.window = window  # rows whose blocks are read ahead at once (the limit must hold half of them)
         self.stats = Stats()  # the pipeline's, once it ``attach``-es
         self.ramp = RAMP_BLOCKS * (block or 1) if ramp is None else ramp
@@ -259,12 +262,16 @@ class BlockReads:
             return None
         task = self._reading.get(part)
         if task is None and self._due.get(part):
-            if self.held_bytes >= self.hold_limit:
+            ahead = len(self._due[part]) * self._row_bytes  # what it will hold (a guess until a row is read)
+            busy = self.held_bytes + self._ahead
+            unknown = not self._row_bytes and len(self._reading) >= RAMP_BLOCKS  # no row read yet: a few at once
+            if self.shelf is None and (busy and busy + ahead > self.hold_limit or unknown):
                 return None  # the heap is full: the rows come with their own batches
-            task = self._reading[part] = asyncio.ensure_future(self._read_part(part))
+            self._ahead += ahead
+            task = self._reading[part] = asyncio.ensure_future(self._read_part(part, ahead))
         return task
 
-    async def _read_part(self, part: int) -> None:
+    async def _read_part(self, part: int, ahead: float) -> None:
         rows = self._due.pop(part)
         try:
             if self.shelf is None:
@@ -280,6 +287,7 @@ class BlockReads:
             await self._fill(rows, self._keys(), keep=True, lock=True)
         finally:
             del self._reading[part]
+            self._ahead -= ahead
 
     async def _fill(
         self, rows: list[int], cols: dict[str, str], *, keep: bool, lock: bool
@@ -351,8 +359,11 @@ class BlockReads:
 
     def _count_fetch(self, rows: list[int], cols: Columns) -> None:
         self._fetched.update(rows)
+        nbytes = part_bytes(cols)
         self.stats.node_misses += len(rows)
-        self.stats.remote_bytes += part_bytes(cols)
+        self.stats.remote_bytes += nbytes
+        if rows:
+            self._row_bytes = max(self._row_bytes, nbytes / len(rows))
 
 
 def _own(value: Any) -> Any:
