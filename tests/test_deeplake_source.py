@@ -164,3 +164,35 @@ def test_a_ready_view_is_refused_naming_the_query_form(versioned: dict[str, str]
     view = deeplake.open_read_only(versioned["url"]).query("SELECT * WHERE label = 1")
     with pytest.raises(ConfigError, match=r"url=DatasetView is not allowed: .* as its TQL text \(query="):
         DeepLakeSource(view)
+
+
+@pytest.fixture(scope="module")
+def empty_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Deep Lake dataset with the usual columns and no rows."""
+    url = str(tmp_path_factory.mktemp("empty") / "ds")
+    ds = deeplake.create(url)
+    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="png"))
+    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
+    ds.commit("empty")
+    return url
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("processes", [0, "auto", 2])
+def test_an_empty_dataset_reads_as_zero_batches_shuffled_or_not(empty_url: str, shuffle: bool, processes) -> None:
+    """Zero batches, every epoch, in-process, through the reader process and from fan-out workers (a
+    shuffled one used to raise ``ZeroDivisionError`` in ``sampler.block_order``)."""
+    with AsyncLoader(DeepLakeSource(empty_url), 4, shuffle=shuffle, processes=processes) as loader:
+        assert len(loader) == 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert list(loader) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_empty_dataset_under_dataloader_workers_reads_as_zero_batches(empty_url: str, shuffle: bool) -> None:
+    ds = AsyncIterableDataset(DeepLakeSource(empty_url), 4, shuffle=shuffle)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
+    assert list(dl) == []

@@ -98,7 +98,11 @@ def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np
       over its spread, so that a reader can fetch them in parts as they come due, each part a contiguous
       run (``blocks.BlockReads``), instead of all of them at once;
     - the blocks that start in the last two windows end together at the end, spread over the rest of the
-      epoch from where their turns come, so none is read with a crowd of others."""
+      epoch from where their turns come, so none is read with a crowd of others.
+
+    An empty dataset is an empty order (an epoch of zero batches), not a division by zero."""
+    if n <= 0:
+        return np.empty(0, np.int64)
     turn = np.empty(-(-n // block), np.int64)
     turn[rng.permutation(len(turn))] = np.arange(len(turn))  # each block's place in the epoch
     rows = np.arange(n, dtype=np.int64)
