@@ -43,6 +43,7 @@ import torch.utils.data
 from .engine.epoch import Epoch
 from .engine.options import LoaderOptions
 from .engine.progress import check_dataset_version
+from .engine.ranks import check_ranks_agree
 from .engine.sampler import Remainder, Shard, distributed_rank_world
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
@@ -91,6 +92,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             )
         )
         self.source = source.open()
+        if rank is None and world_size is None:  # the shard comes from the process group (``engine.ranks``)
+            check_ranks_agree(self.source, "dataset")
         self.rank = rank
         self.world_size = world_size
         # [epoch, rank batches of that epoch already consumed]: shared with every worker (module doc).

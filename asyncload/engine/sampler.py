@@ -75,7 +75,11 @@ def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None)
     if rank is not None and world_size is not None:
         return Shard(rank=rank, world_size=world_size), "rank=/world_size="
     r, w = distributed_rank_world()
-    return Shard(rank=r, world_size=w), ("the torch.distributed process group" if w > 1 else "no process group")
+    return Shard(rank=r, world_size=w), (PROCESS_GROUP if w > 1 else "no process group")
+
+
+#: ``resolve_shard``'s word for a shard taken from the initialised process group (every rank builds one).
+PROCESS_GROUP = "the torch.distributed process group"
 
 
 #: A window is at most about half the dataset (``n // 2 - block``) but not cut below this many rows. A
