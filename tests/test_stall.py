@@ -41,6 +41,7 @@ from asyncload import (
     ObjectStoreSource,
     ReadError,
     RetryPolicy,
+    SourceError,
     StallError,
     Timeouts,
 )
@@ -458,3 +459,32 @@ def test_a_request_that_times_out_while_the_store_answers_others_is_still_charge
     assert isinstance(err, ReadError) and not isinstance(err, StallError), repr(err)
     assert isinstance(err, TimeoutError) and "000003" in str(err) and "3 attempts" in str(err), str(err)
     assert wall < 20.0 and served > 3, wall
+
+
+@pytest.mark.timeout(180)
+def test_dataloader_workers_that_cannot_open_the_store_raise_a_named_error_then_read_again(
+    remote_data: RemoteData, running_seaweed: SeaweedServer
+) -> None:
+    """Persistent DataLoader workers whose epoch starts while the store refuses connections: each worker's
+    open fails its probe, and the training loop gets that named error from ``next()``, promptly, also when
+    it retries the epoch (a persistent worker's next ``iter()``: raised there, it ended the worker inside
+    DataLoader's resume, and the DataLoader waited for it for ever: found by the soak). Once the store is
+    back, the next epoch reads every row exactly once."""
+    from .conftest import WORKER_START
+
+    with FaultProxy(("127.0.0.1", running_seaweed.port)) as proxy:
+        creds = dict(remote_data.creds(), endpoint_url=proxy.url)
+        ds = AsyncIterableDataset(ObjectStoreSource(remote_data.files_url, creds=creds), batch_size=8, shuffle=True)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                                         multiprocessing_context=WORKER_START)  # fmt: skip
+        proxy.schedule.down(refuse=True)
+        for attempt in range(2):  # the first start (DataLoader's own set-up), then a retried epoch (a resume)
+            t0 = time.monotonic()
+            with pytest.raises(SourceError) as info:
+                list(dl)
+            took = time.monotonic() - t0
+            assert "unreachable" in str(info.value) and took < 60.0, (attempt, took, str(info.value))
+        proxy.schedule.up()
+        ds.set_epoch(1)
+        exactly_once([i for b in dl for i in b["index"].tolist()], remote_data.rows)
+        dl._iterator._shutdown_workers()  # (persistent workers: DataLoader has no public close)
