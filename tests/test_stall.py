@@ -488,3 +488,31 @@ def test_dataloader_workers_that_cannot_open_the_store_raise_a_named_error_then_
         ds.set_epoch(1)
         exactly_once([i for b in dl for i in b["index"].tolist()], remote_data.rows)
         dl._iterator._shutdown_workers()  # (persistent workers: DataLoader has no public close)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("seconds", [7.0, 14.0])
+def test_fan_out_counts_a_stall_as_one_process_does_and_warns_about_it_once(
+    remote_data: RemoteData, freezer: Freezer, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    seconds: float,
+) -> None:
+    """``processes=2``: one outage is one stall in ``stats()`` (the parent's clock, fed by the workers'
+    beats: counted from the pipeline's notice threshold, 5 s here, as one process counts it; a stall shorter
+    than the stuck-worker limit used to be counted only in the workers, and never reached ``stats()``), and
+    it is warned about once (past 10 s here), not by each worker's pipeline as well as by the parent."""
+    caplog.set_level(logging.INFO, logger="asyncload")
+    loader = AsyncLoader(files(remote_data, timeouts=QUICK), batch_size=8, concurrency=8, prefetch=1,
+                         processes=2, stall_timeout=40)  # fmt: skip
+    it = iter(loader)
+    seen = next(it)["index"].tolist()
+    freezer.stop()
+    freezer.later(seconds, freezer.cont)
+    read_epoch(it, remote_data, seen)
+    exactly_once(seen, remote_data.rows)
+    st = loader.stats()
+    loader.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "asyncload"] + capfd.readouterr().err.splitlines()
+    warned = [m for m in said if "no answer from" in m and "waiting up to" in m]
+    print(f"\nfan-out, a {seconds:.0f} s stall: stalls={st['stalls']} waited {st['stall_wait_s']:.1f} s; warned {warned}")
+    assert st["stalls"] == 1 and seconds - 3.0 <= st["stall_wait_s"] <= seconds + 5.0, st
+    assert len(warned) == (1 if seconds > 10.0 else 0), warned

@@ -314,6 +314,8 @@ class FanoutIterator(Epoch):
         t.heard = time.monotonic()
         if isinstance(msg, Beat):
             t.silent_since = msg.silent_since
+            if msg.silent_since is not None:  # the one outage clock: counted and warned about here, once
+                self._policy.silence(msg.silent_since, t.heard)
             return True
         t.silent_since = None
         self._policy.answered(t.heard)
