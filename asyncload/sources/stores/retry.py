@@ -33,7 +33,8 @@ Why these rules:
   failure: a store that answers again is read again, in the same process, for the life of the source.
 - **A silence is bounded by the outage clock, not by the request's.** A request that meets no answer
   (timed out, refused, reset) is not charged ``max_attempts`` or ``max_elapsed`` when a breaker watches
-  it, even before the breaker opens (one or two silent reads in flight take ``trip_after`` timeouts to
+  it (``trip_after`` > 0; with 0 there is no breaker and the request's own limits end it), even before the
+  breaker opens (one or two silent reads in flight take ``trip_after`` timeouts to
   open it): it is retried until the store has been silent ``max_outage`` (then :class:`GiveUp` with
   ``outage_s``, a ``StallError``), so the user's ``stall_timeout`` is the one deadline a silent store
   meets, not a per-request budget that would end the read first as a plain ``TimeoutError``.
@@ -479,7 +480,7 @@ class RetryPolicy:
                 if not transient(exc):
                     stats._add(gave_up=1)
                     raise GiveUp(what, tries, exc, permanent=True) from exc
-                if breaker is not None and is_outage(exc) and breaker.last_answer < sent:
+                if breaker is not None and breaker.trip_after and is_outage(exc) and breaker.last_answer < sent:
                     # The store answered nothing since this attempt was sent: its silence (one the breaker
                     # has not yet called an outage), bounded by the outage clock (``max_outage``, from the
                     # loader's stall_timeout), not by this request's attempts. A request that times out while
