@@ -43,7 +43,6 @@ import time
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
-from ..engine.pipeline import STALL_NOTICE_S, STALL_WARN_S
 from ..engine.stats import Stats
 from ..errors import ReaderCrashError, StallError, WorkerError, _short
 from ..runtime.procs import cause_of_death, how_it_ended
@@ -124,8 +123,11 @@ class Recovery:
         self.crashes = 0  # charged deaths this epoch
         self.outage_since: float | None = None  # monotonic time the store stopped answering, during an outage
         self.replaced = 0  # stuck readers replaced in this outage
-        # The pipeline's thresholds (``engine.pipeline``), so that an outage is counted and warned about
-        # alike whichever path read it: counted from ``notice`` seconds of silence, warned at ``warn``.
+        # The pipeline's thresholds, so that an outage is counted and warned about alike whichever path read
+        # it: counted from ``notice`` seconds of silence, warned at ``warn``. (Imported here, not at the top:
+        # this module is imported by the reader process, which must not import the pipeline's torch.)
+        from ..engine.pipeline import STALL_NOTICE_S, STALL_WARN_S
+
         self.notice = min(STALL_NOTICE_S, stall_timeout / 4)
         self.warn = min(STALL_WARN_S, stall_timeout / 4)
         self.warned = False  # this outage was warned about (once)
