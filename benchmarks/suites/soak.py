@@ -26,10 +26,9 @@
   sampled every 2 s and at every epoch end; at the end, after every loader is closed: no child process
   left but the server, no asyncload thread, no more file descriptors or sockets than before the first
   loader, no ``/dev/shm/torch_*`` file of this run's processes.
-- **What each fault cost**: the seconds the training loop went without a batch beyond its usual rhythm,
-  from the fault's start to 15 s after its end: every gap between batches there, less the run's 95th
-  percentile gap (epoch ends and starts included), summed; reported per fault and per kind. A fault that
-  found nothing to hit (no reader live) shows what noise this measure has.
+- **What each fault cost**: each epoch's seconds beyond the median of the same loader's epochs that no
+  fault touched, shared among the faults whose window (start to 5 s after the end) overlaps that epoch,
+  retries and their waits included; summed per fault and per kind. (Rebuilds are outside epochs.)
 - **Deep Lake keeps what it fetched**: a small dataset is read from memory after its first epoch in a
   process, where no fault reaches it. So every ``--rebuild`` rounds of the six loaders, all of them are
   closed and built again (as a supervisor that restarts a job would): new reader and worker processes
@@ -139,6 +138,31 @@ def rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
+def socket_kinds() -> dict[str, int]:
+    """This process's sockets by kind (``/proc/net``): TCP ones are connections (to the store, or its
+    proxy); unix ones include multiprocessing's helpers' (the forkserver's, the resource tracker's)."""
+    inodes = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.append(target[8:-1])
+    kinds: dict[str, int] = {}
+    for table in ("tcp", "tcp6", "unix"):
+        try:
+            with open(f"/proc/net/{table}") as f:
+                text = f.read()
+        except OSError:
+            continue
+        known = {line.split()[9 if table != "unix" else 6] for line in text.splitlines()[1:] if line.split()}
+        n = sum(i in known for i in inodes)
+        if n:
+            kinds[table] = n
+    return kinds
+
+
 def fds() -> tuple[int, int]:
     """(file descriptors, of which sockets) of this process."""
     n = socks = 0
@@ -176,6 +200,9 @@ class Injector:
         self._thread.start()
 
     def stop(self) -> None:
+        """End the faults and heal what the last one broke; once (later calls do nothing)."""
+        if self._stop.is_set():
+            return
         self._stop.set()
         self._thread.join(120)
         self._heal()
@@ -274,10 +301,12 @@ class EpochRecord:
     errors: list[str] = field(default_factory=list)
     exact: bool = False
     rss_mb: float = 0.0
+    span: tuple[float, float] = (0.0, 0.0)  # seconds since the soak began
 
 
 def make_loaders(endpoint: dict[str, str], batch: int) -> dict[str, Any]:
     """The six ways to read, built once and kept across epochs (as a training script keeps its loader)."""
+
     def deeplake() -> DeepLakeSource:
         return DeepLakeSource(f"s3://{BUCKET}/seg", creds=endpoint)
 
@@ -285,13 +314,33 @@ def make_loaders(endpoint: dict[str, str], batch: int) -> dict[str, Any]:
         return ObjectStoreSource(f"s3://{BUCKET}/files", creds=endpoint)
 
     out: dict[str, Any] = {}
-    for name, make in (("deeplake", deeplake), ("objectstore", files)):
-        out[f"{name}/defaults"] = AsyncLoader(make(), batch, shuffle=True)
-        out[f"{name}/processes=2"] = AsyncLoader(make(), batch, shuffle=True, processes=2)
-        ds = AsyncIterableDataset(make(), batch, shuffle=True)
-        dl = DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn")
-        out[f"{name}/dataloader-workers"] = (ds, dl)
+    try:
+        for name, make in (("deeplake", deeplake), ("objectstore", files)):
+            out[f"{name}/defaults"] = AsyncLoader(make(), batch, shuffle=True)
+            out[f"{name}/processes=2"] = AsyncLoader(make(), batch, shuffle=True, processes=2)
+            ds = AsyncIterableDataset(make(), batch, shuffle=True)
+            dl = DataLoader(
+                ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="spawn"
+            )
+            out[f"{name}/dataloader-workers"] = (ds, dl)
+    except BaseException:
+        close_all(out)
+        raise
     return out
+
+
+def build(endpoint: dict[str, str], batch: int, errors: list[str], deadline_s: float = 300.0) -> dict[str, Any]:
+    """``make_loaders``, again while it meets a named error: an open fails fast (a 5 s probe) while the store
+    is down, as a supervisor that rebuilds a job would see; each such failure is recorded."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return make_loaders(endpoint, batch)
+        except AsyncLoadError as exc:
+            errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+            if time.monotonic() > end:
+                raise
+            time.sleep(2.0)
 
 
 #: multiprocessing's own helper processes (one each for the whole interpreter's life), not a loader's
@@ -351,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gap", type=lambda s: tuple(map(float, s.split(":"))), default=(8.0, 30.0))
     p.add_argument("--stall", type=lambda s: tuple(map(float, s.split(":"))), default=(2.0, 60.0))
     p.add_argument("--restart", type=lambda s: tuple(map(float, s.split(":"))), default=(2.0, 15.0))
-    p.add_argument("--retries", type=int, default=3)
+    p.add_argument("--retries", type=int, default=5, help="retries of an epoch after a named error (2, 4, 8 s...)")
     p.add_argument("--rebuild", type=int, default=4, help="rounds of the six loaders between rebuilds")
     p.add_argument("--hang-s", type=float, default=300.0, help="an epoch attempt longer than this is a hang")
     p.add_argument("--out", default="benchmarks/results/soak")
@@ -368,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
     curve: list[tuple[float, float]] = []
     batch_times: list[float] = []
     t0 = time.monotonic()
+    injector: Injector | None = None
+    leaks: dict[str, Any] = {}
+    build_errors: list[str] = []
     try:
         upload(server, args.rows)
         gc.collect()
@@ -375,10 +427,13 @@ def main(argv: list[str] | None = None) -> int:
         proxy = FaultProxy(("127.0.0.1", server.port), upstream_timeout=600.0)
         proxy.start()
         endpoint = dict(server.creds(BUCKET), endpoint_url=proxy.url)
-        loaders = make_loaders(endpoint, args.batch_size)
+        loaders = build(endpoint, args.batch_size, build_errors)
         names = list(loaders)
-        live: dict[str, Any] = {"loader": None}
-        injector = Injector(server, proxy, args.seed, t0, args, lambda: victims_of(live["loader"]))
+        live: dict[str, Any] = {"loader": None, "all": loaders}
+        injector = Injector(
+            server, proxy, args.seed, t0, args,
+            lambda: [p for ld in list(live["all"].values()) for p in victims_of(ld)],
+        )  # fmt: skip
         sampling = threading.Event()
 
         def sample() -> None:
@@ -393,11 +448,16 @@ def main(argv: list[str] | None = None) -> int:
         injector.start()
         end = t0 + args.minutes * 60
         epoch = rebuilds = 0
+        fds_round: tuple[int, int] | None = None
         while time.monotonic() < end:
             if epoch and epoch % (len(names) * args.rebuild) == 0:  # cold readers again (module doc)
                 live["loader"] = None
                 close_all(loaders)
-                loaders = make_loaders(endpoint, args.batch_size)
+                live["all"] = {}
+                if fds_round is None:  # the first round's loaders closed: the baseline for "nothing leaked"
+                    gc.collect()
+                    fds_round = fds()
+                loaders = live["all"] = build(endpoint, args.batch_size, build_errors)
                 rebuilds += 1
             name = names[epoch % len(names)]
             loader = live["loader"] = loaders[name]
@@ -423,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
                     if rec.attempts > args.retries:
                         failures.append(f"epoch {epoch} ({name}): still failing after {args.retries} retries")
                         break
+                    time.sleep(min(30.0, 2.0**rec.attempts))  # as a training script retries: not at once
                     continue
                 except Exception as exc:  # noqa: BLE001 - not a named error: a failure of the soak
                     rec.errors.append(f"UNNAMED {type(exc).__name__}: {str(exc)[:300]}")
@@ -435,10 +496,13 @@ def main(argv: list[str] | None = None) -> int:
                 if not rec.exact:
                     lost = sorted(set(range(args.rows)) - set(counts))
                     twice = sorted(i for i, c in counts.items() if c > 1)
-                    failures.append(f"epoch {epoch} ({name}): not exactly once: lost {lost[:10]}, repeated {twice[:10]}")
+                    failures.append(
+                        f"epoch {epoch} ({name}): not exactly once: lost {lost[:10]}, repeated {twice[:10]}"
+                    )
                 break
             faulthandler.cancel_dump_traceback_later()
             rec.seconds = time.monotonic() - e0
+            rec.span = (e0 - t0, time.monotonic() - t0)
             rec.rss_mb = rss_mb(tree(os.getpid(), {server.pid} if server.pid else set()))
             records.append(rec)
             print(f"[{time.monotonic() - t0:7.1f}s] epoch {epoch} {name}: {rec.seconds:.1f} s, attempts "
@@ -464,31 +528,63 @@ def main(argv: list[str] | None = None) -> int:
         leaks = {
             "children": left_children, "python_helpers": [f"{c}: {cmdline(c)[:80]}" for c in helpers],
             "asyncload_threads": left_threads, "fds": [fds_before, fds_after],
+            "fds_after_the_first_round": list(fds_round) if fds_round else None,
             "sockets": [socks_before, socks_after], "torch_shm": shm, "rebuilds": rebuilds,
         }  # fmt: skip
         if left_children:
             failures.append(f"child processes left: {left_children}")
         if left_threads:
             failures.append(f"asyncload threads left: {left_threads}")
-        if socks_after > socks_before:
-            failures.append(f"sockets: {socks_before} before the loaders, {socks_after} after closing them")
-        if fds_after > fds_before + 2:
-            failures.append(f"file descriptors: {fds_before} before the loaders, {fds_after} after closing them")
+        kinds = leaks["socket_kinds"] = socket_kinds()
+        tcp = kinds.get("tcp", 0) + kinds.get("tcp6", 0)
+        if tcp:  # a connection left open: a session not closed (unix ones: multiprocessing's helpers)
+            failures.append(f"TCP sockets left after closing every loader and the proxy: {kinds}")
+        # multiprocessing's forkserver and resource tracker start with the first loaders and keep a pipe
+        # each here for the process's life: judged from the end of the first round of loaders, when a
+        # rebuild happened.
+        if fds_after - socks_after > fds_before - socks_before + 4:  # (+4: the helpers' pipes)
+            failures.append(f"file descriptors other than sockets: {fds_before - socks_before} before the loaders, "
+                            f"{fds_after - socks_after} after closing them")  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - the soak itself broke: a failure, reported with what was seen
+        failures.append(f"the soak stopped: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
     finally:
+        if injector is not None:
+            injector.stop()
         server.close()
+    events = injector.events if injector is not None else []
     # -- what each fault cost ----------------------------------------------------------------------------
     gaps = np.diff(batch_times) if len(batch_times) > 2 else np.array([0.0])
     usual = float(np.median(gaps)) if len(gaps) else 0.0
-    rhythm = float(np.percentile(gaps, 95)) if len(gaps) else 0.0  # a gap this long is the loop's own rhythm
-    for ev in injector.events:
-        lo, hi = ev.start, (ev.end or ev.start) + 15.0
-        ev.cost_s = float(sum(g - rhythm for t, g in zip(batch_times[:-1], gaps, strict=False)
-                              if lo - 1.0 <= t <= hi and g > rhythm))  # fmt: skip
+
+    # An epoch's excess: its seconds less the median of its loader's epochs that no fault touched, shared
+    # among the faults whose window (start to 5 s after the end) overlaps it.
+    def touched(r: EpochRecord) -> list[FaultEvent]:
+        return [e for e in events if e.start <= r.span[1] and (e.end or e.start) + 5.0 >= r.span[0]]
+
+    calm: dict[str, list[float]] = {}
+    for r in records:
+        if not touched(r) and not r.errors:
+            calm.setdefault(r.loader, []).append(r.seconds)
+    for r in records:
+        hit = touched(r)
+        if not hit:
+            continue
+        if r.loader not in calm:  # no epoch of that loader to compare with: unknown, not 0
+            for e in hit:
+                e.cost_s = float("nan")
+            continue
+        excess = max(0.0, r.seconds - statistics.median(calm[r.loader]))
+        for e in hit:
+            e.cost_s += excess / len(hit)
     by_kind: dict[str, dict[str, float]] = {}
-    for ev in injector.events:
-        k = by_kind.setdefault(ev.kind, {"count": 0, "cost_s": 0.0})
+    for ev in events:
+        k = by_kind.setdefault(ev.kind, {"count": 0, "cost_s": 0.0, "cost_unknown": 0})
         k["count"] += 1
-        k["cost_s"] += ev.cost_s
+        if ev.cost_s == ev.cost_s:  # (NaN: unknown)
+            k["cost_s"] += ev.cost_s
+        else:
+            k["cost_unknown"] += 1
+            ev.cost_s = None  # type: ignore[assignment]
     errors = Counter(e.split(":")[0] for r in records for e in r.errors)
     warm = [r.rss_mb for r in records[6:]] if len(records) > 8 else [r.rss_mb for r in records]
     summary = {
@@ -496,12 +592,14 @@ def main(argv: list[str] | None = None) -> int:
         "gap_s": args.gap, "stall_s": args.stall, "restart_s": args.restart,
         "epochs": len(records), "exact_epochs": sum(r.exact for r in records),
         "retried_epochs": sum(r.attempts > 1 for r in records), "errors": dict(errors),
-        "faults": by_kind, "fault_log": [asdict(e) for e in injector.events],
+        "faults": by_kind, "fault_log": [asdict(e) for e in events],
         "batches": len(batch_times), "median_gap_between_batches_s": usual,
         "rss_mb_epoch_ends": [round(r.rss_mb, 1) for r in records],
+        "rss_mb_round_ends": [round(r.rss_mb, 1) for r in records if (r.epoch + 1) % (6 * args.rebuild) == 0],
         "rss_mb_after_warmup": [min(warm), max(warm)] if warm else None,
         "rss_curve": [(round(t, 1), round(m, 1)) for t, m in curve],
         "leaks": leaks, "epochs_log": [asdict(r) for r in records], "failures": failures,
+        "build_errors": build_errors,
         "command": " ".join([sys.executable, "-m", "benchmarks.suites.soak", *(argv or sys.argv[1:])]),
     }  # fmt: skip
     out = Path(args.out)
@@ -522,18 +620,24 @@ def markdown(s: dict[str, Any]) -> str:
         f"- epochs: {s['epochs']} ({s['exact_epochs']} exactly once; {s['retried_epochs']} read again after a "
         f"named error); batches {s['batches']}, usual gap between batches {s['median_gap_between_batches_s']:.3f} s",
         f"- errors (each followed by a retried epoch): {s['errors'] or 'none'}",
+        f"- loaders built {s['leaks'].get('rebuilds', 0) + 1} times; builds that met a named error (and were "
+        f"tried again 2 s later): {len(s['build_errors'])} {sorted(set(e.split(':')[0] for e in s['build_errors']))}",
+        f"- RSS of the process tree at the end of each round of loaders (just before they are rebuilt): "
+        f"{s['rss_mb_round_ends']} MB",
         f"- RSS of the process tree at epoch ends after the first 6 epochs: {s['rss_mb_after_warmup']} MB "
         f"(all: {s['rss_mb_epoch_ends']})",
         f"- left at the end: {s['leaks']}",
         f"- failures: {len(s['failures'])}",
         "",
-        "| fault | count | seconds of training it cost (sum) |",
-        "|---|---|---|",
+        "| fault | count | seconds of training it cost (sum) | faults whose cost is unknown |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {k} | {v['count']:g} | {v['cost_s']:.1f} |" for k, v in sorted(s["faults"].items())]
+    lines += [
+        f"| {k} | {v['count']:g} | {v['cost_s']:.1f} | {v['cost_unknown']:g} |" for k, v in sorted(s["faults"].items())
+    ]
     lines += ["", "| t (s) | fault | lasted (s) | what | cost (s) |", "|---|---|---|---|---|"]
     lines += [f"| {e['start']:.1f} | {e['kind']} | {(e['end'] or e['start']) - e['start']:.1f} | {e['detail']} | "
-              f"{e['cost_s']:.1f} |" for e in s["fault_log"]]  # fmt: skip
+              f"{'?' if e['cost_s'] is None else format(e['cost_s'], '.1f')} |" for e in s["fault_log"]]  # fmt: skip
     if s["failures"]:
         lines += ["", "## Failures", ""] + [f"- {f[:500]}" for f in s["failures"]]
     return "\n".join(lines) + "\n"
