@@ -389,7 +389,7 @@ def test_every_missing_extra_names_the_distribution_torch_asyncload() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
     assert len(lines) == 4, out.stdout
-    for line, extra in zip(lines, ("s3", "gcs", "azure", "lightning")):
+    for line, extra in zip(lines, ("s3", "gcs", "azure", "lightning"), strict=True):
         assert f"pip install 'torch-asyncload[{extra}]'" in line, line
     assert "'asyncload[" not in out.stdout
 

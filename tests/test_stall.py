@@ -493,7 +493,10 @@ def test_dataloader_workers_that_cannot_open_the_store_raise_a_named_error_then_
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("seconds", [7.0, 14.0])
 def test_fan_out_counts_a_stall_as_one_process_does_and_warns_about_it_once(
-    remote_data: RemoteData, freezer: Freezer, caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str],
+    remote_data: RemoteData,
+    freezer: Freezer,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
     seconds: float,
 ) -> None:
     """``processes=2``: one outage is one stall in ``stats()`` (the parent's clock, fed by the workers'
@@ -513,6 +516,8 @@ def test_fan_out_counts_a_stall_as_one_process_does_and_warns_about_it_once(
     loader.close()
     said = [r.getMessage() for r in caplog.records if r.name == "asyncload"] + capfd.readouterr().err.splitlines()
     warned = [m for m in said if "no answer from" in m and "waiting up to" in m]
-    print(f"\nfan-out, a {seconds:.0f} s stall: stalls={st['stalls']} waited {st['stall_wait_s']:.1f} s; warned {warned}")
+    print(
+        f"\nfan-out, a {seconds:.0f} s stall: stalls={st['stalls']} waited {st['stall_wait_s']:.1f} s; warned {warned}"
+    )
     assert st["stalls"] == 1 and seconds - 3.0 <= st["stall_wait_s"] <= seconds + 5.0, st
     assert len(warned) == (1 if seconds > 10.0 else 0), warned

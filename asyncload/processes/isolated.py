@@ -148,6 +148,7 @@ def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int
         r.conn.send(None)
     except OSError:
         pass
+
     def kill() -> tuple[int | None, int | None]:
         pid = r.proc.pid
         kill_processes([r.proc], 0.0 if busy else _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends

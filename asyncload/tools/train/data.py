@@ -207,7 +207,10 @@ class Split:
                 self.dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed
             )
             self.loader = torch.utils.data.DataLoader(
-                self.dataset, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.num_workers,
+                self.dataset,
+                batch_size=cfg.batch_size,
+                sampler=self.sampler,
+                num_workers=cfg.num_workers,
                 **worker_start(cfg.num_workers),
             )
             self.real = len(range(rank, self.n, world))  # DistributedSampler pads at the end of each share
