@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow docs bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
+.PHONY: install run run-local test test-slow docs soak bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,9 @@ docs: install  ## the documentation site (docs/: guides, API reference from the 
 
 test-slow: install  ## long runs: 100,000+ samples, flat memory, no leaked threads, fds or processes; fresh processes reading whole photo epochs with the defaults, locally and on SeaweedFS, with no crash
 	$(PY) -m pytest -m slow
+
+soak: install  ## 30 min of a training loop over SeaweedFS (both sources; defaults, processes=2, DataLoader workers) under seeded random faults (SIGSTOP 2-60 s, kill and restart, 503 and reset bursts, SIGKILLed readers and workers): every epoch exactly once or a named error then a retried epoch that is; RSS curve; nothing leaked; summary in benchmarks/results/soak/
+	$(PY) -m benchmarks.suites.soak --minutes $(or $(SOAK_MINUTES),30) --seed $(or $(SOAK_SEED),1)
 
 bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG photos at 50 ms (packet-level as root, else a TCP proxy) and on local disk, ~10 min on 2 cores
 	$(PIP) install -c constraints.txt -e '.[bench]'

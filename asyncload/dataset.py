@@ -52,7 +52,9 @@ from .engine.epoch import Epoch
 from .engine.mixing import mixed_order
 from .engine.options import LoaderOptions
 from .engine.progress import EpochProgress, check_dataset_version
+from .engine.ranks import check_ranks_agree
 from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
+from .engine.stats import Stats
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
 from .runtime.log import log_once_forked
@@ -104,6 +106,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             )
         )
         self.source = source.open()
+        if rank is None and world_size is None:  # the shard comes from the process group (``engine.ranks``)
+            check_ranks_agree(self.source, "dataset")
         self.rank = rank
         self.world_size = world_size
         # [epoch, rank batches of that epoch already consumed, ranges taken by earlier worlds, the ranges]:
@@ -279,7 +283,12 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # DataLoader workers share the byte budget as fan-out workers do: N workers hold what one would
         budget = max(1, self.options.budget_bytes // shard.num_workers)
         options = self.options.replace(start_batch=start, memory_budget=budget)
-        loader = AsyncLoader(self.source, shard=shard, options=options)
+        try:
+            loader = AsyncLoader(self.source, shard=shard, options=options)
+        except Exception as exc:
+            if torch.utils.data.get_worker_info() is None:
+                raise
+            return _NotStarted(exc)  # (a worker: through next(), see _NotStarted)
         loader.set_epoch(epoch)
         if pending is not None:
             loader.load_state_dict(pending)
@@ -336,6 +345,28 @@ class _WorkerEpoch(Epoch):
 
     def close(self) -> None:
         self._it.close()
+
+
+class _NotStarted(Epoch):
+    """A DataLoader worker's epoch that could not start: its source did not open in the worker (a store
+    down for a moment: ``S3EndpointError``). The error leaves through the first ``next()``, which DataLoader
+    carries to the training loop as the epoch's error (a retried epoch opens again). Raised by ``iter()``,
+    it ended the worker process inside DataLoader's own set-up, where a persistent DataLoader waited for
+    that worker for ever (seen in the soak, ``benchmarks/suites/soak.py``)."""
+
+    def __init__(self, exc: Exception) -> None:
+        self._exc = exc
+        self._progress = EpochProgress(0, 0)
+        self._stats = Stats()
+
+    def __next__(self) -> Any:
+        raise portable(self._exc)
+
+    def __len__(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
 
 
 __all__ = ["AsyncIterableDataset"]

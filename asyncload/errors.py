@@ -91,6 +91,13 @@ class ConfigError(AsyncLoadError, ValueError):
     """An impossible or unknown setting; the message names the setting, the value and what is allowed."""
 
 
+class RanksDisagreeError(ConfigError):
+    """The ranks of a ``torch.distributed`` process group would read different data: their sources'
+    versions (a Deep Lake commit and, for a query, a digest of its rows in order; an object store's keys)
+    differ. Typically a ``SAMPLE BY`` query, or one whose order it leaves open, that each rank ran on its
+    own. ``versions`` maps each rank to what it opened."""
+
+
 class SourceError(AsyncLoadError):
     """A source could not be opened or does not have what was asked for."""
 

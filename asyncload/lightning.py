@@ -20,7 +20,7 @@ Usage::
     dl = DataLoader(ds, batch_size=None, num_workers=4, persistent_workers=True)
     Trainer(max_epochs=10, callbacks=[AsyncLoadCallback(ds)]).fit(model, dl)
 
-Needs the ``lightning`` package (``pip install asyncload[lightning]``).
+Needs the ``lightning`` package (``pip install 'torch-asyncload[lightning]'``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 try:
     import lightning.pytorch as pl
 except ImportError as exc:  # pragma: no cover - depends on what is installed
-    raise ImportError("asyncload.lightning needs PyTorch Lightning: pip install 'asyncload[lightning]'") from exc
+    raise ImportError("asyncload.lightning needs PyTorch Lightning: pip install 'torch-asyncload[lightning]'") from exc
 
 from .dataset import AsyncIterableDataset
 from .errors import ConfigError

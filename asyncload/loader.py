@@ -25,7 +25,8 @@ from .engine.consumed import cut_of, merge, order_of, resume_cut
 from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
 from .engine.progress import EpochProgress
-from .engine.sampler import EpochSampler, Ranges, Shard, resolve_shard
+from .engine.ranks import check_ranks_agree
+from .engine.sampler import PROCESS_GROUP, EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
 from .engine.stats import Stats
 from .errors import ConfigError
@@ -205,6 +206,13 @@ class AsyncLoader:
             raise
         if self._isolated is not None:
             self._isolated.start()  # (started already, unless the open above drew the rows)
+        if shard_from == PROCESS_GROUP:  # every rank builds it: they compare what they opened (``ranks``)
+            try:
+                check_ranks_agree(self.source)
+            except BaseException:
+                if self._isolated is not None:
+                    self._isolated.close()
+                raise
         self.shard = shard
         self._shard = ShardEpochs(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._shard.read_mode

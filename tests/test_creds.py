@@ -363,6 +363,35 @@ def test_without_botocore_the_aws_variables_still_work(remote_data: RemoteData) 
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == [str(remote_data.rows)]
     assert out.stderr.count("botocore is not installed") == 1, out.stderr[-2000:]
+    assert "pip install 'torch-asyncload[s3]'" in out.stderr, out.stderr[-2000:]  # the distribution's name
+
+
+def test_every_missing_extra_names_the_distribution_torch_asyncload() -> None:
+    """``asyncload`` on PyPI is another project: each message that asks for an extra names ours, in a fresh
+    interpreter where the extra's package is hidden."""
+    code = (
+        "import sys\n"
+        "for m in ('botocore', 'botocore.session', 'google', 'google.auth', 'azure.identity', 'lightning',\n"
+        "          'lightning.pytorch'):\n"
+        "    sys.modules[m] = None\n"
+        "from asyncload.sources.stores import creds\n"
+        "for call in (lambda: creds.aws_chain(None), lambda: creds.gcs_token(None), creds.azure_token):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except Exception as exc:\n"
+        "        print(exc)\n"
+        "try:\n"
+        "    import asyncload.lightning\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4, out.stdout
+    for line, extra in zip(lines, ("s3", "gcs", "azure", "lightning"), strict=True):
+        assert f"pip install 'torch-asyncload[{extra}]'" in line, line
+    assert "'asyncload[" not in out.stdout
 
 
 # -- web identity (EKS, GitHub Actions, ...) --------------------------------------------------------------------

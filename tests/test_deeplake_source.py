@@ -5,6 +5,7 @@ exactly once across workers and resumes, and clear errors."""
 
 from __future__ import annotations
 
+import os
 import pickle
 from collections import Counter
 from pathlib import Path
@@ -164,3 +165,103 @@ def test_a_ready_view_is_refused_naming_the_query_form(versioned: dict[str, str]
     view = deeplake.open_read_only(versioned["url"]).query("SELECT * WHERE label = 1")
     with pytest.raises(ConfigError, match=r"url=DatasetView is not allowed: .* as its TQL text \(query="):
         DeepLakeSource(view)
+
+
+@pytest.fixture(scope="module")
+def empty_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A Deep Lake dataset with the usual columns and no rows."""
+    url = str(tmp_path_factory.mktemp("empty") / "ds")
+    ds = deeplake.create(url)
+    ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="png"))
+    ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
+    ds.commit("empty")
+    return url
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("processes", [0, "auto", 2])
+def test_an_empty_dataset_reads_as_zero_batches_shuffled_or_not(empty_url: str, shuffle: bool, processes) -> None:
+    """Zero batches, every epoch, in-process, through the reader process and from fan-out workers (a
+    shuffled one used to raise ``ZeroDivisionError`` in ``sampler.block_order``)."""
+    with AsyncLoader(DeepLakeSource(empty_url), 4, shuffle=shuffle, processes=processes) as loader:
+        assert len(loader) == 0
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert list(loader) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_an_empty_dataset_under_dataloader_workers_reads_as_zero_batches(empty_url: str, shuffle: bool) -> None:
+    ds = AsyncIterableDataset(DeepLakeSource(empty_url), 4, shuffle=shuffle)
+    dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
+    assert list(dl) == []
+
+
+# -- a query under torch.distributed: every rank reads the same rows, or every rank fails -----------------
+SAMPLED = "SELECT * SAMPLE BY MAX_WEIGHT(label == 1: 1, label != 1: 0) REPLACE True LIMIT 40"
+FILTERED = "SELECT * WHERE label = 2 ORDER BY asyncload_row"  # deterministic: a filter, a total order
+
+
+def _query_rank_main(rank: int, world: int, port: int, url: str, out_dir: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    result: dict[str, object] = {}
+    try:
+        for name, make in (
+            ("loader", lambda q: AsyncLoader(DeepLakeSource(url, query=q), batch_size=4, concurrency=4)),
+            ("dataset", lambda q: AsyncIterableDataset(DeepLakeSource(url, query=q), batch_size=4)),
+        ):
+            try:
+                make(SAMPLED)
+                result[f"{name}_sampled"] = "no error"
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                result[f"{name}_sampled"] = [type(exc).__name__, str(exc), isinstance(exc, ConfigError)]
+        loader = AsyncLoader(DeepLakeSource(url, query=FILTERED), batch_size=4, concurrency=4)
+        result["filtered"] = [i for b in loader for i in b["index"].tolist()]
+        loader.close()
+        # The documented way to a sampled query under torchrun: opened on rank 0, sent to the others.
+        box = [DeepLakeSource(url, query=SAMPLED).open() if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        loader = AsyncLoader(box[0], batch_size=4, concurrency=4, remainder="drop")
+        result["sent_rows"] = box[0].row_ids(list(range(len(box[0]))))
+        result["sent"] = [i for b in loader for i in b["index"].tolist()]
+        loader.close()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(240)
+def test_a_sampled_query_under_two_real_ranks_fails_on_both_naming_each_ranks_rows(
+    versioned: dict[str, str], tmp_path: Path
+) -> None:
+    """Two gloo ranks (spawned) each run a ``SAMPLE BY`` query in their own open: their rows differ, so
+    each would read its share of other rows (some twice, some never). Both ranks raise
+    ``RanksDisagreeError`` (a ``ConfigError``) naming each rank's rows digest, from ``AsyncLoader`` and from
+    ``AsyncIterableDataset``, instead of reading; a deterministic query reads every row once across them."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    from .test_torch import _free_port
+
+    world = 2
+    mp.start_processes(_query_rank_main, args=(world, _free_port(), versioned["url"], str(tmp_path)), nprocs=world,
+                       start_method="spawn")  # fmt: skip
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for name in ("loader", "dataset"):
+        texts = [r[f"{name}_sampled"] for r in ranks]
+        assert all(t != "no error" and t[0] == "RanksDisagreeError" and t[2] for t in texts), texts
+        assert texts[0][1] == texts[1][1]  # the same message on both ranks
+        text = texts[0][1]
+        assert "rank 0: " in text and "rank 1: " in text and "rows-sha256:" in text and "SAMPLE BY" in text, text
+    got = ranks[0]["filtered"] + ranks[1]["filtered"]
+    assert set(got) == set(range(2, ROWS, 4)) and len(got) == 16  # 15 rows over 2 ranks: one padded
+    assert ranks[0]["sent_rows"] == ranks[1]["sent_rows"]  # rank 0's draw, on both
+    assert Counter(ranks[0]["sent"] + ranks[1]["sent"]) == Counter(ranks[0]["sent_rows"])  # each drawn row once

@@ -325,3 +325,55 @@ def test_answers_cross_in_frames_with_stored_bytes_as_views_and_arrays_writable(
     with pytest.raises(EOFError):  # the reader's death, as the receiver thread sees it
         _read_frame(b.fileno())
     b.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_that_dies_as_close_is_called_is_not_started_again_after_close(seg_url) -> None:
+    """The reader dies, and ``close()`` takes the source's lock before the receiver thread, which saw the
+    death, gets to replace it: no reader may be started after ``close()`` (the receiver used to start one,
+    which lived until the interpreter exited). The order is forced: the source's lock is made re-entrant
+    and held here while the reader is killed and reaped, and ``close()`` runs inside it."""
+    import threading
+    import time
+
+    loader = AsyncLoader(DeepLakeSource(seg_url), 16)
+    iso = loader._isolated
+    iso._lock = threading.RLock()  # (idle: nobody holds the old one) so that close() can run while held here
+    iso._timeout = 1.0  # close() joins the receiver thread, which waits for this lock: not for 10 s
+    pid, receiver = iso.pid, iso._holder[0].thread
+    assert pid is not None and receiver is not None
+
+    def receiver_in() -> set[str]:
+        frame, names = sys._current_frames().get(receiver.ident), set()
+        while frame is not None:
+            names.add(frame.f_code.co_name)
+            frame = frame.f_back
+        return names
+
+    lock = iso._lock
+    lock.acquire()
+    try:
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while "_died" not in receiver_in() and time.monotonic() < deadline:
+            if "_watch" in receiver_in():  # its tick came first: let that pass, then it meets the EOF
+                lock.release()
+                time.sleep(0.001)
+                lock.acquire()
+            time.sleep(0.01)
+        assert "_died" in receiver_in(), receiver_in()  # it saw the death, and waits to replace the reader
+        iso.close()  # close() first, then the receiver handles the death
+    finally:
+        lock.release()
+    deadline = time.monotonic() + 5
+    while reader_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    started = iso.pid
+    loader.close()  # (stops a reader started after close(), if the bug is back, before asserting)
+    assert started is None, "a reader was started after close()"
+    assert no_children_left() and not reader_threads()
+    # A read after close() still starts a reader, as documented.
+    assert sorted(_indices(loader)) == list(range(ROWS))
+    loader.close()
+    assert no_children_left()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from asyncload import EpochSampler, Shard
+from asyncload.engine.sampler import block_order
 
 
 def flat(batches: list[list[int]]) -> list[int]:
@@ -223,3 +224,11 @@ def test_block_order_shards_cover_the_epoch_exactly_once(n: int, world: int, wor
 def test_bad_block_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="block=0 and window=1 must be >= 1"):
         EpochSampler(10, 2, shuffle=True, block=0)
+
+
+@pytest.mark.parametrize("shuffle,block", [(False, 1), (True, 1), (True, 64)])
+def test_empty_dataset_shuffled_or_not_has_no_batches(shuffle: bool, block: int) -> None:
+    """A shuffled order of an empty dataset in blocks used to divide by zero (``block_order``)."""
+    s = EpochSampler(0, 4, shuffle=shuffle, block=block, window=1024)
+    assert s.order(0).tolist() == [] and s.batches(0) == [] and len(s) == 0
+    assert block_order(0, 64, 1024, np.random.default_rng(0)).tolist() == []

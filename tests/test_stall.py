@@ -41,6 +41,7 @@ from asyncload import (
     ObjectStoreSource,
     ReadError,
     RetryPolicy,
+    SourceError,
     StallError,
     Timeouts,
 )
@@ -332,3 +333,191 @@ def test_close_during_a_stall_of_deep_lake_in_this_process_raises_loader_closed(
     assert 1.5 <= closed[0] < 6.0, closed  # shutdown_timeout, then abandoned: not a hang
     freezer.cont()
     wait_no_loop_threads(30.0)
+
+
+@pytest.mark.timeout(120)
+def test_object_store_is_read_again_after_an_outage_longer_than_the_breakers_limit(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    """Silent until the epoch ends in ``StallError``, then silent on past the breaker's ``max_outage``
+    (stall_timeout + 5 s) with nobody reading, then answering again: the store proves it is back at the next
+    read (a probe), so the same loader's next epoch (a retried epoch), a new loader over the same source and
+    a read outside any loader all read every row exactly once. (The breaker used to stay open for the life
+    of the source: every later read failed unsent, "failed after 0 attempts".)"""
+    src = files(remote_data, timeouts=QUICK)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=4)
+    it = iter(loader)
+    next(it)
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StallError):
+        for _ in it:
+            pass
+    breaker = src._breaker  # noqa: SLF001 - the state under test: open, and past its limit below
+    assert breaker.is_open or src.retry_stats()["outage_waits"] == 0
+    time.sleep(max(0.0, t0 + breaker.max_outage + 2.0 - time.monotonic()))  # the outage outlasts max_outage
+    freezer.cont()
+    t1 = time.monotonic()
+    exactly_once(read_epoch(iter(loader), remote_data), remote_data.rows)  # the same loader, a retried epoch
+    again = time.monotonic() - t1
+    exactly_once(read_epoch(iter(loader), remote_data), remote_data.rows)  # and the one after
+    fresh = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=4)
+    exactly_once(read_epoch(iter(fresh), remote_data), remote_data.rows)  # a new loader, the same source
+    rs = src.retry_stats()
+    print(f"\nback after an outage past max_outage: the retried epoch took {again:.1f} s; {rs}")
+    assert not breaker.is_open and rs["outages"] >= 1, rs
+    fresh.close()
+    loader.close()
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(120)
+def test_a_new_outage_after_a_long_one_is_ridden_out_again(remote_data: RemoteData, freezer: Freezer) -> None:
+    """After an outage that ended an epoch and outlasted the breaker's limit, a second, short stall in the
+    next epoch is ridden out exactly once: the breaker's clock starts again with each outage."""
+    src = files(remote_data, timeouts=QUICK)
+    loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=4)
+    it = iter(loader)
+    next(it)
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(StallError):
+        list(it)
+    time.sleep(max(0.0, t0 + src._breaker.max_outage + 1.0 - time.monotonic()))  # noqa: SLF001
+    freezer.cont()
+    loader2 = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=10)
+    it2 = iter(loader2)
+    seen = next(it2)["index"].tolist()
+    freezer.stop()
+    freezer.later(3.0, freezer.cont)
+    read_epoch(it2, remote_data, seen)
+    exactly_once(seen, remote_data.rows)
+    assert loader2.stats()["stalls"] >= 1
+    loader.close()
+    loader2.close()
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(90)
+def test_one_silent_read_ends_in_a_stall_error_at_stall_timeout_not_a_timeout_before_it(
+    remote_data: RemoteData, freezer: Freezer
+) -> None:
+    """One read in flight on a silent store: its attempts time out one by one (too few to open the breaker
+    soon), and the request's own budget (``max_elapsed=3``) used to end it first, as a plain
+    ``ReadError(TimeoutError)``. Now the silence is bounded only by ``stall_timeout``: ``StallError`` at it."""
+    policy = RetryPolicy(max_elapsed=3.0, max_attempts=2)
+    src = files(remote_data, timeouts=QUICK, retry=policy)
+    loader = AsyncLoader(src, batch_size=1, concurrency=1, prefetch=1, stall_timeout=8, hedge=None)
+    it = iter(loader)
+    next(it)
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(ReadError) as info:
+        for _ in it:
+            pass
+    wall = time.monotonic() - t0
+    print(f"\none silent read: {type(info.value).__name__} after {wall:.1f} s: {info.value}")
+    assert isinstance(info.value, StallError), repr(info.value)
+    assert 7.0 <= wall < 14.0, wall
+    assert "stall_timeout=8 s" in str(info.value), str(info.value)
+    freezer.cont()
+    loader.close()
+    wait_no_loop_threads()
+
+
+@pytest.mark.timeout(60)
+def test_a_request_that_times_out_while_the_store_answers_others_is_still_charged(
+    remote_data: RemoteData, running_seaweed: SeaweedServer
+) -> None:
+    """The silence exemption is the store's, not a request's: an object whose GETs hang while other objects
+    are being served still fails after its ``max_attempts`` (a ``ReadError(TimeoutError)``, not a wait until
+    the stall deadline). (A hanging object read with nothing else in flight cannot be told from a silent
+    store: that one is bounded by ``stall_timeout``, as above.)"""
+    import asyncio
+
+    with FaultProxy(("127.0.0.1", running_seaweed.port)) as proxy:
+        creds = dict(remote_data.creds(), endpoint_url=proxy.url)
+        policy = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05)
+        src = ObjectStoreSource(remote_data.files_url, creds=creds, retry=policy,
+                                timeouts=Timeouts(connect=1.0, read=1.0, total=5.0)).open()  # fmt: skip
+        src.set_stall_timeout(60)
+        proxy.schedule.always(Fault.STALL, match="000003", stall_s=30.0)
+
+        async def main() -> tuple[BaseException | None, int]:
+            hung = asyncio.ensure_future(src.read([3]))
+            served = 0
+            while not hung.done():  # the store answers other reads meanwhile
+                await src.read([0, 1, 2, 4])
+                served += 1
+                await asyncio.sleep(0.05)
+            return hung.exception(), served
+
+        t0 = time.monotonic()
+        err, served = asyncio.run(main())
+        wall = time.monotonic() - t0
+    print(f"\none hanging object among served ones: {type(err).__name__} after {wall:.1f} s ({served} reads served)")
+    assert isinstance(err, ReadError) and not isinstance(err, StallError), repr(err)
+    assert isinstance(err, TimeoutError) and "000003" in str(err) and "3 attempts" in str(err), str(err)
+    assert wall < 20.0 and served > 3, wall
+
+
+@pytest.mark.timeout(180)
+def test_dataloader_workers_that_cannot_open_the_store_raise_a_named_error_then_read_again(
+    remote_data: RemoteData, running_seaweed: SeaweedServer
+) -> None:
+    """Persistent DataLoader workers whose epoch starts while the store refuses connections: each worker's
+    open fails its probe, and the training loop gets that named error from ``next()``, promptly, also when
+    it retries the epoch (a persistent worker's next ``iter()``: raised there, it ended the worker inside
+    DataLoader's resume, and the DataLoader waited for it for ever: found by the soak). Once the store is
+    back, the next epoch reads every row exactly once."""
+    from .conftest import WORKER_START
+
+    with FaultProxy(("127.0.0.1", running_seaweed.port)) as proxy:
+        creds = dict(remote_data.creds(), endpoint_url=proxy.url)
+        ds = AsyncIterableDataset(ObjectStoreSource(remote_data.files_url, creds=creds), batch_size=8, shuffle=True)
+        dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True,
+                                         multiprocessing_context=WORKER_START)  # fmt: skip
+        proxy.schedule.down(refuse=True)
+        for attempt in range(2):  # the first start (DataLoader's own set-up), then a retried epoch (a resume)
+            t0 = time.monotonic()
+            with pytest.raises(SourceError) as info:
+                list(dl)
+            took = time.monotonic() - t0
+            assert "unreachable" in str(info.value) and took < 60.0, (attempt, took, str(info.value))
+        proxy.schedule.up()
+        ds.set_epoch(1)
+        exactly_once([i for b in dl for i in b["index"].tolist()], remote_data.rows)
+        dl._iterator._shutdown_workers()  # (persistent workers: DataLoader has no public close)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("seconds", [7.0, 14.0])
+def test_fan_out_counts_a_stall_as_one_process_does_and_warns_about_it_once(
+    remote_data: RemoteData,
+    freezer: Freezer,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    seconds: float,
+) -> None:
+    """``processes=2``: one outage is one stall in ``stats()`` (the parent's clock, fed by the workers'
+    beats: counted from the pipeline's notice threshold, 5 s here, as one process counts it; a stall shorter
+    than the stuck-worker limit used to be counted only in the workers, and never reached ``stats()``), and
+    it is warned about once (past 10 s here), not by each worker's pipeline as well as by the parent."""
+    caplog.set_level(logging.INFO, logger="asyncload")
+    loader = AsyncLoader(files(remote_data, timeouts=QUICK), batch_size=8, concurrency=8, prefetch=1,
+                         processes=2, stall_timeout=40)  # fmt: skip
+    it = iter(loader)
+    seen = next(it)["index"].tolist()
+    freezer.stop()
+    freezer.later(seconds, freezer.cont)
+    read_epoch(it, remote_data, seen)
+    exactly_once(seen, remote_data.rows)
+    st = loader.stats()
+    loader.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "asyncload"] + capfd.readouterr().err.splitlines()
+    warned = [m for m in said if "no answer from" in m and "waiting up to" in m]
+    print(
+        f"\nfan-out, a {seconds:.0f} s stall: stalls={st['stalls']} waited {st['stall_wait_s']:.1f} s; warned {warned}"
+    )
+    assert st["stalls"] == 1 and seconds - 3.0 <= st["stall_wait_s"] <= seconds + 5.0, st
+    assert len(warned) == (1 if seconds > 10.0 else 0), warned

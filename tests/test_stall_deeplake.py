@@ -306,3 +306,32 @@ def _descendants(pid: int) -> list[int]:
         found += kids
         todo += kids
     return found
+
+
+@pytest.mark.timeout(120)
+def test_a_reader_stuck_in_an_abandoned_epoch_does_not_shorten_the_next_epochs_deadline(
+    remote_data: RemoteData, running_seaweed
+) -> None:
+    """An epoch abandoned during a stall leaves its reads in the reader process, stuck. The next epoch
+    (the store still silent) gets its whole ``stall_timeout``: its outage is dated from its own start at the
+    earliest, not from the abandoned epoch's reads (a fresh policy used to date it from them, so the next
+    epoch failed early, or at once when the gap was long)."""
+    loader = AsyncLoader(_source(remote_data), 8, shuffle=True, stall_timeout=8, shutdown_timeout=0.5)
+    time.sleep(3.0)  # the reader has imported Deep Lake and opened the dataset: its reads' clock runs at once
+    with silent(running_seaweed):
+        it = iter(loader)
+        closer = threading.Timer(5.5, it.close)  # after one stuck reader was replaced (at 2 s)
+        closer.start()
+        with pytest.raises(LoaderClosedError):
+            next(it)
+        closer.join()
+        t1 = time.monotonic()
+        with pytest.raises(StallError) as info:
+            next(iter(loader))
+        took = time.monotonic() - t1
+    print(f"\nthe next epoch after an abandoned one: StallError after {took:.1f} s: {info.value}")
+    assert 6.8 <= took < 20.0, took  # its own 8 s (the old reads' outage would have ended it ~4.5 s in)
+    loader.set_epoch(1)
+    assert sorted(read_epoch(iter(loader), remote_data)) == list(range(remote_data.rows))  # and then it is back
+    loader.close()
+    assert no_children_left()

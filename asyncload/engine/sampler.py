@@ -96,7 +96,11 @@ def resolve_shard(shard: Shard | None, rank: int | None, world_size: int | None)
     if rank is not None and world_size is not None:
         return Shard(rank=rank, world_size=world_size), "rank=/world_size="
     r, w = distributed_rank_world()
-    return Shard(rank=r, world_size=w), ("the torch.distributed process group" if w > 1 else "no process group")
+    return Shard(rank=r, world_size=w), (PROCESS_GROUP if w > 1 else "no process group")
+
+
+#: ``resolve_shard``'s word for a shard taken from the initialised process group (every rank builds one).
+PROCESS_GROUP = "the torch.distributed process group"
 
 
 #: A window is at most about half the dataset (``n // 2 - block``) but not cut below this many rows. A
@@ -136,7 +140,11 @@ def block_order(n: int, block: int, window: int, rng: np.random.Generator) -> np
       over its spread, so that a reader can fetch them in parts as they come due, each part a contiguous
       run (``blocks.BlockReads``), instead of all of them at once;
     - the blocks that start in the last two windows end together at the end, spread over the rest of the
-      epoch from where their turns come, so none is read with a crowd of others."""
+      epoch from where their turns come, so none is read with a crowd of others.
+
+    An empty dataset is an empty order (an epoch of zero batches), not a division by zero."""
+    if n <= 0:
+        return np.empty(0, np.int64)
     turn = np.empty(-(-n // block), np.int64)
     turn[rng.permutation(len(turn))] = np.arange(len(turn))  # each block's place in the epoch
     rows = np.arange(n, dtype=np.int64)

@@ -51,7 +51,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -64,7 +64,7 @@ from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source, stored_bytes
 from ..sources.mixed import Composition, composition_of
-from .recovery import Ended, Recovery, beat_interval, narrow
+from .recovery import Ended, Recovery, beat_interval, narrow, read_limit
 
 if TYPE_CHECKING:
     from ..image.decode import ImageColumn
@@ -99,6 +99,17 @@ class _Reader:
     started: float = field(default_factory=time.monotonic)
     ready_at: float | None = None  # when it said it had imported what it reads with (its store not yet asked)
     stuck_since: float | None = None  # set when it was killed for not answering: the store silent since then
+    #: ``(pid, exitcode)`` once joined and released, by whichever comes first: its receiver thread handling
+    #: its death (``_died``) or a stop (``_stop_reader``); ``end_lock`` makes that one of them, once
+    ended: tuple[int | None, int | None] | None = None
+    end_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def reap(self, how: Callable[[], tuple[int | None, int | None]]) -> tuple[int | None, int | None]:
+        """Join and release the process once (``how`` does it), whichever thread asks first."""
+        with self.end_lock:
+            if self.ended is None:
+                self.ended = how()
+            return self.ended
 
 
 #: Seconds a new reader may take to import Deep Lake and say it is ready before its reads' clock runs
@@ -138,7 +149,13 @@ def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int
         r.conn.send(None)
     except OSError:
         pass
-    kill_processes([r.proc], 0.0 if busy else _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
+
+    def kill() -> tuple[int | None, int | None]:
+        pid = r.proc.pid
+        kill_processes([r.proc], 0.0 if busy else _STOP_GRACE)  # its exit closes the pipe: the receiver thread ends
+        return pid, None
+
+    r.reap(kill)
     if r.thread is not None and r.thread is not threading.current_thread():
         r.thread.join(timeout)
     r.conn.close()
@@ -183,6 +200,7 @@ class IsolatedSource(Source[Any]):
         self._crashers: dict[int, Ended] = {}  # position → how the readers it killed alone ended
         self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
         self._configured: tuple[int, int | None] | None = None
+        self._epoch_began = 0.0  # monotonic time the current epoch began (``begin_epoch``)
         self._finalizer = on_exit(self, ExitOrder.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
 
     # -- what ``inner`` answers in this process --------------------------------------------------
@@ -235,6 +253,22 @@ class IsolatedSource(Source[Any]):
             if r is not None:
                 self._send(r, ("configure", *self._configured))
 
+    def set_stall_timeout(self, seconds: float) -> None:
+        """The loader's ``stall_timeout``: the policy here (stuck readers, the outage's deadline) and the
+        wrapped source, both in this process and in the reader (where ``inner`` reads: an object store's
+        breaker bounds its waits by it), so that every layer gives a silent store the same deadline."""
+        self.inner.set_stall_timeout(seconds)
+        with self._lock:
+            self._stall_timeout = float(seconds)
+            self._policy.stall_timeout = self._stall_timeout
+            self._policy.base_limit = read_limit(self._stall_timeout)
+            r = self._holder[0]
+            if r is not None:
+                self._send(r, ("stall_timeout", self._stall_timeout))
+
+    def outage(self) -> str | None:
+        return self.inner.outage()
+
     # -- the reader's life -----------------------------------------------------------------------
     @property
     def pid(self) -> int | None:
@@ -253,6 +287,9 @@ class IsolatedSource(Source[Any]):
         start-up)."""
         with self._lock:
             self._stats, self._fatal = stats, None
+            # Reads still in flight from an abandoned epoch are no clock of this one: a reader stuck in them
+            # is judged, and an outage dated, from this epoch's start at the earliest.
+            self._epoch_began = time.monotonic()
             # The epoch's pipeline watches these reads too (its watchdog): it says and counts the stalls
             # (``Stats.stalls``) and the policy here only replaces stuck readers, so that one outage is said
             # and counted once.
@@ -306,6 +343,7 @@ class IsolatedSource(Source[Any]):
         self._send(r, checked)  # a reader that died meanwhile is handled as any death, by its receiver thread
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))
+        self._send(r, ("stall_timeout", self._stall_timeout))
         self._holder[0] = r
         # A weak reference: the thread must not keep the source alive (its GC is what stops the reader).
         r.thread = start_thread(_receive, weakref.ref(self), r, name="asyncload-reader-receive")
@@ -343,7 +381,7 @@ class IsolatedSource(Source[Any]):
         with self._lock:
             if self._holder[0] is not r or r.stopping or r.stuck_since is not None or not self._inflight:
                 return
-            oldest = min(req.sent for req in self._inflight.values())
+            oldest = max(min(req.sent for req in self._inflight.values()), self._epoch_began)
             if r.ready_at is None:  # still starting: its imports are not the store's silence
                 since = max(oldest, r.started)
                 if now - since < _START_ALLOWANCE + self._policy.limit(since):
@@ -352,18 +390,21 @@ class IsolatedSource(Source[Any]):
                 since = max(oldest, r.ready_at)
                 if not self._policy.stuck(since, now):
                     return
-            r.stuck_since = max(oldest, self._last_answer)
+            r.stuck_since = max(oldest, self._last_answer)  # (``oldest`` is this epoch's at the earliest)
         r.proc.kill()
 
     def _died(self, r: _Reader) -> None:
         """Reap ``r``; replace it (a crash within the budget, or a stall within its deadline) and fail what
         it held with ``_Died``, or with the error that ends the epoch (``recovery``)."""
-        pid, exitcode = reap_process(r.proc, self._timeout)
+        pid, exitcode = r.reap(functools.partial(reap_process, r.proc, self._timeout))
         r.conn.close()
         now = time.monotonic()
         with self._lock:
-            if self._holder[0] is r:
-                self._holder[0] = None
+            if r.stopping or self._holder[0] is not r:
+                # ``close()`` came first (it took the live reader and failed what it held): a reader that
+                # died as it was being stopped is not replaced, or the new one would outlive the loader.
+                return
+            self._holder[0] = None
             held = list(self._inflight.values())
             self._inflight.clear()
             rows = sorted(i for req in held for i in req.indices)
@@ -665,6 +706,9 @@ def _serve_reads(conn: Connection, module: str) -> None:
                 break
             if msg[0] == "configure":
                 source.configure(*msg[1:])
+                continue
+            if msg[0] == "stall_timeout":
+                source.set_stall_timeout(msg[1])
                 continue
             _, rid, indices, cols = msg
             f = lt.submit(_read_one(source, indices, cols))

@@ -123,6 +123,15 @@ class Recovery:
         self.crashes = 0  # charged deaths this epoch
         self.outage_since: float | None = None  # monotonic time the store stopped answering, during an outage
         self.replaced = 0  # stuck readers replaced in this outage
+        # The pipeline's thresholds, so that an outage is counted and warned about alike whichever path read
+        # it: counted from ``notice`` seconds of silence, warned at ``warn``. (Imported here, not at the top:
+        # this module is imported by the reader process, which must not import the pipeline's torch.)
+        from ..engine.pipeline import STALL_NOTICE_S, STALL_WARN_S
+
+        self.notice = min(STALL_NOTICE_S, stall_timeout / 4)
+        self.warn = min(STALL_WARN_S, stall_timeout / 4)
+        self.warned = False  # this outage was warned about (once)
+        self.last_answer = 0.0  # monotonic time of the last answer from any reading process
 
     # -- crashes ---------------------------------------------------------------------------------
     def charge(self, name: str, ended: Ended, rows: Sequence[int], held: str) -> WorkerError | None:
@@ -192,7 +201,8 @@ class Recovery:
         now = time.monotonic() if now is None else now
         if self.outage_since is None:
             self.outage_since = silent_since
-        if self.replaced == 0 and self.report:
+        if not self.warned and self.report:
+            self.warned = True
             log.warning(
                 "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it, "
                 "replacing readers stuck in their reads", self.url, now - silent_since, self.stall_timeout,
@@ -203,6 +213,25 @@ class Recovery:
             return self.stall_error(waited, rows)
         return None
 
+    def silence(self, since: float, now: float | None = None) -> None:
+        """A reading process says its reads have had no answer since ``since`` (a fan-out worker's beat):
+        with no answer from any other since then either, that is the store's silence. Past ``notice`` it is
+        an outage (counted once the store answers, as the pipeline counts one); past ``warn``, warned about,
+        once (the workers' own pipelines do not say it: ``fanout.worker``). One clock for the whole outage,
+        whichever process saw it first, and the stuck-process deadline (``limit``) runs from its start."""
+        now = time.monotonic() if now is None else now
+        began = max(since, self.last_answer)
+        if now - began < self.notice:
+            return
+        if self.outage_since is None:
+            self.outage_since = began
+        if not self.warned and self.report and now - self.outage_since >= self.warn:
+            self.warned = True
+            log.warning(
+                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it",
+                self.url, now - self.outage_since, self.stall_timeout,
+            )  # fmt: skip
+
     def stall_error(self, waited: float, rows: Sequence[int]) -> StallError:
         return StallError(
             f"no answer from {self.url} for {waited:.1f} s (stall_timeout={self.stall_timeout:g} s): gave up "
@@ -212,14 +241,17 @@ class Recovery:
 
     def answered(self, now: float | None = None) -> None:
         """The store answered: an outage in progress is over (counted in ``stats``, said in the log)."""
+        now = time.monotonic() if now is None else now
+        self.last_answer = max(self.last_answer, now)
         if self.outage_since is None:
             return
-        now = time.monotonic() if now is None else now
         waited = now - self.outage_since
+        warned, self.warned = self.warned, False
         self.outage_since, self.replaced = None, 0
         if not self.report:
             return
         if self.stats is not None:
             self.stats.stalls += 1
             self.stats.stall_wait_s += waited
-        log.info("asyncload: %s answered again after %.1f s without an answer", self.url, waited)
+        if warned:
+            log.info("asyncload: %s answered again after %.1f s without an answer", self.url, waited)

@@ -38,6 +38,7 @@ Design, and why:
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import os
 import time
@@ -224,6 +225,7 @@ class ObjectStoreSource(Source[_Index]):
         self._requests_in_flight = 64
         self._indices_per_read = 1  # the most indices one read has asked for: sizes the pool
         self._stall_timeout = 120.0  # the loader's stall_timeout: bounds the wait for a store that is away
+        self._carried: _Index | None = None  # a reading process's copy: the keys its parent found (reader_copy)
         self._init_process_state()
 
     # -- per-process state (never pickled, reset after fork) -----------------------------------------
@@ -341,9 +343,25 @@ class ObjectStoreSource(Source[_Index]):
         assert self._store is not None
         return self._store
 
+    def reader_copy(self) -> ObjectStoreSource:
+        """This source as a reading process (a fan-out worker) is given it: carrying the keys this process
+        listed or read from the manifest, its bucket probed here. Such a copy opens with no request at all,
+        so that a worker started while the store is silent (the replacement of one stuck in its reads) waits
+        for the store in its reads, within ``stall_timeout``, as Deep Lake's reader does, instead of failing
+        a 5 s probe or a listing (``S3EndpointError`` ended the epoch of a fan-out whose stall outlasted the
+        stuck-worker limit)."""
+        index = self.handle()
+        checked = copy.copy(self)  # through ``__getstate__``: no handle, no session, no store of this process
+        checked._carried = index
+        return checked
+
     async def _open_async(self) -> _Index:
         budget, stats, _ = self._process_state()
         store = await asyncio.to_thread(self._resolve_store)
+        if self._carried is not None:  # what the parent found (``reader_copy``): nothing to ask the store
+            self._store = store
+            name_objects(self.url, _namer(weakref.ref(self), self._carried.keys))
+            return self._carried
         if self.probe and store.listable:
             store = await probe_store(
                 store, self._prefix, deadline=self.open_deadline, verify_tls=self.verify_tls, what=self.url

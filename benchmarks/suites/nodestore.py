@@ -120,7 +120,7 @@ def memory_main(a: argparse.Namespace) -> None:
     run = Runner(a.timeout)
     rows = []
     for budget in (64 << 20, None):
-        for block in ("auto", 1):
+        for block in ("auto", 64, 1):
             opts: dict[str, Any] = {"shuffle_block": block}
             if budget:
                 opts["memory_budget"] = budget
@@ -153,7 +153,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--memory", action="store_true", help="the memory section only (local, large PNG rows)")
-    ap.add_argument("--memory-rows", type=int, default=1000)
+    ap.add_argument("--memory-rows", type=int, default=3000)
     ap.add_argument("--rows", type=int, default=30000)
     ap.add_argument("--distinct", type=int, default=None, help="make this many rows, each stored rows/distinct times")
     ap.add_argument("--rtts", default="0,50")

@@ -317,9 +317,12 @@ class FanoutIterator(Epoch):
         t.heard = time.monotonic()
         if isinstance(msg, Beat):
             t.silent_since = msg.silent_since
+            if msg.silent_since is not None:  # the one outage clock: counted and warned about here, once
+                self._policy.silence(msg.silent_since, t.heard)
             return True
         t.silent_since = None
-        self._policy.answered(t.heard)
+        if isinstance(msg, Batch):  # data: the store answered (a replacement's first words, a worker's end
+            self._policy.answered(t.heard)  # or a cancel are not, and must not end an outage in progress)
         return False
 
     def _wait(self, objects: list[Any]) -> list[Any]:

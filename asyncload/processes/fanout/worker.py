@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -234,9 +235,21 @@ def _read_one(channel: _Channel, shard: ShardEpochs, ctl: _Control, cmd: ReadOne
     return Done(cmd.gen, cmd.seq, _figures(it.stats()))
 
 
+class _ParentSaysStalls(logging.Filter):
+    """In a worker, the pipeline's own words about a stall (the warning once silent a while, the line when
+    the store answers again) are left to the parent, which hears every worker's silence in its beats and
+    says each outage once for all of them (``recovery.Recovery.silence``): K workers and the parent would
+    otherwise each warn about the same outage. The ``StallError`` that ends an epoch still travels."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.module == "pipeline" and record.funcName in ("_watchdog", "_stall_ended"))
+
+
 def _serve(conn: Connection, spec: _WorkerSpec) -> None:
     """Build this worker's loader once, then serve epochs as they are asked for until told to stop."""
     import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
+
+    logging.getLogger("asyncload").addFilter(_ParentSaysStalls())
 
     torch_mp.set_sharing_strategy("file_descriptor")
     set_allocator(_shared_empty)

@@ -103,7 +103,7 @@ def aws_chain(profile: str | None) -> tuple[Renewing[Credentials] | None, str | 
     except ImportError as exc:  # pragma: no cover - the s3 extra
         raise ConfigError(
             "reading s3:// without explicit keys needs botocore for the standard credential chain: "
-            "pip install 'asyncload[s3]'"
+            "pip install 'torch-asyncload[s3]'"
         ) from exc
     try:
         session = botocore.session.Session(profile=profile)
@@ -153,7 +153,7 @@ def gcs_token(info: Mapping[str, Any] | None) -> Renewing[str]:
         import google.auth.transport.requests
         from google.auth.exceptions import GoogleAuthError
     except ImportError as exc:  # pragma: no cover - the gcs extra
-        raise ConfigError("reading gs:// needs google-auth: pip install 'asyncload[gcs]'") from exc
+        raise ConfigError("reading gs:// needs google-auth: pip install 'torch-asyncload[gcs]'") from exc
     try:
         if info:
             from google.oauth2 import service_account
@@ -190,7 +190,7 @@ def azure_token() -> Renewing[str]:
         from azure.identity import DefaultAzureCredential
     except ImportError as exc:  # pragma: no cover - the azure extra
         raise ConfigError(
-            "reading az:// without an account key or SAS token needs azure-identity: pip install 'asyncload[azure]'"
+            "reading az:// without an account key or SAS token needs azure-identity: pip install 'torch-asyncload[azure]'"
         ) from exc
     credential = DefaultAzureCredential(exclude_interactive_browser_credential=True)
 

@@ -26,6 +26,18 @@ Why these rules:
   keeps it open; while it is closed, 5xx are retried one by one against the budget as before. A waiting read gives up past ``max_outage`` (the loader sets it from ``stall_timeout``, whose
   watchdog normally ends the epoch first) with :class:`GiveUp` ``outage_s`` set. The closed breaker
   costs a read one attribute test.
+- **The store can always prove it is back.** ``max_outage`` bounds how long *a read* waits, counted from
+  when the breaker opened or when that read began, whichever is later; it never bounds the breaker. A read
+  that arrives after an outage has outlasted ``max_outage`` (the epoch that waited for it ended in
+  ``StallError``; a retried epoch, a new loader over the same source) is the next probe, not an instant
+  failure: a store that answers again is read again, in the same process, for the life of the source.
+- **A silence is bounded by the outage clock, not by the request's.** A request that meets no answer
+  (timed out, refused, reset) is not charged ``max_attempts`` or ``max_elapsed`` when a breaker watches
+  it (``trip_after`` > 0; with 0 there is no breaker and the request's own limits end it), even before the
+  breaker opens (one or two silent reads in flight take ``trip_after`` timeouts to
+  open it): it is retried until the store has been silent ``max_outage`` (then :class:`GiveUp` with
+  ``outage_s``, a ``StallError``), so the user's ``stall_timeout`` is the one deadline a silent store
+  meets, not a per-request budget that would end the read first as a plain ``TimeoutError``.
 - **Counted.** :class:`RetryStats` counts attempts, retries, give-ups and causes, so a run that only
   succeeded thanks to retries shows it (``source.retry_stats()``), and the outages ridden out.
 
@@ -262,6 +274,7 @@ class Breaker:
         self._stats = stats
         self._lock = threading.Lock()
         self._failures = 0  # connection failures in a row, with no answer between them
+        self.last_answer = 0.0  # monotonic time of the store's last answer (data or any HTTP status)
         self.last: BaseException | None = None  # the last of them (for a stall's message)
         self._probing = False  # a read is the probe now
         self._probes = 0  # failed probes in this outage (the next probe's delay doubles with them)
@@ -269,6 +282,7 @@ class Breaker:
 
     def answered(self) -> None:
         """The store answered (data, or any HTTP status): it is there."""
+        self.last_answer = time.monotonic()  # (one float store, no lock: read only to compare)
         if self._failures or self.is_open:  # (unlocked test: the common case takes no lock)
             with self._lock:
                 self._failures = 0
@@ -304,15 +318,18 @@ class Breaker:
                 self._stats._add(outage_waits=1)
             return self.is_open
 
-    async def wait(self) -> bool:
+    async def wait(self, since: float | None = None) -> bool:
         """While open: wait for the store. Returns True when this read is to be the probe (try now), False
-        when the breaker closed; raises ``TimeoutError`` past ``max_outage``."""
+        when the breaker closed; raises ``TimeoutError`` once this read has waited ``max_outage``, counted
+        from the breaker's opening or from ``since`` (when the read began), whichever is later: a read that
+        comes after an outage outlasted ``max_outage`` probes the store instead of failing unsent."""
         loop = asyncio.get_running_loop()
+        since = time.monotonic() if since is None else since
         while True:
             with self._lock:
                 if not self.is_open:
                     return False
-                left = self.opened_at + self.max_outage - time.monotonic()
+                left = max(self.opened_at, since) + self.max_outage - time.monotonic()
                 if left <= 0:
                     raise TimeoutError(f"{self.name} has not answered for {self.max_outage:.0f} s")
                 probe = not self._probing
@@ -414,24 +431,26 @@ class RetryPolicy:
         With a ``breaker``, failures without an answer while it is open are waited out there, uncharged.
         """
         stats._add(requests=1)
-        start = time.monotonic()
+        began = start = time.monotonic()
         tries = 0  # attempts made
-        charged = 0  # ... that count against max_attempts (not those the breaker waited out)
+        charged = 0  # ... that count against max_attempts (not those the breaker waited out, nor silences)
         probe = False
         last: BaseException | None = None
         while True:
             if breaker is not None and breaker.is_open:
                 t_wait = time.monotonic()
                 try:
-                    probe = await breaker.wait()
+                    probe = await breaker.wait(began)
                 except TimeoutError as away:
                     stats._add(gave_up=1)
                     cause = last or breaker.last or away  # (a request that met the open breaker before any attempt)
-                    raise GiveUp(what, tries, cause, permanent=False, outage_s=breaker.max_outage) from cause
+                    outage = time.monotonic() - max(breaker.opened_at, began)
+                    raise GiveUp(what, tries, cause, permanent=False, outage_s=outage) from cause
                 start += time.monotonic() - t_wait  # max_elapsed counts this request's own time, not the outage's
             tries += 1
             charged += 1
             stats._add(attempts=1)
+            sent = time.monotonic()
             try:
                 result = await attempt()
             except asyncio.CancelledError:
@@ -461,10 +480,22 @@ class RetryPolicy:
                 if not transient(exc):
                     stats._add(gave_up=1)
                     raise GiveUp(what, tries, exc, permanent=True) from exc
-                delay = self.backoff(charged, exc)
-                if charged >= self.max_attempts or time.monotonic() - start + delay > self.max_elapsed:
-                    stats._add(gave_up=1)
-                    raise GiveUp(what, tries, exc, permanent=False) from exc
+                if breaker is not None and breaker.trip_after and is_outage(exc) and breaker.last_answer < sent:
+                    # The store answered nothing since this attempt was sent: its silence (one the breaker
+                    # has not yet called an outage), bounded by the outage clock (``max_outage``, from the
+                    # loader's stall_timeout), not by this request's attempts. A request that times out while
+                    # the store answers others is this request's failure, charged below.
+                    charged -= 1
+                    delay = self.backoff(min(tries, 30), exc)
+                    silent = time.monotonic() - max(breaker.last_answer, began)
+                    if silent + delay > breaker.max_outage:
+                        stats._add(gave_up=1)
+                        raise GiveUp(what, tries, exc, permanent=False, outage_s=silent) from exc
+                else:
+                    delay = self.backoff(max(charged, 1), exc)
+                    if charged >= self.max_attempts or time.monotonic() - start + delay > self.max_elapsed:
+                        stats._add(gave_up=1)
+                        raise GiveUp(what, tries, exc, permanent=False) from exc
                 if not budget.take():
                     stats._add(gave_up=1, budget_exhausted=1)
                     raise GiveUp(what, tries, exc, permanent=False, budget_exhausted=True) from exc

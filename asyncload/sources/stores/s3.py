@@ -174,7 +174,7 @@ def _warn_no_chain() -> None:
     _warned_no_chain = True
     log.warning(
         "asyncload: no S3 keys in creds or AWS_* variables, and botocore is not installed, so profiles, SSO, "
-        "web identity and instance roles are not looked at; requests go unsigned. pip install 'asyncload[s3]'"
+        "web identity and instance roles are not looked at; requests go unsigned. pip install 'torch-asyncload[s3]'"
     )
 
 

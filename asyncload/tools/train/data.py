@@ -104,6 +104,12 @@ def apply_draw(
     return out_img, out_msk
 
 
+def worker_start(num_workers: int) -> dict[str, Any]:
+    """DataLoader workers by spawn: this process opened Deep Lake (the dataset's open, the class scan), whose
+    runtime does not survive a fork (a forked worker segfaulted in about 1 run in 6: docs/ARCHITECTURE.md)."""
+    return {"multiprocessing_context": "spawn"} if num_workers else {}
+
+
 class SyncSegmentation(torch.utils.data.Dataset):  # type: ignore[type-arg]
     """The baseline: rows ``[start, stop)`` read one by one with ``ds[i]["images"]``, ``ds[i]["masks"]``.
 
@@ -188,7 +194,9 @@ class Split:
                 self.dataset = self.loader = TrainedPrefix(loader)
             else:
                 self.dataset = AsyncIterableDataset(source, **how)
-                self.loader = torch.utils.data.DataLoader(self.dataset, batch_size=None, num_workers=cfg.num_workers)
+                self.loader = torch.utils.data.DataLoader(
+                    self.dataset, batch_size=None, num_workers=cfg.num_workers, **worker_start(cfg.num_workers)
+                )
             per = EpochSampler(self.n, 1, remainder="pad", shard=Shard(rank, world)).rank_samples
             self.real = max(0, min(per, self.n - rank * per))
         else:
@@ -199,7 +207,11 @@ class Split:
                 self.dataset, num_replicas=world, rank=rank, shuffle=train, seed=cfg.seed
             )
             self.loader = torch.utils.data.DataLoader(
-                self.dataset, batch_size=cfg.batch_size, sampler=self.sampler, num_workers=cfg.num_workers
+                self.dataset,
+                batch_size=cfg.batch_size,
+                sampler=self.sampler,
+                num_workers=cfg.num_workers,
+                **worker_start(cfg.num_workers),
             )
             self.real = len(range(rank, self.n, world))  # DistributedSampler pads at the end of each share
 
