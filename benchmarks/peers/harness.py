@@ -257,6 +257,13 @@ def _child(spec: dict[str, Any], conn: Any) -> None:
     """In the fresh process: measure, send, exit hard (Deep Lake's threads can crash a normal interpreter
     exit after ``get_async``; the result is already out). ``spec["call"]`` runs another function instead
     (the path check), given as ``(module, name, args)``."""
+    import shutil
+    import tempfile
+
+    # Every run starts cold: a node block store of its own (asyncload keeps what it fetched on local disk,
+    # and a store shared by the runs would serve every run after the first from there), removed after.
+    store = tempfile.mkdtemp(prefix="asyncload-bench-store-")
+    os.environ["ASYNCLOAD_CACHE_DIR"] = store
     try:
         if "call" in spec:
             import importlib
@@ -269,6 +276,7 @@ def _child(spec: dict[str, Any], conn: Any) -> None:
             out = measure_reader(spec)
     except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
         out = {"error": f"{type(exc).__name__}: {exc}"}
+    shutil.rmtree(store, ignore_errors=True)
     conn.send(out)
     conn.close()
     os._exit(0)
