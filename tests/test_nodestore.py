@@ -43,9 +43,10 @@ def epoch_rows(batches) -> Counter[int]:
     return Counter(int(i) for b in batches for i in b["index"])
 
 
-def store_bytes() -> int:
-    root = Path(os.environ["ASYNCLOAD_CACHE_DIR"])
-    return sum(p.stat().st_size for p in root.rglob("*.rows"))
+def store_bytes(root: Path | None = None) -> int:
+    """Bytes of the parts on disk, each file once (a part is linked into every bin it has rows of)."""
+    root = root or Path(os.environ["ASYNCLOAD_CACHE_DIR"])
+    return sum(size for _, size in {(p.stat().st_ino, p.stat().st_size) for p in root.rglob("*.rows")})
 
 
 def test_later_epochs_read_the_disk_and_nothing_from_the_store(seg_url, seg_arrays, tmp_path) -> None:
@@ -216,7 +217,7 @@ def test_the_limit_holds_with_a_dataset_twice_its_size(seg_url, tmp_path) -> Non
     src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
     probe = AsyncLoader(src, **{**OPTS, "cache_dir": str(tmp_path / "probe")})
     list(probe)
-    whole = sum(p.stat().st_size for p in (tmp_path / "probe").rglob("*.rows"))
+    whole = store_bytes(tmp_path / "probe")
     limit = whole // 2
     loader = AsyncLoader(src, **{**OPTS, "cache_limit": limit})
     for epoch in range(3):

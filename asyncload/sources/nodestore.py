@@ -10,7 +10,8 @@ Layout, under ``root`` (``ASYNCLOAD_CACHE_DIR`` or ``~/.cache/asyncload/blocks``
 
     <root>/<dataset>/<version>/            one shelf: a dataset at one version (``Source.store_key``)
         in-use                             a shared lock held by every process reading this version
-        <bin>/<column>.<part>.rows         the rows of bin ``<bin>`` (``BIN`` rows) that one fetch wrote
+        <bin>/<column>.<part>.rows         rows of bin ``<bin>`` (``BIN`` rows) that one fetch wrote (one file
+                                           per fetch and column, linked into each bin it has rows of)
         <bin>/lock                         taken while a process fetches rows of this bin
 
 - **Never stale**: a shelf is named by the source's version (a Deep Lake commit and its query's rows, an
@@ -181,7 +182,7 @@ class Shelf:
                     self.store.counts.corrupt += 1
                     _unlink(p)
                     continue
-                found.setdefault(col, {}).update(entries)
+                found.setdefault(col, {}).update((r, e) for r, e in entries.items() if r // BIN == b)
             with self._lock:
                 self._bins[b] = found
 
@@ -227,43 +228,52 @@ class Shelf:
         return out
 
     def put(self, rows: list[int], cols: Mapping[str, list[Any]]) -> bool:
-        """Write ``rows`` (their values per column key) as one part per bin and column. False where the
-        store did not keep them (over its limit, or the disk refused)."""
-        by_bin: dict[int, list[int]] = {}
-        for k, r in enumerate(rows):
-            by_bin.setdefault(r // BIN, []).append(k)
-        plans: list[tuple[Path, str, bytes, list[memoryview | bytes]]] = []
+        """Write ``rows`` (their values per column key) as one part per column, in the directory of each bin
+        it holds rows of (one file, hard-linked: a fully shuffled read's rows are spread over many bins, and
+        a file per bin cost a write each). False where the store did not keep them (over its limit, or the
+        disk refused)."""
+        bins = sorted({r // BIN for r in rows})
+        plans: list[tuple[str, bytes, list[memoryview | bytes]]] = []
         total = 0
-        for b, ks in by_bin.items():
-            for col, values in cols.items():
-                header: dict[str, Any] = {"column": col, "rows": [], "entries": []}
-                bufs: list[memoryview | bytes] = []
-                off = 0
-                for k in ks:
-                    data, how = _encode(values[k])
-                    header["rows"].append(rows[k])
-                    header["entries"].append([off, len(data), zlib.crc32(data), how])
-                    bufs.append(data)
-                    off += len(data)
-                name = f"{col}.{min(header['rows'])}-{zlib.crc32(json.dumps(header['rows']).encode()):08x}.rows"
-                head = json.dumps(header, separators=(",", ":")).encode()
-                plans.append((self.path / str(b), name, head, bufs))
-                total += len(_MAGIC) + _HEAD.size + len(head) + off
+        for col, values in cols.items():
+            header: dict[str, Any] = {"column": col, "rows": [int(r) for r in rows], "entries": []}
+            bufs: list[memoryview | bytes] = []
+            off = 0
+            for value in values:
+                data, how = _encode(value)
+                header["entries"].append([off, len(data), zlib.crc32(data), how])
+                bufs.append(data)
+                off += len(data)
+            name = f"{col}.{min(rows)}-{zlib.crc32(json.dumps(header['rows']).encode()):08x}.rows"
+            head = json.dumps(header, separators=(",", ":")).encode()
+            plans.append((name, head, bufs))
+            total += len(_MAGIC) + _HEAD.size + len(head) + off
         if not self.store.reserve(total):
             return False
         written: dict[int, dict[str, dict[int, Entry]]] = {}
         tmp: Path | None = None
         try:
-            for d, name, head, bufs in plans:
-                d.mkdir(exist_ok=True)
-                tmp = d / f"{_TMP}{os.getpid()}-{threading.get_ident()}-{name}.writing"
+            for name, head, bufs in plans:
+                first = self.path / str(bins[0])
+                first.mkdir(exist_ok=True)
+                tmp = first / f"{_TMP}{os.getpid()}-{threading.get_ident()}-{name}.writing"
                 with open(tmp, "wb") as f:
                     f.write(_MAGIC + _HEAD.pack(len(head)) + head)
                     for buf in bufs:
                         f.write(buf)
-                os.replace(tmp, d / name)  # atomic: a reader sees the whole part or none of it
-                col, entries = _parse_header(str(d / name), head, len(_MAGIC) + _HEAD.size + len(head))
-                written.setdefault(int(d.name), {}).setdefault(col, {}).update(entries)
+                for b in bins[1:]:  # whole before it is linked anywhere: a reader sees all of it or nothing
+                    d = self.path / str(b)
+                    d.mkdir(exist_ok=True)
+                    with contextlib.suppress(FileExistsError):  # the same rows, written by another process
+                        os.link(tmp, d / name)
+                os.replace(tmp, first / name)
+                tmp = None
+                for b in bins:
+                    col, entries = _parse_header(
+                        str(self.path / str(b) / name), head, len(_MAGIC) + _HEAD.size + len(head)
+                    )
+                    mine = {r: e for r, e in entries.items() if r // BIN == b}
+                    written.setdefault(b, {}).setdefault(col, {}).update(mine)
         except OSError as exc:
             _unlink(tmp)
             self.store.failed(exc)
@@ -504,11 +514,16 @@ def _parse_header(path: str, head: bytes, base: int) -> tuple[str, dict[int, Ent
 
 
 def _tree_bytes(root: Path) -> int:
+    """Bytes of the files under ``root``, each file once (a part is linked into every bin it holds rows of)."""
     total = 0
+    seen: set[tuple[int, int]] = set()
     for dirpath, _, files in os.walk(root):
         for name in files:
             with contextlib.suppress(OSError):
-                total += os.stat(os.path.join(dirpath, name)).st_size
+                st = os.stat(os.path.join(dirpath, name))
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_size
     return total
 
 
