@@ -302,7 +302,8 @@ class BlockReads:
         shelf = self.shelf
         fd = await self._lock(rows[0] // BIN) if lock else -1
         try:
-            await asyncio.to_thread(shelf.scan, {r // BIN for r in rows})
+            if lock:  # what another process wrote while this one waited for the lock
+                await asyncio.to_thread(shelf.scan, {r // BIN for r in rows})
             missing = [r for r in rows if r not in shelf.known([r], cols.values())]
             if not missing:
                 return {}
