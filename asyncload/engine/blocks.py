@@ -361,7 +361,8 @@ class BlockReads:
     def _count_fetch(self, rows: list[int], cols: Columns) -> None:
         self._fetched.update(rows)
         nbytes = part_bytes(cols)
-        self.stats.node_misses += len(rows)
+        if self.shelf is not None:  # (without the node store nothing is a miss: there is nothing to hit)
+            self.stats.node_misses += len(rows)
         self.stats.remote_bytes += nbytes
         if rows:
             self._row_bytes = max(self._row_bytes, nbytes / len(rows))

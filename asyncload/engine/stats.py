@@ -46,9 +46,9 @@ class Stats:
     cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
     cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
     # The read stage (``blocks.BlockReads``) and the node block store (``sources.nodestore``):
-    remote_bytes: int = 0  # bytes the read stage fetched from the remote store
+    remote_bytes: int = 0  # bytes the read stage fetched from the source (the remote store, or a local path)
     node_hits: int = 0  # rows served from the node store's disk
-    node_misses: int = 0  # rows fetched from the remote (each written to the node store where it is on)
+    node_misses: int = 0  # rows the node store did not have, fetched from the remote (0 without the store)
     node_not_kept: int = 0  # rows fetched that the node store did not keep (over its limit, or failed)
     node_corrupt: int = 0  # parts on disk that failed their checksum (deleted, rows fetched again)
     node_read_bytes: int = 0  # bytes read from the node store's disk
