@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from ..image.decode import DecodeStage, Part, ReadAgain
-from ..sources.base import Source
-from .blocks import BlockReads
-from .collate import CollateFn, RaggedSpec, Transform
-from .options import OnError
-from .tuning import ConcurrencyTuner
+if TYPE_CHECKING:  # types only: the plan, like the pipeline that reads it, needs no import of the image package
+    from ..image.decode import DecodeStage, Part, ReadAgain
+    from ..sources.base import Source
+    from .blocks import BlockReads
+    from .collate import CollateFn, RaggedSpec, Transform
+    from .options import OnError
+    from .tuning import ConcurrencyTuner
 
 
 @runtime_checkable
