@@ -179,7 +179,6 @@ class Shelf:
                 try:
                     col, entries = _read_header(p)
                 except (OSError, ValueError, CorruptPart):
-                    self.store.counts.corrupt += 1
                     _unlink(p)
                     continue
                 found.setdefault(col, {}).update((r, e) for r, e in entries.items() if r // BIN == b)
@@ -217,7 +216,6 @@ class Shelf:
                 n = os.preadv(fd, [buf], e.offset)
                 if n != e.length or zlib.crc32(buf) != e.crc:
                     raise CorruptPart(e.path)
-                self.store.counts.disk_bytes += e.length
                 if e.kind == "bytes":
                     out.append(bytes(buf))
                 else:
@@ -283,7 +281,6 @@ class Shelf:
                 have = self._bins.setdefault(b, {})
                 for col, entries in by_col.items():
                     have.setdefault(col, {}).update(entries)
-        self.store.counts.written_bytes += total
         return True
 
     # -- one fetch per node --------------------------------------------------------------------
@@ -314,17 +311,6 @@ class Shelf:
             self._inuse_fd = -1
 
 
-@dataclass
-class StoreCounts:
-    """What this process's store did (read into the loader's ``stats()``)."""
-
-    disk_bytes: int = 0  # bytes of rows read from local disk
-    written_bytes: int = 0  # bytes written (rows fetched from the remote, kept)
-    not_kept_bytes: int = 0  # bytes fetched that did not fit the limit
-    evicted_bytes: int = 0  # bytes of other shelves removed to make room
-    corrupt: int = 0  # parts found corrupt (deleted and fetched again)
-
-
 class NodeStore:
     """The store under ``root``, at most ``limit`` bytes (None: a quarter of the free space, at most
     ``DEFAULT_LIMIT_CAP``). One per process and root (``NodeStore.at``)."""
@@ -343,7 +329,6 @@ class NodeStore:
             free = shutil.disk_usage(root).free
             limit = min(DEFAULT_LIMIT_CAP, (free + self._used) // 4)
         self.limit = limit
-        self.counts = StoreCounts()
         self.disabled: str | None = None
         self._lock = threading.Lock()
         self._since_scan = 0
@@ -423,7 +408,6 @@ class NodeStore:
             os.close(fd)
         with self._lock:
             self._used -= nbytes
-        self.counts.evicted_bytes += nbytes
         log.info("asyncload: node store: removed %s (%.1f MB), used by no process", shelf, nbytes / 1e6)
         return nbytes
 
@@ -443,7 +427,6 @@ class NodeStore:
                 if self._used + nbytes <= self.limit:
                     self._used += nbytes
                     return True
-        self.counts.not_kept_bytes += nbytes
         return False
 
     def _unused_by_age(self) -> list[Path]:
@@ -552,7 +535,6 @@ __all__ = [
     "Entry",
     "NodeStore",
     "Shelf",
-    "StoreCounts",
     "column_key",
     "default_root",
 ]
