@@ -43,14 +43,23 @@ def main(status: int, python: str, since: float = 0.0) -> None:
     if shutil.which("gdb") is None:
         print(f"core file {core} kept; gdb is not installed, so no backtrace")
         return
-    out = subprocess.run(
-        ["gdb", "-batch", "-nx", "-iex", "set auto-load safe-path /", "-ex", "info threads", "-ex", "py-bt",
-         "-ex", "thread apply all bt 25", os.path.realpath(python), core],
-        capture_output=True, text=True, timeout=300,
-    ).stdout  # fmt: skip
-    # The faulting thread is the one gdb selects first ("Program terminated with signal ...").
-    print(out[:60_000])  # the faulting thread and its Python stack come first
+    files = [os.path.realpath(python), core]
+    # The faulting thread is the one gdb selects first ("Program terminated with signal ..."). `thread apply
+    # all bt` prints it last, and a CI log keeps only the head and the tail of a long report, so its native
+    # and Python stacks are printed on their own, first and again at the very end.
+    faulting = _gdb(files, "bt 40", "py-bt")
+    print(faulting)
+    print(_gdb(files, "info threads", "thread apply all bt 12")[:40_000])
+    print("=== the faulting thread, again ===")
+    print(faulting[-8_000:])
     print(f"=== core file: {core} ===")
+
+
+def _gdb(files: list[str], *commands: str) -> str:
+    """gdb's answers to ``commands`` on the core (``files``: the executable and the core)."""
+    args = ["gdb", "-batch", "-nx", "-iex", "set auto-load safe-path /"]
+    args += [a for c in commands for a in ("-ex", c)]
+    return subprocess.run(args + files, capture_output=True, text=True, timeout=300).stdout
 
 
 def _read(path: str) -> str:
