@@ -163,6 +163,47 @@ def socket_kinds() -> dict[str, int]:
     return kinds
 
 
+def owners() -> dict[str, Any]:
+    """What holds this process's descriptors, to name a leak's owner: each TCP connection (its ports and
+    state, from ``/proc/net/tcp``), the other descriptors by kind (pipes, eventfds, epoll, io_uring,
+    files), and the live objects that own connections: aiohttp sessions not closed, Deep Lake datasets."""
+    import collections
+
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    inodes = {t[8:-1] for t in targets if t.startswith("socket:[")}
+    tcp = []
+    states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN", "07": "CLOSE"}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{table}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) > 9 and parts[9] in inodes:
+                local, remote = (int(a.rsplit(":", 1)[1], 16) for a in parts[1:3])
+                tcp.append(f"{local}->{remote} {states.get(parts[3], parts[3])}")
+    kinds = collections.Counter(
+        t.split("[")[0].rstrip(":") if not t.startswith("/") else "file:" + os.path.dirname(t)
+        for t in targets if not t.startswith("socket:")
+    )  # fmt: skip
+    sessions = deeplake_datasets = 0
+    for obj in gc.get_objects():
+        name = type(obj).__module__ + "." + type(obj).__qualname__
+        if name == "aiohttp.client.ClientSession" and not obj.closed:
+            sessions += 1
+        elif name.startswith("deeplake") and "Dataset" in name:
+            deeplake_datasets += 1
+    return {"tcp": sorted(tcp), "other_fds": dict(kinds), "open_aiohttp_sessions": sessions,
+            "deeplake_datasets": deeplake_datasets}  # fmt: skip
+
+
 def fds() -> tuple[int, int]:
     """(file descriptors, of which sockets) of this process."""
     n = socks = 0
@@ -427,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         upload(server, args.rows)
         gc.collect()
         fds_before, socks_before = fds()  # (before the proxy, which is stopped before they are counted again)
+        owned_before = owners()
         proxy = FaultProxy(("127.0.0.1", server.port), upstream_timeout=600.0)
         proxy.start()
         endpoint = dict(server.creds(BUCKET), endpoint_url=proxy.url)
@@ -539,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         if left_threads:
             failures.append(f"asyncload threads left: {left_threads}")
         kinds = leaks["socket_kinds"] = socket_kinds()
+        leaks["owners"], leaks["owners_before"] = owners(), owned_before
         tcp = kinds.get("tcp", 0) + kinds.get("tcp6", 0)
         if tcp:  # a connection left open: a session not closed (unix ones: multiprocessing's helpers)
             failures.append(f"TCP sockets left after closing every loader and the proxy: {kinds}")
