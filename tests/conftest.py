@@ -183,9 +183,9 @@ def _no_failing_deep_lake_read_in_this_process(monkeypatch: pytest.MonkeyPatch):
     original = DeepLakeSource.read
     failed: list[list[int]] = []
 
-    async def read(self: DeepLakeSource, indices: list[int]):  # noqa: ANN202 - the wrapped method's Columns
+    async def read(self: DeepLakeSource, indices: list[int], raw: frozenset[str] = frozenset()):  # noqa: ANN202
         try:
-            return await original(self, indices)
+            return await original(self, indices, raw)
         except ReadError as exc:
             failed.append(list(exc.indices))
             raise

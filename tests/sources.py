@@ -27,14 +27,14 @@ class DelayedSource(DeepLakeSource):
         self.max_samples_in_flight = 0
         self._samples = 0
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         self.in_flight += 1
         self._samples += len(indices)
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.max_samples_in_flight = max(self.max_samples_in_flight, self._samples)
         try:
             await asyncio.sleep(self.delay(indices))
-            return await super().read(indices)
+            return await super().read(indices, raw)
         finally:
             self.in_flight -= 1
             self._samples -= len(indices)
@@ -49,10 +49,10 @@ class RecordingSource(DeepLakeSource):
         super().__init__(url, **kw)
         self.log = str(log)
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         with open(self.log, "a") as f:
             f.write(json.dumps(list(indices)) + "\n")
-        return await super().read(indices)
+        return await super().read(indices, raw)
 
     @property
     def reads(self) -> list[list[int]]:
@@ -76,11 +76,11 @@ class FailingSource(DeepLakeSource):
         super().__init__(url, **kw)
         self.bad = set(bad)
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         hit = sorted(self.bad.intersection(indices))
         if hit:
             raise OSError(f"unreadable object for sample {hit[0]}")
-        return await super().read(indices)
+        return await super().read(indices, raw)
 
 
 class CapacitySource(DeepLakeSource):
@@ -102,7 +102,7 @@ class CapacitySource(DeepLakeSource):
     def throttle_count(self) -> int:
         return self.throttled
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         loop = asyncio.get_running_loop()
         if self._sem is None or self._sem[0] is not loop:  # one loop per epoch
             self._sem = (loop, asyncio.Semaphore(self.slots))
@@ -113,7 +113,7 @@ class CapacitySource(DeepLakeSource):
                 await asyncio.sleep(4 * self.latency)
             async with self._sem[1]:
                 await asyncio.sleep(self.latency)
-            return await super().read(indices)
+            return await super().read(indices, raw)
         finally:
             self.in_flight -= 1
 
@@ -129,7 +129,7 @@ class StragglerSource(DeepLakeSource):
         self.in_flight = 0
         self.stalled = 0
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         self.count += 1
         self.in_flight += 1
         try:
@@ -138,7 +138,7 @@ class StragglerSource(DeepLakeSource):
                 await asyncio.sleep(self.stall)
             else:
                 await asyncio.sleep(0.005)
-            return await super().read(indices)
+            return await super().read(indices, raw)
         finally:
             self.in_flight -= 1
 
@@ -167,13 +167,13 @@ class CrashingSource(DeepLakeSource):
             return False
         return True
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         if os.getpid() != self.owner and any(self._kills(i) for i in indices):
             # No core file: ``make test`` allows cores so that a real crash of the suite is explained.
             resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
             os.kill(os.getpid(), self.sig)
             await asyncio.sleep(30)  # the signal ends the process before this does
-        return await super().read(indices)
+        return await super().read(indices, raw)
 
 
 class ExpiringSource(CrashingSource):

@@ -16,7 +16,7 @@ from asyncload.engine.assembly import assemble
 from asyncload.engine.plan import Plan
 from asyncload.engine.protocol import EMPTY
 from asyncload.image.decode import DecodeStage, decode_stage
-from asyncload.sources.base import Source, stored_bytes
+from asyncload.sources.base import Source
 from asyncload.sources.subset import RangeSource
 
 
@@ -34,9 +34,8 @@ def parts(source: Source[Any], groups: list[list[int]], stage: DecodeStage | Non
     """Each group read as the pipeline reads it (the stage's columns as stored bytes)."""
 
     async def read_all() -> list[tuple[list[int], Any]]:
-        if stage is not None:
-            stored_bytes.set(stage.encoded)
-        return [(g, await source.read(g)) for g in groups]
+        raw = stage.encoded if stage is not None else frozenset()
+        return [(g, await source.read(g, raw)) for g in groups]
 
     return asyncio.run(read_all())
 

@@ -61,7 +61,7 @@ def test_rows_held_for_later_batches_are_copied_out_of_the_answer() -> None:
     class Views:
         cancel_safe = True
 
-        async def read(self, indices):
+        async def read(self, indices, raw=frozenset()):
             buf = bytearray(b"".join(bytes([i]) * 4 for i in indices))
             return {"x": [memoryview(buf)[4 * k : 4 * k + 4] for k in range(len(indices))]}
 
@@ -87,7 +87,7 @@ def test_a_hedge_reads_its_rows_alone_past_a_stuck_block_read() -> None:
         columns = ("x",)
         calls: list[list[int]] = []
 
-        async def read(self, indices):
+        async def read(self, indices, raw=frozenset()):
             self.calls.append(list(indices))
             if len(indices) > 1:  # the block read: stuck until released
                 await release.wait()

@@ -61,7 +61,7 @@ def test_reads_issued_in_one_loop_turn_are_not_counted_as_overtaking_each_other(
     seconds = {0: 0.3, 1: 0.3, 2: 0.3, 3: 1.0, 4: 2.0}
     calls = {i: 0 for i in seconds}
 
-    async def read(idx: list[int]) -> list[int]:
+    async def read(idx: list[int], raw: frozenset[str]) -> list[int]:
         calls[idx[0]] += 1
         await asyncio.sleep(seconds[idx[0]])
         return idx

@@ -117,15 +117,12 @@ def test_the_budgets_first_guess_counts_lz4_masks_at_their_decoded_size(lz4_url:
     H×W its blob declares (it has no image header to read), so the guess equals the true ratio."""
     import asyncio
 
-    from asyncload.sources.base import stored_bytes
-
     src = DeepLakeSource(lz4_url).open()
     stage = decode.decode_stage(src, LoaderOptions())
     assert stage is not None and stage.encoded == {"images", "masks"}
 
     async def first_read() -> dict:
-        stored_bytes.set(stage.encoded)
-        return await src.read(list(range(8)))
+        return await src.read(list(range(8)), stage.encoded)
 
     part = asyncio.run(first_read())
     blobs, masks, sizes = rows_of(lz4_url)

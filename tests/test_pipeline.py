@@ -23,7 +23,7 @@ from asyncload.engine.protocol import END, Failure, Ready
 from asyncload.engine.stats import Stats
 from asyncload.image.decode import decode_stage
 from asyncload.runtime.loop import LoopThread
-from asyncload.sources.base import Columns, stored_bytes
+from asyncload.sources.base import Columns
 from tests.photo_data import make, make_odd_masks
 from tests.sources import DelayedSource
 from tests.test_layout import import_graph
@@ -100,9 +100,9 @@ class Recording(DelayedSource):
         super().__init__(url, lambda idx: delay_s)
         self.asked: list[tuple[list[int], frozenset[str]]] = []
 
-    async def read(self, indices: list[int]) -> Columns:
-        self.asked.append((list(indices), stored_bytes.get()))
-        return await super().read(indices)
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        self.asked.append((list(indices), raw))
+        return await super().read(indices, raw)
 
 
 def test_a_mask_read_again_goes_through_the_gate_and_is_counted(odd_url: str) -> None:

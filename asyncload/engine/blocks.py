@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from ..sources.base import Columns, Source, stored_bytes
+from ..sources.base import Columns, Source
 from ..sources.nodestore import BIN, CorruptPart, Shelf, column_key
 from .budget import part_bytes
 from .stats import Stats
@@ -132,48 +132,49 @@ class BlockReads:
         self.stats = stats
 
     # -- the stage's entry points ---------------------------------------------------------------------
-    async def read(self, indices: list[int], _tries: int = 2) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset(), _tries: int = 2) -> Columns:
         """The values of ``indices``: from the node store, from rows held, from their blocks' reads (started
-        here where none is in flight), or read alone."""
+        here where none is in flight), or read alone. ``raw``: as ``Source.read``'s (the columns read as
+        stored bytes), passed to every read of the source this starts."""
         if not indices:
-            return await self.source.read(indices)
-        cols = self._keys()
+            return await self.source.read(indices, raw)
+        cols = self._keys(raw)
         if self.shelf is not None:
             await self._look(indices)
         ready = self._ready(indices, cols)
         todo = [i for i in indices if i not in ready]
         if todo and self.block is not None:
-            await self._wait_parts(todo)
+            await self._wait_parts(todo, raw)
             ready = self._ready(indices, cols)
             todo = [i for i in indices if i not in ready]
         fetched: dict[int, dict[str, Any]] = {}
         if todo and self.shelf is not None:  # rows-only reads (block None), or a part that failed or was cut
-            fetched = await self._fill(todo, cols, keep=False, lock=False)  # (rows no other process asks for)
+            fetched = await self._fill(todo, cols, raw, keep=False, lock=False)  # (rows no other process asks for)
             self._undue(list(fetched))
             todo = [i for i in todo if i not in fetched and i not in self._ready([i], cols)]
         try:
-            return await self._gather(indices, cols, todo, fetched)
+            return await self._gather(indices, cols, raw, todo, fetched)
         except CorruptPart as bad:  # deleted: its rows are fetched again (or, a second time, read alone)
             assert self.shelf is not None
             if bad.path:  # ("": a part another read found corrupt meanwhile)
                 self.shelf.forget(bad.path)
                 self.stats.node_corrupt += 1
             if _tries <= 0:
-                return await self.read_alone(indices)
-            return await self.read(indices, _tries - 1)
+                return await self.read_alone(indices, raw)
+            return await self.read(indices, raw, _tries - 1)
 
-    async def read_alone(self, indices: list[int]) -> Columns:
+    async def read_alone(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         """``indices`` read from the source by themselves, past any block read in flight (a hedge)."""
         self._undue(indices)
-        return await self.source.read(indices)
+        return await self.source.read(indices, raw)
 
     # -- where each row is ----------------------------------------------------------------------------
-    def _keys(self) -> dict[str, str]:
-        """Each column's name on disk for this read (stored bytes and decoded arrays are kept apart)."""
+    def _keys(self, raw: frozenset[str]) -> dict[str, str]:
+        """Each column's name on disk for a read of ``raw`` as stored bytes (stored bytes and decoded arrays
+        are kept apart)."""
         if self.shelf is None:
             return {}
-        stored = stored_bytes.get()
-        return {c: column_key(c, c in stored) for c in self.source.columns}
+        return {c: column_key(c, c in raw) for c in self.source.columns}
 
     async def _look(self, rows: list[int]) -> None:
         """Read from disk what this process has not seen of the bins of ``rows``."""
@@ -190,12 +191,17 @@ class BlockReads:
         return out
 
     async def _gather(
-        self, indices: list[int], cols: dict[str, str], alone: list[int], fetched: dict[int, dict[str, Any]]
+        self,
+        indices: list[int],
+        cols: dict[str, str],
+        raw: frozenset[str],
+        alone: list[int],
+        fetched: dict[int, dict[str, Any]],
     ) -> Columns:
         """Assemble the answer: ``alone`` read now, ``fetched`` as it came, the rest from the heap or the disk
         (``CorruptPart`` before any held row is taken)."""
         self._undue(alone)
-        lone = await self.source.read(alone) if alone else {}
+        lone = await self.source.read(alone, raw) if alone else {}
         apos = {i: k for k, i in enumerate(alone)}
         disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
         got: dict[str, list[Any]] = {}
@@ -237,11 +243,11 @@ class BlockReads:
                 due.remove(i)
 
     # -- block reads ----------------------------------------------------------------------------------
-    async def _wait_parts(self, todo: list[int]) -> None:
+    async def _wait_parts(self, todo: list[int], raw: frozenset[str]) -> None:
         """Start (or join) the reads of the parts of ``todo`` and wait for them; a failed or cancelled one
         leaves its rows to be read alone."""
         parts = {self._part.get(i) for i in todo}
-        waits = [t for t in map(self._start, parts) if t is not None]
+        waits = [t for t in (self._start(p, raw) for p in parts) if t is not None]
         if not waits:
             return
         try:
@@ -255,9 +261,9 @@ class BlockReads:
             if not t.cancelled():
                 t.exception()  # retrieved: its rows' own reads raise what is wrong
 
-    def _start(self, part: int | None) -> asyncio.Task[None] | None:
-        """The read of ``part``'s rows: the one in flight, a new one, or None (nothing due, or no room to
-        hold what it would read ahead)."""
+    def _start(self, part: int | None, raw: frozenset[str]) -> asyncio.Task[None] | None:
+        """The read of ``part``'s rows: the one in flight, a new one (reading ``raw`` as stored bytes), or
+        None (nothing due, or no room to hold what it would read ahead)."""
         if part is None:
             return None
         task = self._reading.get(part)
@@ -268,14 +274,14 @@ class BlockReads:
             if self.shelf is None and (busy and busy + ahead > self.hold_limit or unknown):
                 return None  # the heap is full: the rows come with their own batches
             self._ahead += ahead
-            task = self._reading[part] = asyncio.ensure_future(self._read_part(part, ahead))
+            task = self._reading[part] = asyncio.ensure_future(self._read_part(part, ahead, raw))
         return task
 
-    async def _read_part(self, part: int, ahead: float) -> None:
+    async def _read_part(self, part: int, ahead: float, raw: frozenset[str]) -> None:
         rows = self._due.pop(part)
         try:
             if self.shelf is None:
-                cols = await self.source.read(rows)
+                cols = await self.source.read(rows, raw)
                 self._count_fetch(rows, cols)
                 self._hold(rows, cols)
                 return
@@ -284,20 +290,20 @@ class BlockReads:
                 rows = sorted(set(rows) | set(range(b * self.block, min((b + 1) * self.block, self.n))))
             else:  # a part at the start: its run of storage, every process's rows in it (they are due as soon)
                 rows = list(range(rows[0], rows[-1] + 1))
-            await self._fill(rows, self._keys(), keep=True, lock=True)
+            await self._fill(rows, self._keys(raw), raw, keep=True, lock=True)
         finally:
             del self._reading[part]
             self._ahead -= ahead
 
     async def _fill(
-        self, rows: list[int], cols: dict[str, str], *, keep: bool, lock: bool
+        self, rows: list[int], cols: dict[str, str], raw: frozenset[str], *, keep: bool, lock: bool
     ) -> dict[int, dict[str, Any]]:
-        """Fetch the rows of ``rows`` not on disk and write them there. ``lock``: once per node, under the
-        lock of their first bin, looking again at the disk once it is held (a block read whole, whose rows
-        every process asks for); else at once (rows only this process asks for this epoch: a lock would
-        only queue unrelated reads behind each other). Returns the rows fetched (for a caller that asked
-        for them now); where the store did not keep them and ``keep`` (rows read ahead for this epoch),
-        those this epoch asks for are held in the heap."""
+        """Fetch the rows of ``rows`` not on disk (``raw`` as stored bytes) and write them there. ``lock``:
+        once per node, under the lock of their first bin, looking again at the disk once it is held (a block
+        read whole, whose rows every process asks for); else at once (rows only this process asks for this
+        epoch: a lock would only queue unrelated reads behind each other). Returns the rows fetched (for a
+        caller that asked for them now); where the store did not keep them and ``keep`` (rows read ahead for
+        this epoch), those this epoch asks for are held in the heap."""
         assert self.shelf is not None
         shelf = self.shelf
         fd = await self._lock(rows[0] // BIN) if lock else -1
@@ -307,7 +313,7 @@ class BlockReads:
             missing = [r for r in rows if r not in shelf.known([r], cols.values())]
             if not missing:
                 return {}
-            got = await self.source.read(missing)
+            got = await self.source.read(missing, raw)
             self._count_fetch(missing, got)
             if self.window and self.block is not None:  # (raised once, on the first fetch: a ConfigError)
                 per_row = part_bytes(got) / len(missing)

@@ -24,17 +24,15 @@ from typing import Any
 
 from .stats import Stats
 
+#: A read as the hedger makes it: ``read(indices, raw)``, ``raw`` as in ``Source.read``.
+Read = Callable[[list[int], frozenset[str]], Awaitable[Any]]
+
 
 class Hedger:
-    """Reads through ``read(indices)``, hedging stragglers; counts hedges in ``stats``."""
+    """Reads through ``read(indices, raw)``, hedging stragglers; counts hedges in ``stats``."""
 
     def __init__(
-        self,
-        read: Callable[[list[int]], Awaitable[Any]],
-        stats: Stats,
-        factor: float | None,
-        floor_s: float,
-        again: Callable[[list[int]], Awaitable[Any]] | None = None,
+        self, read: Read, stats: Stats, factor: float | None, floor_s: float, again: Read | None = None
     ) -> None:
         self._read = read
         self._again = again or read  # a hedge's read: its rows alone (not a join of the straggling block read)
@@ -59,28 +57,29 @@ class Hedger:
             self._at = st.requests
         return self._after_s
 
-    def _start(self, idx: list[int], hedge: bool = False) -> asyncio.Future[tuple[Any, float]]:
+    def _start(self, idx: list[int], raw: frozenset[str], hedge: bool = False) -> asyncio.Future[tuple[Any, float]]:
         """Issue a read now. Counted here, not when its task first runs: reads issued in the same loop
         turn must count as issued before or after one another in the order they were issued."""
         self._started += 1
-        return asyncio.ensure_future(self._timed(idx, hedge))
+        return asyncio.ensure_future(self._timed(idx, raw, hedge))
 
-    async def _timed(self, idx: list[int], hedge: bool = False) -> tuple[Any, float]:
+    async def _timed(self, idx: list[int], raw: frozenset[str], hedge: bool = False) -> tuple[Any, float]:
         t0 = time.perf_counter()
         try:
-            part = await (self._again if hedge else self._read)(idx)
+            part = await (self._again if hedge else self._read)(idx, raw)
         finally:
             self._finished += 1
         return part, time.perf_counter() - t0
 
-    async def read(self, idx: list[int]) -> tuple[Any, float]:
-        """``(result, seconds)`` of reading ``idx``, racing a second request if the first straggles."""
+    async def read(self, idx: list[int], raw: frozenset[str] = frozenset()) -> tuple[Any, float]:
+        """``(result, seconds)`` of reading ``idx``, racing a second request if the first straggles; both
+        are passed ``raw``."""
         after = self.after()
         if after is None:  # no latencies to judge by yet (or hedging off): no task to race
             self._started += 1
-            return await self._timed(idx)
+            return await self._timed(idx, raw)
         ahead, finished = self._started - self._finished, self._finished  # reads in flight before this one
-        first = self._start(idx)
+        first = self._start(idx, raw)
         issued = self._started  # reads issued up to and including this one
         wait = after
         while True:
@@ -95,7 +94,7 @@ class Hedger:
                 break
             wait = max(self._floor_s, after / 4)
         self._stats.hedges += 1
-        second = self._start(idx, hedge=True)
+        second = self._start(idx, raw, hedge=True)
         pending = {first, second}
         error: BaseException | None = None
         while pending:

@@ -49,7 +49,6 @@ from typing import Any
 
 from ..errors import ConfigError, ReadError, StallError, WorkerError, read_error
 from ..runtime.loop import LoopThread
-from ..sources.base import stored_bytes
 from .assembly import assemble
 from .budget import ByteBudget
 from .hedging import Hedger
@@ -155,6 +154,8 @@ class Pipeline:
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
         self.stats.concurrency = plan.requests * plan.request_size
         self._stage: ReadStage | None = plan.stage
+        # the decode stage's columns: the epoch's reads return them as stored bytes (``Source.read``'s ``raw``)
+        self._raw: frozenset[str] = self._stage.encoded if self._stage is not None else frozenset()
         ratio = self._stage.decoded_ratio if self._stage is not None else None
         held = (lambda: reads.held_bytes) if reads is not None else None  # rows read ahead, in the heap
         self._budget = ByteBudget(plan.budget, plan.batch_size, stats, ratio, held)
@@ -162,8 +163,6 @@ class Pipeline:
     async def run(self) -> None:
         plan = self.plan
         cpu0 = time.thread_time()  # this is the loop thread: its CPU is the fetch side's share
-        if self._stage is not None:  # the fetchers' reads return these columns' stored bytes
-            stored_bytes.set(self._stage.encoded)
         self._fetchers = fetchers = [asyncio.create_task(self._fetch()) for _ in range(plan.fetchers)]
         watcher = asyncio.create_task(self._watch()) if plan.tuner or plan.log_every else None
         watchdog = asyncio.create_task(self._watchdog())
@@ -284,9 +283,11 @@ class Pipeline:
         if self._cancel_safe:
             self._hedger.cancel()
 
-    async def _shielded(self, read: Callable[[list[int]], Awaitable[Any]], idx: list[int]) -> Any:
-        """``read(idx)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
-        task = asyncio.ensure_future(read(idx))
+    async def _shielded(
+        self, read: Callable[[list[int], frozenset[str]], Awaitable[Any]], idx: list[int], raw: frozenset[str]
+    ) -> Any:
+        """``read(idx, raw)`` in a task of its own that a cancelled waiter leaves running (see ``abandon``)."""
+        task = asyncio.ensure_future(read(idx, raw))
         self._uncancellable.add(task)
         task.add_done_callback(self._uncancellable.discard)
         return await asyncio.shield(task)
@@ -367,26 +368,23 @@ class Pipeline:
         self.abandon()  # (stops: no batch is delivered after this error)
 
     # -- fetch -----------------------------------------------------------------------------------
-    async def _request(self, idx: list[int], stored: frozenset[str] | None = None) -> Any:
+    async def _request(self, idx: list[int], raw: frozenset[str]) -> Any:
         """One request through the gate, the hedger, the in-flight count and the watchdog's clock: every
-        read of the epoch goes through here, a decode stage's reads again included. ``stored``: the columns
-        this request returns as stored bytes, where they differ from the epoch's."""
+        read of the epoch goes through here, a decode stage's reads again included. ``raw``: the columns
+        this request returns as stored bytes (``Source.read``'s)."""
         stats = self.stats
         await self._gate.acquire()
         stats.requests += 1
         stats.in_flight += len(idx)
         key = id(idx)
         self._reading[key] = idx
-        token = stored_bytes.set(stored) if stored is not None else None  # (a hedge's task copies it)
         try:
-            part, seconds = await self._hedger.read(idx)
+            part, seconds = await self._hedger.read(idx, raw)
         except (ReadError, WorkerError, ConfigError):  # WorkerError: the reader process died past its restart
             raise  # budget; ConfigError: a setting the read stage found wrong (``cache_limit``)
         except Exception as exc:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
-            if token is not None:
-                stored_bytes.reset(token)
             self._last_answer = time.perf_counter()  # (cancelled: no answer, but nothing waits any more)
             del self._reading[key]
             stats.in_flight -= len(idx)
@@ -400,7 +398,7 @@ class Pipeline:
     async def _read(self, idx: list[int]) -> tuple[Any, int]:
         """The columns read for ``idx`` (as the decode stage completed them), and their bytes (now held
         against the budget)."""
-        part = await self._request(idx)
+        part = await self._request(idx, self._raw)
         if self._stage is not None:
             part = await self._stage.complete(part, functools.partial(self._read_again, idx))
         self.stats.samples_read += len(idx)
@@ -408,9 +406,10 @@ class Pipeline:
         self.stats.bytes_read += nbytes
         return part, nbytes
 
-    async def _read_again(self, idx: list[int], positions: list[int], stored: frozenset[str]) -> Any:
-        """The decode stage's ``read_again``: the samples at ``positions`` of the read of ``idx``."""
-        return await self._request([idx[k] for k in positions], stored)
+    async def _read_again(self, idx: list[int], positions: list[int], raw: frozenset[str]) -> Any:
+        """The decode stage's ``read_again``: the samples at ``positions`` of the read of ``idx``, ``raw``
+        as stored bytes."""
+        return await self._request([idx[k] for k in positions], raw)
 
     async def _fetch(self) -> None:
         while (item := await self._work.get()) is not None:

@@ -28,7 +28,7 @@ class ReadStage(Protocol):
 
     @property
     def encoded(self) -> frozenset[str]:
-        """The columns its reads return as stored bytes (``sources.base.stored_bytes``)."""
+        """The columns its reads return as stored bytes (``Source.read``'s ``raw``)."""
         ...
 
     async def complete(self, part: Part, read_again: ReadAgain) -> Part:

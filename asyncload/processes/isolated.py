@@ -2,7 +2,7 @@
 
 Deep Lake 4.7.4 segfaults now and then while delivering a failed read (docs/deeplake_failing_read.py).
 ``IsolatedSource`` wraps such a source: the training process keeps the whole pipeline (fetchers, hedging,
-the byte budget, decoding into the batch, ordering), and only ``read(indices)`` crosses to a persistent
+the byte budget, decoding into the batch, ordering), and only ``read(indices, raw)`` crosses to a persistent
 reader process, which runs the wrapped source's ``read`` on its own event loop and answers with what it
 returned: stored bytes for the columns the loader decodes itself, arrays for the others. What crosses is
 the store's bytes, not batches, so no shared memory is allocated per batch and decoding stays on the
@@ -10,9 +10,9 @@ training process's CPU pool, where it is when nothing is isolated.
 
 ::
 
-    loop thread ── ("read", rid, indices) ─▶ reader process: source.read on its loop ─▶ sender thread
-         ▲                                                                                    │
-         └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ┘
+    loop thread ── ("read", rid, indices, raw) ─▶ reader process: source.read on its loop ─▶ sender thread
+         ▲                                                                                         │
+         └── future settled ◀── receiver thread (one per reader) ◀── ("done"|"failed", rid, …) ────┘
 
 Requests go down the pipe as ``Connection`` messages. Answers come up the same socket in frames of their
 own (``_write_frame``): pickled with protocol 5, every stored-bytes sample and array out of band, written
@@ -62,7 +62,7 @@ from ..engine.stats import Stats
 from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
 from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
-from ..sources.base import Columns, Source, stored_bytes
+from ..sources.base import Columns, Source
 from ..sources.mixed import Composition, composition_of
 from .recovery import Ended, Recovery, beat_interval, narrow, read_limit
 
@@ -444,17 +444,16 @@ class IsolatedSource(Source[Any]):
             _settle(loop, w, None)
 
     # -- reads -----------------------------------------------------------------------------------
-    async def read(self, indices: list[int]) -> Columns:
-        cols = stored_bytes.get()
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         while True:
             try:
-                return await self._ask(indices, cols, alone=False)
+                return await self._ask(indices, raw, alone=False)  # (``raw`` goes with the request)
             except _Died as died:
                 if not died.ended.stalled:
                     break  # read again below, alone; a stuck reader's reads are sent again as they were
         try:
             async with self._alone_gate():
-                return await self._read_alone(indices, cols)
+                return await self._read_alone(indices, raw)
         finally:
             self._unsuspect()
 
@@ -650,11 +649,6 @@ def _reader_main(conn: Connection, module: str, environ: dict[str, str]) -> None
     run_child(environ, _serve_reads, conn, module)
 
 
-async def _read_one(source: Source[Any], indices: list[int], cols: frozenset[str]) -> Columns:
-    stored_bytes.set(cols)  # this task's own context
-    return await source.read(indices)
-
-
 def _answer(out: queue.SimpleQueue[Any], source: Source[Any], rid: int, f: concurrent.futures.Future[Any]) -> None:
     counts = (source.retry_count(), source.throttle_count())
     exc = f.exception()
@@ -710,8 +704,8 @@ def _serve_reads(conn: Connection, module: str) -> None:
             if msg[0] == "stall_timeout":
                 source.set_stall_timeout(msg[1])
                 continue
-            _, rid, indices, cols = msg
-            f = lt.submit(_read_one(source, indices, cols))
+            _, rid, indices, raw = msg
+            f = lt.submit(source.read(indices, raw))
             pending.add(f)
             f.add_done_callback(pending.discard)
             f.add_done_callback(functools.partial(_answer, out, source, rid))

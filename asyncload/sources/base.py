@@ -9,7 +9,6 @@ is what lets a source be handed to DataLoader workers under fork, spawn and fork
 from __future__ import annotations
 
 import abc
-import contextvars
 import os
 import threading
 import weakref
@@ -24,15 +23,6 @@ if TYPE_CHECKING:
     from ..image.decode import ImageColumn
 
 H = TypeVar("H")
-
-#: The columns the running read should return as their stored bytes (one ``bytes`` per sample) for the
-#: loader's decode stage, instead of decoded arrays. A context variable, set by the pipeline around its
-#: fetchers (and per request, for a decode stage's reads again), rather than an argument of ``read``:
-#: ``read(indices)`` stays the one method a source implements, and a user's subclass that wraps
-#: ``super().read(indices)`` keeps working unchanged. A source that ignores it returns arrays, which the
-#: decode stage takes as they are. Read by ``DeepLakeSource``, ``ObjectStoreSource`` and the reader
-#: process (``processes.isolated``, which carries it across to the reader with each request).
-stored_bytes: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("stored_bytes", default=frozenset())
 
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
 #: ndarray stacked on its first axis.
@@ -221,8 +211,16 @@ class Source(abc.ABC, Generic[H]):
         return 0
 
     @abc.abstractmethod
-    async def read(self, indices: list[int]) -> Columns:
-        """Read ``indices`` (valid, in range) on the running loop; raise ``ReadError`` on failure."""
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        """Read ``indices`` (valid, in range) on the running loop; raise ``ReadError`` on failure.
+
+        ``raw``: the columns to return as their stored bytes (one ``bytes`` per sample), undecoded: those
+        the loader's decode stage decodes itself, into the batch on its CPU pool, so the store's own
+        decode would be work thrown away. The pipeline passes them with each request; every other
+        column, and every column of a plain ``read(indices)``, comes back decoded. A source that cannot
+        return stored bytes may ignore ``raw``: the decode stage takes arrays as they are. A subclass
+        that wraps ``super().read`` passes ``raw`` on.
+        """
 
     # -- what subclasses implement ---------------------------------------------------------------
     @abc.abstractmethod

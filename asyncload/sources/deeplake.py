@@ -23,7 +23,7 @@ import deeplake
 import numpy as np
 
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
-from .base import Columns, Source, stored_bytes
+from .base import Columns, Source
 
 StorageConcurrency = int | Literal["auto"] | None
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
@@ -346,11 +346,10 @@ class DeepLakeSource(Source[Any]):
         if want is not None:
             deeplake.storage.set_concurrency(int(want))
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         ds = self.handle()
         indices = self.row_ids(indices)
         cols = self.columns
-        raw = stored_bytes.get()  # columns the loader decodes itself: their stored bytes, undecoded
         # The row or column objects stay referenced (by ``makers``) until every future has been awaited,
         # rather than trusting Deep Lake to keep a temporary ``ds[c]`` alive while its read is in flight:
         # two full test runs that read columns through temporaries segfaulted in ``await`` of such a read.

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import numpy as np
 
 from ..errors import ConfigError
-from .base import Columns, Source, stored_bytes
+from .base import Columns, Source
 
 #: The column each batch of a mixture carries: which source a row came from.
 SOURCE_COLUMN = "source"
@@ -229,19 +229,19 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
         srcs = list(self.sources.values())
         return [srcs[int(w)].row_ids([int(r)])[0] for w, r in zip(which, rows, strict=True)]
 
-    async def read(self, indices: list[int]) -> Columns:
-        """Each source's rows read at once (concurrently), put back in the order asked, with ``"source"``."""
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        """Each source's rows read at once (concurrently), put back in the order asked, with ``"source"``;
+        ``raw`` (names in this source) asked of each source under its own names."""
         which, rows = self.composition().locate(indices)
         srcs = list(self.sources.values())
         names = list(self.sources)
-        wanted = stored_bytes.get()
         groups = [(i, np.flatnonzero(which == i)) for i in range(len(srcs))]
         groups = [(i, at) for i, at in groups if len(at)]
 
         async def one(i: int) -> Columns:
             back = {v: k for k, v in self.renames[names[i]].items()}
-            stored_bytes.set(frozenset(back[c] for c in wanted if c in back))  # this task's own context
-            return await srcs[i].read([int(r) for r in rows[which == i]])
+            own = frozenset(back[c] for c in raw if c in back)
+            return await srcs[i].read([int(r) for r in rows[which == i]], own)
 
         got = await asyncio.gather(*(one(i) for i, _ in groups))
         out: Columns = {}

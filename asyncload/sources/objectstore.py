@@ -54,7 +54,7 @@ import numpy as np
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, name_objects, read_error
 from ..image.files import DecodeMode, decode_image, decode_modes
 from ..runtime.loop import LoopLocal, cores_available, run_blocking, thread_pool
-from .base import Columns, Source, stored_bytes
+from .base import Columns, Source
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
 from .stores.azure import resolve_azure, split_az_url
 from .stores.gcs import resolve_gcs, split_gs_url
@@ -492,14 +492,14 @@ class ObjectStoreSource(Source[_Index]):
         want = self._connections or 2 * self._requests_in_flight * self._indices_per_read * len(self.columns)
         return max(1, min(self.max_connections, want))
 
-    async def read(self, indices: list[int]) -> Columns:
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         index = self.handle()
         budget, stats, loops = self._process_state()
         self._indices_per_read = max(self._indices_per_read, len(indices))
         state = loops.get()
         loop = asyncio.get_running_loop()
         tasks = [
-            loop.create_task(self._read_one(state, budget, stats, col, index.keys[col][i], i))
+            loop.create_task(self._read_one(state, budget, stats, col, index.keys[col][i], i, col in raw))
             for col in self.columns
             for i in indices
         ]
@@ -522,8 +522,10 @@ class ObjectStoreSource(Source[_Index]):
         return {col: [t.result() for t in tasks[k * n : (k + 1) * n]] for k, col in enumerate(self.columns)}
 
     async def _read_one(
-        self, state: _LoopState, budget: RetryBudget, stats: RetryStats, col: str, rel: str, i: int
+        self, state: _LoopState, budget: RetryBudget, stats: RetryStats, col: str, rel: str, i: int, raw: bool
     ) -> np.ndarray:
+        """The file ``rel`` of column ``col`` (row ``i``): its bytes where ``raw`` (the loader decodes them),
+        else decoded here."""
         assert self._store is not None
         url = self._store.object_url(self._full_key(rel))
         where = f"{self.url}/{rel}"
@@ -538,7 +540,7 @@ class ObjectStoreSource(Source[_Index]):
                     waited_s=g.outage_s,
                 ) from g.last
             raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
-        if col in stored_bytes.get():  # the loader's decode stage decodes it, into the batch
+        if raw:  # the loader's decode stage decodes it, into the batch
             return data
         try:
             return await asyncio.get_running_loop().run_in_executor(

@@ -84,8 +84,8 @@ class RangeSource(Source[Any]):
     def retry_count(self) -> int:
         return self.inner.retry_count()
 
-    async def read(self, indices: list[int]) -> Columns:
-        return await self.inner.read([self.start + i for i in indices])
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        return await self.inner.read([self.start + i for i in indices], raw)
 
     def __repr__(self) -> str:
         return f"RangeSource({self.inner!r}, {self.start}, {self.stop})"

@@ -9,7 +9,6 @@ import time
 sys.path.insert(0, ".")
 from asyncload import DeepLakeSource
 from asyncload.processes.isolated import IsolatedSource
-from asyncload.sources.base import stored_bytes
 from benchmarks.peers.harness import proc_cpu_s
 
 url, mode = sys.argv[1], sys.argv[2]
@@ -22,12 +21,12 @@ if mode == "iso":
 
 
 async def epoch():
-    stored_bytes.set(frozenset({"images", "masks"}))
+    raw = frozenset({"images", "masks"})
     sem = asyncio.Semaphore(8)
 
     async def one(i):
         async with sem:
-            return await s.read(list(range(i, min(i + 64, rows))))
+            return await s.read(list(range(i, min(i + 64, rows))), raw)
 
     await asyncio.gather(*(one(i) for i in range(0, rows, 64)))
 
