@@ -344,6 +344,7 @@ class AsyncLoader:
         The loader stays usable: a later ``iter()`` starts new workers. Garbage collection of the loader
         and interpreter exit stop the workers too (``fanout.WorkerPool``)."""
         self._close_epoch()
+        self._shard.close()
         if self._pool is not None:
             self._pool.close()
         if self._isolated is not None:

@@ -166,6 +166,32 @@ def test_a_new_commit_is_not_served_from_the_old_version(copy_of, tmp_path) -> N
         assert len([v for v in d.iterdir() if v.is_dir()]) == 1, d
 
 
+def test_a_closed_loader_lets_a_newer_version_remove_the_old_one_in_the_same_process(copy_of) -> None:
+    """A long-lived process (a notebook) reads a version, closes its loader, then reads a newer commit: the
+    old version's shelf is removed at once, since nothing here reads it any more. The in-use lock used to
+    stay for the life of the process, so the old copy stayed on disk until it exited."""
+    import deeplake
+
+    url = "file://" + str(copy_of())
+    root = Path(os.environ["ASYNCLOAD_CACHE_DIR"])
+    loader = AsyncLoader(DeepLakeSource(url), **OPTS)
+    assert epoch_rows(list(loader)) == Counter(range(ROWS))
+    shelves = [v for d in root.iterdir() if d.is_dir() for v in d.iterdir() if v.is_dir()]
+    assert len(shelves) == 1 and store_bytes() > 0
+    old = shelves[0]
+    loader.close()
+    loader.close()  # twice: the shelf is released once
+    ds = deeplake.open(url)
+    ds["images"][0] = np.full_like(ds["images"][0], 7)
+    ds.commit("row 0 repainted")
+    newer = AsyncLoader(DeepLakeSource(url), **OPTS)
+    first = next(iter(newer))
+    assert not old.exists()  # removed when the newer version's shelf opened
+    assert len([v for v in old.parent.iterdir() if v.is_dir()]) == 1
+    assert len(first["index"]) == OPTS["batch_size"]
+    newer.close()
+
+
 KILLED_WRITER = """
 import sys
 sys.path.insert(0, {root!r})

@@ -9,11 +9,12 @@ tuner lives here, across epochs, so that a new epoch starts where the last one s
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Any
 
 from ..image.decode import decode_stage
 from ..sources.base import Source
-from ..sources.nodestore import open_shelf
+from ..sources.nodestore import Shelf, open_shelf
 from .blocks import BlockReads
 from .epoch import EpochIterator
 from .mixing import mixed_order
@@ -46,9 +47,25 @@ class ShardEpochs:
         if worker and self._stage is not None and self._stage.device is not None:  # the GPU is the parent's
             self._stage = dataclasses.replace(self._stage, ship=True)
         self.read_mode: ReadMode = source.preferred_read_mode if o.read_mode == "auto" else o.read_mode
-        self.shelf = (
-            open_shelf(source.store_key, source.url, o.cache_dir, o.cache_bytes) if o.wants_cache(source) else None
-        )
+        # The node store's shelf, opened at the first plan (a shard opened only for its sampler holds
+        # none) and released by ``close`` or garbage collection, so that an old version is never kept
+        # on disk by a process that has stopped reading it.
+        self._shelf: list[Shelf] = []
+        self._release = weakref.finalize(self, _release, self._shelf)
+
+    @property
+    def shelf(self) -> Shelf | None:
+        """The shelf this shard's reads keep blocks on (None: not kept), opened on first use."""
+        o = self.options
+        if not self._shelf and o.wants_cache(self.source):
+            got = open_shelf(self.source.store_key, self.source.url, o.cache_dir, o.cache_bytes)
+            if got is not None:
+                self._shelf.append(got)
+        return self._shelf[0] if self._shelf else None
+
+    def close(self) -> None:
+        """Release the shelf (a later epoch opens it again)."""
+        _release(self._shelf)
 
     def plan(
         self, epoch: int, progress: EpochProgress, only: list[tuple[int, list[int]]] | None = None, taken: Ranges = ()
@@ -77,11 +94,12 @@ class ShardEpochs:
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
         block = self.sampler.block if self.sampler.shuffle and self.sampler.block > 1 else None
         reads = None
-        if block is not None or self.shelf is not None:  # each block of the epoch's rows fetched once
+        shelf = self.shelf
+        if block is not None or shelf is not None:  # each block of the epoch's rows fetched once
             rows = (i for _, b in batches for i in b)
             hold = o.budget_bytes // 4  # rows read ahead in the heap, counted in the budget
             reads = BlockReads(
-                self.source, block, rows, n=len(self.source), shelf=self.shelf, hold_limit=hold, window=o.shuffle_window
+                self.source, block, rows, n=len(self.source), shelf=shelf, hold_limit=hold, window=o.shuffle_window
             )
         return Plan(
             source=self.source, reads=reads, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
@@ -108,3 +126,8 @@ class ShardEpochs:
 
 
 __all__ = ["ShardEpochs"]
+
+
+def _release(held: list[Shelf]) -> None:
+    while held:
+        held.pop().release()

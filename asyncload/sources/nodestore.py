@@ -141,10 +141,12 @@ class Shelf:
     """One dataset version's rows on disk, as this process sees them. Thread-safe: the loop thread asks
     what is there, file work runs on a thread pool."""
 
-    def __init__(self, store: NodeStore, path: Path, inuse_fd: int) -> None:
+    def __init__(self, store: NodeStore, key: str, path: Path, inuse_fd: int) -> None:
         self.store = store
+        self.key = key
         self.path = path
         self._inuse_fd = inuse_fd
+        self.users = 1  # the readers of this process holding it (``NodeStore.shelf``, ``release``)
         self._bins: dict[int, dict[str, dict[int, Entry]]] = {}  # bin -> column key -> row -> entry
         self._lock = threading.Lock()
 
@@ -305,10 +307,11 @@ class Shelf:
         if fd >= 0:
             os.close(fd)  # closing releases the flock
 
-    def close(self) -> None:
-        if self._inuse_fd >= 0:
-            os.close(self._inuse_fd)
-            self._inuse_fd = -1
+    def release(self) -> None:
+        """One reader of this process is done with the shelf. When none is left, its in-use lock goes, so
+        that a process opening a newer version of the dataset may remove it (a long-lived process, a
+        notebook, that read one version and then another does not keep the old one on disk)."""
+        self.store.release(self)
 
 
 class NodeStore:
@@ -316,6 +319,7 @@ class NodeStore:
     ``DEFAULT_LIMIT_CAP``). One per process and root (``NodeStore.at``)."""
 
     _open: dict[tuple[int, str], NodeStore] = {}
+    _refused: set[tuple[int, str]] = set()  # roots that could not be used here
     _open_lock = threading.Lock()
 
     def __init__(self, root: Path, limit: int | None) -> None:
@@ -333,6 +337,7 @@ class NodeStore:
         self._lock = threading.Lock()
         self._since_scan = 0
         self._shelves: dict[str, Shelf] = {}
+        self._announced: set[str] = set()  # keys whose first use this process has logged
         clean_temporaries(root)
 
     @classmethod
@@ -343,9 +348,12 @@ class NodeStore:
         with cls._open_lock:
             store = cls._open.get(key)
             if store is None:
+                if key in cls._refused:  # said once; the directory is not tried again by this process
+                    return None
                 try:
                     store = cls(root, limit)
                 except OSError as exc:
+                    cls._refused.add(key)
                     _warn_off(root, exc)
                     return None
                 cls._open[key] = store
@@ -355,13 +363,14 @@ class NodeStore:
 
     # -- shelves ---------------------------------------------------------------------------------
     def shelf(self, key: str, label: str) -> Shelf | None:
-        """The shelf of the dataset version ``key`` (``Source.store_key``), held in use by this process for
-        its life (one per process and key); older versions of the same dataset that no process uses are
-        removed."""
+        """The shelf of the dataset version ``key`` (``Source.store_key``), held in use by this process
+        until its last reader releases it (``Shelf.release``; one per process and key); older versions of
+        the same dataset that no process uses are removed."""
         with self._lock:
             have = self._shelves.get(key)
-        if have is not None:
-            return have
+            if have is not None:
+                have.users += 1
+                return have
         dataset, _, version = key.rpartition("|")
         dset = self.root / hashlib.sha256(dataset.encode()).hexdigest()[:20]
         path = dset / hashlib.sha256(version.encode()).hexdigest()[:20]
@@ -377,14 +386,32 @@ class NodeStore:
         for other in dset.iterdir():
             if other.is_dir() and other != path:
                 self._remove_if_unused(other)
-        shelf = Shelf(self, path, fd)
         with self._lock:
-            shelf = self._shelves.setdefault(key, shelf)
-        log.info(
-            "asyncload: node block store: %s is kept in %s (limit %.1f GB, %.1f GB used on this node)",
-            label, path, self.limit / 1e9, self._used / 1e9,
-        )  # fmt: skip
-        return shelf
+            have = self._shelves.get(key)
+            if have is None:
+                have = self._shelves[key] = Shelf(self, key, path, fd)
+            else:  # another thread opened it meanwhile: its lock is the one kept
+                have.users += 1
+                os.close(fd)
+            announce = key not in self._announced
+            self._announced.add(key)
+        if announce:
+            log.info(
+                "asyncload: node block store: %s is kept in %s (limit %.1f GB, %.1f GB used on this node)",
+                label, path, self.limit / 1e9, self._used / 1e9,
+            )  # fmt: skip
+        return have
+
+    def release(self, shelf: Shelf) -> None:
+        """``Shelf.release``: the last reader of ``shelf`` gone, its in-use lock is dropped."""
+        with self._lock:
+            shelf.users -= 1
+            if shelf.users > 0 or self._shelves.get(shelf.key) is not shelf:
+                return
+            del self._shelves[shelf.key]
+            fd, shelf._inuse_fd = shelf._inuse_fd, -1
+        if fd >= 0:
+            os.close(fd)  # closing releases the shared flock
 
     def _remove_if_unused(self, shelf: Path) -> int:
         """Remove ``shelf`` if no process holds it in use; its bytes, or 0."""
