@@ -27,9 +27,14 @@ healthy reads, even cold ones at 50 ms RTT with hundreds in flight, answer withi
 further replacement within one outage waits twice as long as the one before (backoff: a store that stays
 silent is not hammered with new processes and new connections, and a replacement's own start and open,
 which may stall as well, get more time), and never past the deadline: with the default 120 s, readers
-are replaced at 30 s and 90 s and the epoch ends at 120 s. A warning is logged once per outage, when the
-first reader is found stuck ("no answer from <url> for 30 s; waiting up to 120 s"), and an info line when
-the store answers again; ``Stats.stalls`` and ``Stats.stall_wait_s`` count the outages ridden out.
+are replaced at 30 s and 90 s and the epoch ends at 120 s. One outage has one clock, whichever reader
+saw it and however many were replaced in it: from the store's last answer to any reader (or the oldest
+unanswered read, if later) to its next answer. As the pipeline's watchdog does in one process, it is
+warned about once past ``STALL_WARN_S`` ("no answer from <url> for 30 s; waiting up to 120 s"), with an
+info line when the store answers again, and ``Stats.stalls`` / ``Stats.stall_wait_s`` count the outages
+past ``STALL_NOTICE_S`` that were ridden out. When the store answers, every reader's silence counts from
+that answer (``Recovery.stuck``): a reader that was silent in the outage is not taken for stuck in a new
+one by what it said before its reads answered.
 
 The module holds the decisions and the words; the two callers hold the processes: ``isolated`` awaits
 reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So the search by
@@ -132,6 +137,7 @@ class Recovery:
         self.warn = min(STALL_WARN_S, stall_timeout / 4)
         self.warned = False  # this outage was warned about (once)
         self.last_answer = 0.0  # monotonic time of the last answer from any reading process
+        self.recovered_at = 0.0  # monotonic time the last outage ended (the store answered again)
 
     # -- crashes ---------------------------------------------------------------------------------
     def charge(self, name: str, ended: Ended, rows: Sequence[int], held: str) -> WorkerError | None:
@@ -191,22 +197,25 @@ class Recovery:
         return limit
 
     def stuck(self, since: float, now: float) -> bool:
-        """Whether a reader whose oldest unanswered read dates from ``since`` is stuck at ``now``."""
+        """Whether a reader whose oldest unanswered read dates from ``since`` is stuck at ``now``. A silence
+        that began before the store came back from an outage counts from its return (``recovered_at``): that
+        outage was the store's, and has been charged to it; what a reader says of it may be a beat late (a
+        fan-out worker's ``Beat`` from before its reads answered), and the backoff that had spared it is
+        reset, so judged from its own ``since`` it would be killed as the store answers and counted as a
+        second outage."""
+        since = max(since, self.recovered_at)
         return now - since >= self.limit(since)
 
     def stalled(self, silent_since: float, rows: Sequence[int], now: float | None = None) -> StallError | None:
-        """A stuck reader was killed; the store has not answered since ``silent_since``. Begins the
-        outage (the warning, once), counts a replacement, and returns the ``StallError`` that ends the epoch
-        once the outage has lasted ``stall_timeout`` (None: replace it and read again)."""
+        """A stuck reader was killed; its reads have had no answer since ``silent_since``. The store has
+        been silent since then, or since it last answered any reader if that is later: an outage begins
+        there if none is in progress (its deadline runs from it; it is warned about and counted as any
+        other, past ``warn`` and ``notice``). Counts a replacement, and returns the ``StallError`` that ends
+        the epoch once the outage has lasted ``stall_timeout`` (None: replace it and read again)."""
         now = time.monotonic() if now is None else now
         if self.outage_since is None:
-            self.outage_since = silent_since
-        if not self.warned and self.report:
-            self.warned = True
-            log.warning(
-                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it, "
-                "replacing readers stuck in their reads", self.url, now - silent_since, self.stall_timeout,
-            )  # fmt: skip
+            self.outage_since = max(silent_since, self.last_answer)
+        self._warn(now, ", replacing readers stuck in their reads")
         self.replaced += 1
         waited = now - self.outage_since
         if waited >= self.stall_timeout - 0.05:  # the limits are cut at the deadline: this is it
@@ -221,16 +230,19 @@ class Recovery:
         whichever process saw it first, and the stuck-process deadline (``limit``) runs from its start."""
         now = time.monotonic() if now is None else now
         began = max(since, self.last_answer)
-        if now - began < self.notice:
-            return
-        if self.outage_since is None:
+        if self.outage_since is None and now - began >= self.notice:
             self.outage_since = began
-        if not self.warned and self.report and now - self.outage_since >= self.warn:
-            self.warned = True
-            log.warning(
-                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it",
-                self.url, now - self.outage_since, self.stall_timeout,
-            )  # fmt: skip
+        self._warn(now)
+
+    def _warn(self, now: float, doing: str = "") -> None:
+        """The warning, once per outage, once it has lasted ``warn`` (as the pipeline's watchdog warns)."""
+        if self.outage_since is None or self.warned or not self.report or now - self.outage_since < self.warn:
+            return
+        self.warned = True
+        log.warning(
+            "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it%s",
+            self.url, now - self.outage_since, self.stall_timeout, doing,
+        )  # fmt: skip
 
     def stall_error(self, waited: float, rows: Sequence[int]) -> StallError:
         return StallError(
@@ -240,7 +252,9 @@ class Recovery:
         )  # fmt: skip
 
     def answered(self, now: float | None = None) -> None:
-        """The store answered: an outage in progress is over (counted in ``stats``, said in the log)."""
+        """The store answered: an outage in progress is over (counted in ``stats`` if it lasted ``notice``,
+        as the pipeline counts one; said in the log if it was warned about), and every reader's silence
+        counts from now (``stuck``)."""
         now = time.monotonic() if now is None else now
         self.last_answer = max(self.last_answer, now)
         if self.outage_since is None:
@@ -248,7 +262,8 @@ class Recovery:
         waited = now - self.outage_since
         warned, self.warned = self.warned, False
         self.outage_since, self.replaced = None, 0
-        if not self.report:
+        self.recovered_at = now
+        if not self.report or waited < self.notice:  # (a reader replaced as the store answered the others)
             return
         if self.stats is not None:
             self.stats.stalls += 1
