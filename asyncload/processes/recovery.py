@@ -37,22 +37,27 @@ that answer (``Recovery.stuck``): a reader that was silent in the outage is not 
 one by what it said before its reads answered.
 
 The module holds the decisions and the words; the two callers hold the processes: ``isolated`` awaits
-reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So the search by
-halves is a generator (``narrow``) that each drives its own way.
+reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So
+the reads alone after a death (the read again, the search by halves, the charge, the rows named or left
+out) are one generator, ``Recovery.read_alone``, that yields each read it needs (``Alone``) and is sent
+how it went; ``drive`` and ``drive_async`` run it, each caller with its own way to read rows alone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..engine.stats import Stats
 from ..errors import ReaderCrashError, StallError, WorkerError, _short
 from ..runtime.procs import cause_of_death, how_it_ended
 
 log = logging.getLogger("asyncload")
+T = TypeVar("T")
 
 #: The longest a read may go unanswered before its reader is declared stuck (see the module doc).
 MAX_READ_LIMIT = 30.0
@@ -91,22 +96,60 @@ class Ended:
         return cause_of_death(self.exitcode)
 
 
-def narrow(rows: list[int], ended: Ended) -> Generator[list[int], Ended | None, list[tuple[int, Ended]]]:
+@dataclass(frozen=True)
+class Alone:
+    """A read that ``Recovery.read_alone`` asks its caller for: ``rows`` read with nothing else in flight,
+    by a reader that may die of it; ``probe``: only to learn whether it does (its answer is dropped)."""
+
+    rows: list[int]
+    probe: bool = False
+
+
+#: What a caller sends back for an ``Alone``: the reader's ``Ended`` when the read killed it (a new reader
+#: is in its place), or else the read's answer (for a probe: anything; the reader lived).
+Outcome = Any
+#: ``Recovery.read_alone`` as its callers drive it.
+Steps = Generator[Alone, Outcome, T]
+
+
+def narrow(rows: list[int], ended: Ended) -> Steps[list[tuple[int, Ended]]]:
     """The search for the rows whose read kills a reader. ``rows`` were read alone and that killed a
-    reader (``ended``). Yields a part of ``rows`` to read alone (only to learn whether it kills a fresh
-    reader) and is sent how that reader ended, or None when the read answered (data or an error: either
-    way the reader lived). A stall is no answer: the caller reads the same part again. Returns every row
-    that killed two readers alone, with how the last one ended (none when the death came and went)."""
+    reader (``ended``). Yields a part of ``rows`` to read alone, as a probe, and is sent how that went: how
+    the reader ended, or anything else when it answered (data or an error: either way the reader lived). A
+    stall is no answer: the caller reads the same part again. Returns every row that killed two readers
+    alone, with how the last one ended (none when the death came and went)."""
     if len(rows) == 1:
-        again = yield rows
-        return [(rows[0], again)] if again is not None else []
+        again = yield Alone(rows, probe=True)
+        return [(rows[0], again)] if isinstance(again, Ended) else []
     found: list[tuple[int, Ended]] = []
     half = len(rows) // 2
     for part in (rows[:half], rows[half:]):
-        died = yield part
-        if died is not None:
+        died = yield Alone(part, probe=True)
+        if isinstance(died, Ended):
             found += yield from narrow(part, died)
     return found
+
+
+def drive(steps: Steps[T], read: Callable[[Alone], Outcome]) -> T:
+    """Run ``steps`` (``Recovery.read_alone``) to its end, each read done by ``read``, which blocks."""
+    got: Outcome = None
+    while True:
+        try:
+            ask = steps.send(got)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        got = read(ask)
+
+
+async def drive_async(steps: Steps[T], read: Callable[[Alone], Awaitable[Outcome]]) -> T:
+    """``drive``, each read awaited."""
+    got: Outcome = None
+    while True:
+        try:
+            ask = steps.send(got)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        got = await read(ask)
 
 
 class Recovery:
@@ -185,6 +228,42 @@ class Recovery:
     def skip_reason(ended: Ended) -> str:
         """What ``on_error="skip"`` records for a row that kills its reader."""
         return f"ReaderCrashError: reading it killed its reader process ({ended.signal})"
+
+    def read_alone(
+        self, rows: list[int], *, name: Callable[[int | None], str], held: str,
+        row_ids: Callable[[list[int]], list[int]], skip: bool = False,
+        found: Callable[[list[tuple[int, Ended]]], None] = lambda bad: None,
+        lock: AbstractContextManager[Any] | None = None,
+    ) -> Steps[Outcome]:  # fmt: skip
+        """Positions ``rows``, held by a reader that died with other reads in flight, read again alone
+        (``Alone``; the caller reads and sends back how it went). Returns the answer, or None when ``skip``
+        left every row out. A read that kills the reader again is narrowed down (``narrow``): the rows that
+        kill two fresh readers alone are given to ``found`` and named in a ``ReaderCrashError``, raised
+        (rows in order of position, ``row_ids`` their ids), or with ``skip`` counted in ``stats`` as left
+        out, and the rest is read again. A death whose rows kill no reader alone (it came and went) costs
+        one restart (``charge``, under ``lock``: ``name(pid)`` names the reader, ``held`` what it held),
+        and the read is tried again; past ``max_restarts``, its ``WorkerError`` is raised."""
+        while True:
+            outcome = yield Alone(rows)
+            if not isinstance(outcome, Ended):
+                return outcome
+            bad = sorted((yield from narrow(rows, outcome)), key=lambda hit: hit[0])
+            if not bad:  # a crash that comes and goes: charged, then read again
+                with lock or nullcontext():
+                    err = self.charge(name(outcome.pid), outcome, rows, held)
+                if err is not None:
+                    raise err
+                continue
+            found(bad)
+            ids = row_ids([r for r, _ in bad])
+            if not skip:
+                raise self.crash_error(ids, [e for _, e in bad])
+            assert self.stats is not None
+            self.stats.record_skipped([(i, self.skip_reason(e)) for i, (_, e) in zip(ids, bad, strict=True)])
+            gone = {r for r, _ in bad}
+            rows = [r for r in rows if r not in gone]
+            if not rows:
+                return None
 
     # -- stalls ----------------------------------------------------------------------------------
     def limit(self, since: float) -> float:
