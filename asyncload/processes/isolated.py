@@ -51,7 +51,7 @@ import struct
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -64,7 +64,7 @@ from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source
 from ..sources.mixed import Composition, composition_of
-from .recovery import Ended, Recovery, beat_interval, narrow, read_limit
+from .recovery import Alone, Ended, Recovery, beat_interval, drive_async, read_limit
 
 if TYPE_CHECKING:
     from ..image.decode import ImageColumn
@@ -459,22 +459,31 @@ class IsolatedSource(Source[Any]):
 
     async def _read_alone(self, indices: list[int], cols: frozenset[str]) -> Columns:
         """Read ``indices`` with nothing else in flight; when that kills the reader, find the rows that do
-        (``recovery.narrow``) and raise ``ReaderCrashError`` naming them all. A death whose rows kill no
-        reader when read again (it came and went) costs one restart, and the read is tried again."""
-        while True:
-            outcome = await self._alone_once(indices, cols)
-            if not isinstance(outcome, Ended):
-                return outcome
-            found = await self._search(narrow(indices, outcome), cols)
-            if found:
-                with self._lock:
-                    self._crashers.update(found)
-                raise self._crash_error([i for i, _ in found])
-            with self._lock:
-                name = f"reader process (pid {outcome.pid}) for {self.url}"
-                err = self._policy.charge(name, outcome, indices, "reads of indices")
-            if err is not None:
-                raise err
+        and raise ``ReaderCrashError`` naming them all (they are never read again). A death whose rows
+        kill no reader when read again costs one restart, and the read is tried again
+        (``Recovery.read_alone``)."""
+        steps = self._policy.read_alone(
+            indices, name=lambda pid: f"reader process (pid {pid}) for {self.url}", held="reads of indices",
+            row_ids=self.inner.row_ids, found=self._found, lock=self._lock,
+        )  # fmt: skip
+        return await drive_async(steps, functools.partial(self._alone_step, cols=cols))  # type: ignore[no-any-return]
+
+    async def _alone_step(self, ask: Alone, cols: frozenset[str]) -> Any:
+        """One read that ``Recovery.read_alone`` asks for: its answer, or how the reader it killed ended. A
+        probe that answers with an error answered: the reader lived."""
+        if not ask.probe:
+            return await self._alone_once(ask.rows, cols)
+        try:
+            return await self._alone_once(ask.rows, cols)
+        except (WorkerError, StallError, LoaderClosedError):
+            raise
+        except Exception:  # noqa: BLE001 - an answer: the reader lived
+            return None
+
+    def _found(self, bad: list[tuple[int, Ended]]) -> None:
+        """Positions whose read kills a reader alone: never read again (``_ask`` names them at once)."""
+        with self._lock:
+            self._crashers.update(bad)
 
     async def _alone_once(self, indices: list[int], cols: frozenset[str]) -> Any:
         """One read of ``indices`` alone: its answer, or how the reader it killed ended (a reader stuck in it
@@ -485,23 +494,6 @@ class IsolatedSource(Source[Any]):
             except _Died as died:
                 if not died.ended.stalled:
                     return died.ended
-
-    async def _search(self, search: Generator[list[int], Ended | None, list[tuple[int, Ended]]],
-                      cols: frozenset[str]) -> list[tuple[int, Ended]]:  # fmt: skip
-        """Drive ``recovery.narrow``: each part it names is read alone; a read that answers (even with an
-        error) did not kill its reader."""
-        try:
-            part = next(search)
-            while True:
-                try:
-                    outcome = await self._alone_once(part, cols)
-                except (WorkerError, StallError, LoaderClosedError):
-                    raise
-                except Exception:  # noqa: BLE001 - an answer: the reader lived
-                    outcome = None
-                part = search.send(outcome if isinstance(outcome, Ended) else None)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
 
     async def _ask(self, indices: list[int], cols: frozenset[str], *, alone: bool) -> Any:
         """Send one read to the live reader and await its answer. A read that is not ``alone`` waits while

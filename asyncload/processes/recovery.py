@@ -27,27 +27,37 @@ healthy reads, even cold ones at 50 ms RTT with hundreds in flight, answer withi
 further replacement within one outage waits twice as long as the one before (backoff: a store that stays
 silent is not hammered with new processes and new connections, and a replacement's own start and open,
 which may stall as well, get more time), and never past the deadline: with the default 120 s, readers
-are replaced at 30 s and 90 s and the epoch ends at 120 s. A warning is logged once per outage, when the
-first reader is found stuck ("no answer from <url> for 30 s; waiting up to 120 s"), and an info line when
-the store answers again; ``Stats.stalls`` and ``Stats.stall_wait_s`` count the outages ridden out.
+are replaced at 30 s and 90 s and the epoch ends at 120 s. One outage has one clock, whichever reader
+saw it and however many were replaced in it: from the store's last answer to any reader (or the oldest
+unanswered read, if later) to its next answer. As the pipeline's watchdog does in one process, it is
+warned about once past ``STALL_WARN_S`` ("no answer from <url> for 30 s; waiting up to 120 s"), with an
+info line when the store answers again, and ``Stats.stalls`` / ``Stats.stall_wait_s`` count the outages
+past ``STALL_NOTICE_S`` that were ridden out. When the store answers, every reader's silence counts from
+that answer (``Recovery.stuck``): a reader that was silent in the outage is not taken for stuck in a new
+one by what it said before its reads answered.
 
 The module holds the decisions and the words; the two callers hold the processes: ``isolated`` awaits
-reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So the search by
-halves is a generator (``narrow``) that each drives its own way.
+reads on an event loop, ``processes.fanout.iterator`` blocks in ``multiprocessing.connection.wait``. So
+the reads alone after a death (the read again, the search by halves, the charge, the rows named or left
+out) are one generator, ``Recovery.read_alone``, that yields each read it needs (``Alone``) and is sent
+how it went; ``drive`` and ``drive_async`` run it, each caller with its own way to read rows alone.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..engine.stats import Stats
 from ..errors import ReaderCrashError, StallError, WorkerError, _short
 from ..runtime.procs import cause_of_death, how_it_ended
 
 log = logging.getLogger("asyncload")
+T = TypeVar("T")
 
 #: The longest a read may go unanswered before its reader is declared stuck (see the module doc).
 MAX_READ_LIMIT = 30.0
@@ -86,22 +96,60 @@ class Ended:
         return cause_of_death(self.exitcode)
 
 
-def narrow(rows: list[int], ended: Ended) -> Generator[list[int], Ended | None, list[tuple[int, Ended]]]:
+@dataclass(frozen=True)
+class Alone:
+    """A read that ``Recovery.read_alone`` asks its caller for: ``rows`` read with nothing else in flight,
+    by a reader that may die of it; ``probe``: only to learn whether it does (its answer is dropped)."""
+
+    rows: list[int]
+    probe: bool = False
+
+
+#: What a caller sends back for an ``Alone``: the reader's ``Ended`` when the read killed it (a new reader
+#: is in its place), or else the read's answer (for a probe: anything; the reader lived).
+Outcome = Any
+#: ``Recovery.read_alone`` as its callers drive it.
+Steps = Generator[Alone, Outcome, T]
+
+
+def narrow(rows: list[int], ended: Ended) -> Steps[list[tuple[int, Ended]]]:
     """The search for the rows whose read kills a reader. ``rows`` were read alone and that killed a
-    reader (``ended``). Yields a part of ``rows`` to read alone (only to learn whether it kills a fresh
-    reader) and is sent how that reader ended, or None when the read answered (data or an error: either
-    way the reader lived). A stall is no answer: the caller reads the same part again. Returns every row
-    that killed two readers alone, with how the last one ended (none when the death came and went)."""
+    reader (``ended``). Yields a part of ``rows`` to read alone, as a probe, and is sent how that went: how
+    the reader ended, or anything else when it answered (data or an error: either way the reader lived). A
+    stall is no answer: the caller reads the same part again. Returns every row that killed two readers
+    alone, with how the last one ended (none when the death came and went)."""
     if len(rows) == 1:
-        again = yield rows
-        return [(rows[0], again)] if again is not None else []
+        again = yield Alone(rows, probe=True)
+        return [(rows[0], again)] if isinstance(again, Ended) else []
     found: list[tuple[int, Ended]] = []
     half = len(rows) // 2
     for part in (rows[:half], rows[half:]):
-        died = yield part
-        if died is not None:
+        died = yield Alone(part, probe=True)
+        if isinstance(died, Ended):
             found += yield from narrow(part, died)
     return found
+
+
+def drive(steps: Steps[T], read: Callable[[Alone], Outcome]) -> T:
+    """Run ``steps`` (``Recovery.read_alone``) to its end, each read done by ``read``, which blocks."""
+    got: Outcome = None
+    while True:
+        try:
+            ask = steps.send(got)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        got = read(ask)
+
+
+async def drive_async(steps: Steps[T], read: Callable[[Alone], Awaitable[Outcome]]) -> T:
+    """``drive``, each read awaited."""
+    got: Outcome = None
+    while True:
+        try:
+            ask = steps.send(got)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        got = await read(ask)
 
 
 class Recovery:
@@ -132,6 +180,7 @@ class Recovery:
         self.warn = min(STALL_WARN_S, stall_timeout / 4)
         self.warned = False  # this outage was warned about (once)
         self.last_answer = 0.0  # monotonic time of the last answer from any reading process
+        self.recovered_at = 0.0  # monotonic time the last outage ended (the store answered again)
 
     # -- crashes ---------------------------------------------------------------------------------
     def charge(self, name: str, ended: Ended, rows: Sequence[int], held: str) -> WorkerError | None:
@@ -180,6 +229,42 @@ class Recovery:
         """What ``on_error="skip"`` records for a row that kills its reader."""
         return f"ReaderCrashError: reading it killed its reader process ({ended.signal})"
 
+    def read_alone(
+        self, rows: list[int], *, name: Callable[[int | None], str], held: str,
+        row_ids: Callable[[list[int]], list[int]], skip: bool = False,
+        found: Callable[[list[tuple[int, Ended]]], None] = lambda bad: None,
+        lock: AbstractContextManager[Any] | None = None,
+    ) -> Steps[Outcome]:  # fmt: skip
+        """Positions ``rows``, held by a reader that died with other reads in flight, read again alone
+        (``Alone``; the caller reads and sends back how it went). Returns the answer, or None when ``skip``
+        left every row out. A read that kills the reader again is narrowed down (``narrow``): the rows that
+        kill two fresh readers alone are given to ``found`` and named in a ``ReaderCrashError``, raised
+        (rows in order of position, ``row_ids`` their ids), or with ``skip`` counted in ``stats`` as left
+        out, and the rest is read again. A death whose rows kill no reader alone (it came and went) costs
+        one restart (``charge``, under ``lock``: ``name(pid)`` names the reader, ``held`` what it held),
+        and the read is tried again; past ``max_restarts``, its ``WorkerError`` is raised."""
+        while True:
+            outcome = yield Alone(rows)
+            if not isinstance(outcome, Ended):
+                return outcome
+            bad = sorted((yield from narrow(rows, outcome)), key=lambda hit: hit[0])
+            if not bad:  # a crash that comes and goes: charged, then read again
+                with lock or nullcontext():
+                    err = self.charge(name(outcome.pid), outcome, rows, held)
+                if err is not None:
+                    raise err
+                continue
+            found(bad)
+            ids = row_ids([r for r, _ in bad])
+            if not skip:
+                raise self.crash_error(ids, [e for _, e in bad])
+            assert self.stats is not None
+            self.stats.record_skipped([(i, self.skip_reason(e)) for i, (_, e) in zip(ids, bad, strict=True)])
+            gone = {r for r, _ in bad}
+            rows = [r for r in rows if r not in gone]
+            if not rows:
+                return None
+
     # -- stalls ----------------------------------------------------------------------------------
     def limit(self, since: float) -> float:
         """Seconds a reader may leave its oldest read (sent, or the reader ready, at ``since``) without an
@@ -191,22 +276,25 @@ class Recovery:
         return limit
 
     def stuck(self, since: float, now: float) -> bool:
-        """Whether a reader whose oldest unanswered read dates from ``since`` is stuck at ``now``."""
+        """Whether a reader whose oldest unanswered read dates from ``since`` is stuck at ``now``. A silence
+        that began before the store came back from an outage counts from its return (``recovered_at``): that
+        outage was the store's, and has been charged to it; what a reader says of it may be a beat late (a
+        fan-out worker's ``Beat`` from before its reads answered), and the backoff that had spared it is
+        reset, so judged from its own ``since`` it would be killed as the store answers and counted as a
+        second outage."""
+        since = max(since, self.recovered_at)
         return now - since >= self.limit(since)
 
     def stalled(self, silent_since: float, rows: Sequence[int], now: float | None = None) -> StallError | None:
-        """A stuck reader was killed; the store has not answered since ``silent_since``. Begins the
-        outage (the warning, once), counts a replacement, and returns the ``StallError`` that ends the epoch
-        once the outage has lasted ``stall_timeout`` (None: replace it and read again)."""
+        """A stuck reader was killed; its reads have had no answer since ``silent_since``. The store has
+        been silent since then, or since it last answered any reader if that is later: an outage begins
+        there if none is in progress (its deadline runs from it; it is warned about and counted as any
+        other, past ``warn`` and ``notice``). Counts a replacement, and returns the ``StallError`` that ends
+        the epoch once the outage has lasted ``stall_timeout`` (None: replace it and read again)."""
         now = time.monotonic() if now is None else now
         if self.outage_since is None:
-            self.outage_since = silent_since
-        if not self.warned and self.report:
-            self.warned = True
-            log.warning(
-                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it, "
-                "replacing readers stuck in their reads", self.url, now - silent_since, self.stall_timeout,
-            )  # fmt: skip
+            self.outage_since = max(silent_since, self.last_answer)
+        self._warn(now, ", replacing readers stuck in their reads")
         self.replaced += 1
         waited = now - self.outage_since
         if waited >= self.stall_timeout - 0.05:  # the limits are cut at the deadline: this is it
@@ -221,16 +309,19 @@ class Recovery:
         whichever process saw it first, and the stuck-process deadline (``limit``) runs from its start."""
         now = time.monotonic() if now is None else now
         began = max(since, self.last_answer)
-        if now - began < self.notice:
-            return
-        if self.outage_since is None:
+        if self.outage_since is None and now - began >= self.notice:
             self.outage_since = began
-        if not self.warned and self.report and now - self.outage_since >= self.warn:
-            self.warned = True
-            log.warning(
-                "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it",
-                self.url, now - self.outage_since, self.stall_timeout,
-            )  # fmt: skip
+        self._warn(now)
+
+    def _warn(self, now: float, doing: str = "") -> None:
+        """The warning, once per outage, once it has lasted ``warn`` (as the pipeline's watchdog warns)."""
+        if self.outage_since is None or self.warned or not self.report or now - self.outage_since < self.warn:
+            return
+        self.warned = True
+        log.warning(
+            "asyncload: no answer from %s for %.0f s; waiting up to %.0f s (stall_timeout) for it%s",
+            self.url, now - self.outage_since, self.stall_timeout, doing,
+        )  # fmt: skip
 
     def stall_error(self, waited: float, rows: Sequence[int]) -> StallError:
         return StallError(
@@ -240,7 +331,9 @@ class Recovery:
         )  # fmt: skip
 
     def answered(self, now: float | None = None) -> None:
-        """The store answered: an outage in progress is over (counted in ``stats``, said in the log)."""
+        """The store answered: an outage in progress is over (counted in ``stats`` if it lasted ``notice``,
+        as the pipeline counts one; said in the log if it was warned about), and every reader's silence
+        counts from now (``stuck``)."""
         now = time.monotonic() if now is None else now
         self.last_answer = max(self.last_answer, now)
         if self.outage_since is None:
@@ -248,7 +341,8 @@ class Recovery:
         waited = now - self.outage_since
         warned, self.warned = self.warned, False
         self.outage_since, self.replaced = None, 0
-        if not self.report:
+        self.recovered_at = now
+        if not self.report or waited < self.notice:  # (a reader replaced as the store answered the others)
             return
         if self.stats is not None:
             self.stats.stalls += 1

@@ -37,11 +37,11 @@ from ...engine.progress import EpochProgress
 from ...engine.protocol import END, Failure
 from ...engine.sampler import Ranges
 from ...engine.stats import Stats
-from ...errors import ConfigError, LoaderClosedError, StallError, WorkerError
+from ...errors import ConfigError, LoaderClosedError, ReaderCrashError, StallError, WorkerError
 from ...image.decode import DecodeStage
 from ...image.gpu import PACKED, finish
 from ...runtime.loop import ExitOrder, on_exit, thread_pool
-from ..recovery import Ended, Recovery, beat_interval, narrow
+from ..recovery import Ended, Recovery, beat_interval, drive
 from .pool import WorkerPool
 from .wire import (
     _CREDITS,
@@ -466,39 +466,20 @@ class FanoutIterator(Epoch):
 
     def _read_alone(self, t: _Turns, j: int) -> Batch | Failed | None:
         """Batch ``j`` read by ``t``'s new reader with nothing else in flight: its ``Batch``, its ``Failed``,
-        or None when none of its samples is left. A read that kills the reader again is narrowed down to
-        the rows that do (``recovery.narrow``); those raise ``ReaderCrashError`` or, with
-        ``on_error="skip"``, are left out and counted, and the rest is read again. A death whose rows kill
-        no reader alone (it came and went) costs one restart."""
-        rows = list(self._batches[j])
-        while True:
-            outcome = self._ask(t, j, rows, probe=False)
-            if not isinstance(outcome, Ended):
-                return outcome
-            search = narrow(rows, outcome)
-            try:
-                part = next(search)
-                while True:
-                    died = self._ask(t, j, part, probe=True)
-                    part = search.send(died if isinstance(died, Ended) else None)
-            except StopIteration as stop:
-                bad: list[tuple[int, Ended]] = stop.value
-            if not bad:  # a crash that comes and goes: charged, then read again
-                err = self._policy.charge(self._name(t, outcome.pid), outcome, rows, "1 batch of indices")
-                if err is not None:
-                    self._pool.close(at_once=True)
-                    raise err
-                continue
-            ids = self._pool.source.row_ids([r for r, _ in bad])
-            if self._pool.options.on_error != "skip":
-                err = self._policy.crash_error(ids, [e for _, e in bad])
-                assert self._lease.gen is not None
-                return Failed(self._lease.gen, Failure(err))
-            self._stats.record_skipped([(i, self._policy.skip_reason(e)) for i, (_, e) in zip(ids, bad, strict=True)])
-            gone = {r for r, _ in bad}
-            rows = [r for r in rows if r not in gone]
-            if not rows:
-                return None
+        or None when none of its samples is left. What a read that kills the reader again costs, and which
+        rows are named (``ReaderCrashError``, raised at ``j``'s turn) or left out: ``Recovery.read_alone``."""
+        steps = self._policy.read_alone(
+            list(self._batches[j]), name=lambda pid: self._name(t, pid), held="1 batch of indices",
+            row_ids=self._pool.source.row_ids, skip=self._pool.options.on_error == "skip",
+        )  # fmt: skip
+        try:
+            return drive(steps, lambda ask: self._ask(t, j, ask.rows, probe=ask.probe))  # type: ignore[no-any-return]
+        except ReaderCrashError as err:
+            assert self._lease.gen is not None
+            return Failed(self._lease.gen, Failure(err))
+        except WorkerError:
+            self._pool.close(at_once=True)
+            raise
 
     def _ask(self, t: _Turns, j: int, rows: list[int], *, probe: bool) -> Batch | Failed | None | Ended:
         """Have ``t``'s reader read ``rows`` alone as batch ``j`` and wait for its answer: the ``Batch`` (None
