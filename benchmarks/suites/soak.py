@@ -71,6 +71,7 @@ from harness.seaweed import SeaweedServer
 
 log = logging.getLogger("soak")
 BUCKET = "soak"
+SOURCES = ("deeplake", "objectstore")
 HEIGHT = WIDTH = 48
 
 
@@ -176,6 +177,15 @@ def owners() -> dict[str, Any]:
         except OSError:
             continue
     inodes = {t[8:-1] for t in targets if t.startswith("socket:[")}
+    import socket as _socket
+
+    python_owned = set()  # the inodes of sockets a Python socket object holds (asyncio's default loop)
+    for obj in gc.get_objects():
+        if issubclass(type(obj), _socket.socket) and obj.fileno() >= 0:
+            try:
+                python_owned.add(os.readlink(f"/proc/self/fd/{obj.fileno()}")[8:-1])
+            except OSError:
+                continue
     tcp = []
     states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN", "07": "CLOSE"}
     for table in ("tcp", "tcp6"):
@@ -188,17 +198,21 @@ def owners() -> dict[str, Any]:
             parts = line.split()
             if len(parts) > 9 and parts[9] in inodes:
                 local, remote = (int(a.rsplit(":", 1)[1], 16) for a in parts[1:3])
-                tcp.append(f"{local}->{remote} {states.get(parts[3], parts[3])}")
+                held = "python" if parts[9] in python_owned else "native (uvloop or Deep Lake)"
+                tcp.append(f"{local}->{remote} {states.get(parts[3], parts[3])} {held}")
     kinds = collections.Counter(
         t.split("[")[0].rstrip(":") if not t.startswith("/") else "file:" + os.path.dirname(t)
         for t in targets if not t.startswith("socket:")
     )  # fmt: skip
+    import aiohttp
+
     sessions = deeplake_datasets = 0
     for obj in gc.get_objects():
-        name = type(obj).__module__ + "." + type(obj).__qualname__
-        if name == "aiohttp.client.ClientSession" and not obj.closed:
-            sessions += 1
-        elif name.startswith("deeplake") and "Dataset" in name:
+        if type(obj) is aiohttp.ClientSession:  # (isinstance would ask lazy modules for __class__)
+            sessions += not obj.closed
+            continue
+        module = getattr(type(obj), "__module__", None)  # (some extension types have none)
+        if isinstance(module, str) and module.startswith("deeplake") and "Dataset" in type(obj).__name__:
             deeplake_datasets += 1
     return {"tcp": sorted(tcp), "other_fds": dict(kinds), "open_aiohttp_sessions": sessions,
             "deeplake_datasets": deeplake_datasets}  # fmt: skip
@@ -345,8 +359,9 @@ class EpochRecord:
     span: tuple[float, float] = (0.0, 0.0)  # seconds since the soak began
 
 
-def make_loaders(endpoint: dict[str, str], batch: int) -> dict[str, Any]:
-    """The six ways to read, built once and kept across epochs (as a training script keeps its loader)."""
+def make_loaders(endpoint: dict[str, str], batch: int, sources: tuple[str, ...] = SOURCES) -> dict[str, Any]:
+    """The six ways to read (three per source of ``sources``), built once and kept across epochs (as a
+    training script keeps its loader)."""
 
     def deeplake() -> DeepLakeSource:
         return DeepLakeSource(f"s3://{BUCKET}/seg", creds=endpoint)
@@ -359,7 +374,7 @@ def make_loaders(endpoint: dict[str, str], batch: int) -> dict[str, Any]:
     kw: dict[str, Any] = {"shuffle": True, "cache": False}
     out: dict[str, Any] = {}
     try:
-        for name, make in (("deeplake", deeplake), ("objectstore", files)):
+        for name, make in [(n, m) for n, m in (("deeplake", deeplake), ("objectstore", files)) if n in sources]:
             out[f"{name}/defaults"] = AsyncLoader(make(), batch, **kw)
             out[f"{name}/processes=2"] = AsyncLoader(make(), batch, processes=2, **kw)
             ds = AsyncIterableDataset(make(), batch, **kw)
@@ -373,13 +388,19 @@ def make_loaders(endpoint: dict[str, str], batch: int) -> dict[str, Any]:
     return out
 
 
-def build(endpoint: dict[str, str], batch: int, errors: list[str], deadline_s: float = 300.0) -> dict[str, Any]:
+def build(
+    endpoint: dict[str, str],
+    batch: int,
+    errors: list[str],
+    sources: tuple[str, ...] = SOURCES,
+    deadline_s: float = 300.0,
+) -> dict[str, Any]:
     """``make_loaders``, again while it meets a named error: an open fails fast (a 5 s probe) while the store
     is down, as a supervisor that rebuilds a job would see; each such failure is recorded."""
     end = time.monotonic() + deadline_s
     while True:
         try:
-            return make_loaders(endpoint, batch)
+            return make_loaders(endpoint, batch, sources)
         except AsyncLoadError as exc:
             errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
             if time.monotonic() > end:
@@ -448,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rebuild", type=int, default=4, help="rounds of the six loaders between rebuilds")
     p.add_argument("--hang-s", type=float, default=300.0, help="an epoch attempt longer than this is a hang")
     p.add_argument("--out", default="benchmarks/results/soak")
+    p.add_argument("--sources", type=lambda v: tuple(v.split(",")), default=SOURCES,
+                   help="which sources' loaders to soak (a leak hunt narrows it down)")  # fmt: skip
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s", stream=sys.stderr)
     torch.manual_seed(args.seed)
@@ -472,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy = FaultProxy(("127.0.0.1", server.port), upstream_timeout=600.0)
         proxy.start()
         endpoint = dict(server.creds(BUCKET), endpoint_url=proxy.url)
-        loaders = build(endpoint, args.batch_size, build_errors)
+        loaders = build(endpoint, args.batch_size, build_errors, args.sources)
         names = list(loaders)
         live: dict[str, Any] = {"loader": None, "all": loaders}
         injector = Injector(
@@ -502,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
                 if fds_round is None:  # the first round's loaders closed: the baseline for "nothing leaked"
                     gc.collect()
                     fds_round = fds()
-                loaders = live["all"] = build(endpoint, args.batch_size, build_errors)
+                loaders = live["all"] = build(endpoint, args.batch_size, build_errors, args.sources)
                 rebuilds += 1
             name = names[epoch % len(names)]
             loader = live["loader"] = loaders[name]
@@ -560,7 +583,13 @@ def main(argv: list[str] | None = None) -> int:
         sampler.join(5)
         # -- the end: everything closed, nothing left behind -------------------------------------------
         close_all(loaders)
+        # Nothing of the soak's own may keep a loader or a batch alive when the leftovers are counted: the
+        # injector's view of the loaders (a closed loader keeps its opened source, and a Deep Lake
+        # dataset its idle connections), the last batch and what the model made of it (a batch from a
+        # worker holds its shared memory's descriptor).
+        live["all"], live["loader"] = {}, None
         del loaders, loader
+        b = x = y = loss = None  # noqa: F841 - released
         gc.collect()
         time.sleep(2.0)
         proxy.stop()  # (its own sockets: both ends of every connection it relayed)
@@ -582,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"asyncload threads left: {left_threads}")
         kinds = leaks["socket_kinds"] = socket_kinds()
         leaks["owners"], leaks["owners_before"] = owners(), owned_before
+        leaks["ports"] = {"server": server.port, "proxy": proxy.port}
         tcp = kinds.get("tcp", 0) + kinds.get("tcp6", 0)
         if tcp:  # a connection left open: a session not closed (unix ones: multiprocessing's helpers)
             failures.append(f"TCP sockets left after closing every loader and the proxy: {kinds}")
