@@ -21,12 +21,19 @@ SPS = "run_samples_per_s"
 Key = tuple[int, int | None, str, str]  # section, place (ms; None: local disk), order, reader
 
 
-def medians(rows: list[dict[str, Any]]) -> dict[Key, dict[str, Any]]:
-    """The median repetition of each (section, place, order, reader); failed runs are left out."""
+def medians(rows: list[dict[str, Any]], sections: list[dict[str, Any]] | None = None) -> dict[Key, dict[str, Any]]:
+    """The median repetition of each (section, place, order, reader); failed runs are left out. With
+    ``sections``, a reader that reads in an order of its own (a plain reader given asyncload's block order,
+    ``order: blocks:B:W``, which its name says) is filed under its section's shuffled order (else its first),
+    to be compared with the readers there rather than left out of every table."""
     runs: dict[Key, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         if r["loader"] != "netcheck" and SPS in r["m"]:
-            runs[(r["section"], r["latency_ms"], r["order"], r["loader"])].append(r["m"])
+            order = r["order"]
+            known = sections[r["section"]]["orders"] if sections is not None else [order]
+            if order not in known:
+                order = "shuffled" if "shuffled" in known else known[0]
+            runs[(r["section"], r["latency_ms"], order, r["loader"])].append(r["m"])
     out = {}
     for key, ms in runs.items():
         ms.sort(key=lambda m: m[SPS])
@@ -176,7 +183,7 @@ def _sweep(med: dict[Key, dict[str, Any]], si: int, section: dict[str, Any], ord
 
 
 def tables(data: dict[str, Any]) -> str:
-    med = medians(data["rows"])
+    med = medians(data["rows"], data["sections"])
     base = data.get("baseline") or ""
     out = [f"# {data['title']}: {data['date']}", "", f"Machine: {data['machine']}. Server: {data['server']}.", ""]
     out += _network(data)
