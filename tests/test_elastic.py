@@ -69,7 +69,7 @@ def test_any_world_resumes_what_any_world_left() -> None:
 def test_a_state_from_rank_0_resumes_rank_1_of_the_same_world(seg_url) -> None:
     src = DeepLakeSource(seg_url)
     ref = shuffled(ROWS, 8, 3)
-    ranks = [AsyncLoader(src, batch_size=8, shuffle=True, seed=3, shard=Shard(r, 2)) for r in (0, 1)]
+    ranks = [AsyncLoader(src, batch_size=8, shuffle=True, seed=3, shard=Shard(r, 2), processes=0) for r in (0, 1)]
     it = iter(ranks[0])
     for _ in range(4):
         next(it)
@@ -82,14 +82,14 @@ def test_a_state_from_rank_0_resumes_rank_1_of_the_same_world(seg_url) -> None:
 
 def test_a_state_of_the_old_format_still_loads(seg_url) -> None:
     src = DeepLakeSource(seg_url)
-    first = AsyncLoader(src, batch_size=16)
+    first = AsyncLoader(src, batch_size=16, processes=0)
     it = iter(first)
     taken = ids([next(it) for _ in range(3)])
     it.close()
     state = first.state_dict()
     old = {k: v for k, v in state.items() if k != "cut"}
     old.update(version=2, plan={**state["plan"], **{k: v for k, v in state["cut"].items() if k != "taken"}})
-    second = AsyncLoader(src, batch_size=16)
+    second = AsyncLoader(src, batch_size=16, processes=0)
     second.load_state_dict(old)
     assert taken + ids(list(second)) == [list(range(i, min(i + 16, ROWS))) for i in range(0, ROWS, 16)]
     with pytest.raises(ConfigError, match="state version 1 is not allowed: 3 \\(or 2\\)"):
@@ -103,7 +103,7 @@ def test_dataloader_workers_resume_two_ranks_on_one(seg_url, small_url) -> None:
     seen: Counter[tuple[int, int]] = Counter()
     state = None
     for rank in (0, 1):
-        ds = AsyncIterableDataset(src, batch_size=8, shuffle=True, seed=2, rank=rank, world_size=2)
+        ds = AsyncIterableDataset(src, batch_size=8, shuffle=True, seed=2, rank=rank, world_size=2, processes=0)
         ds.set_epoch(1)
         for k, b in enumerate(DataLoader(ds, batch_size=None)):
             if k == 6:
@@ -136,7 +136,7 @@ def _rank_main(rank: int, world: int, port: int, urls: list[str], out: str, take
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         src = MixedSource({"real": DeepLakeSource(urls[0]), "synth": DeepLakeSource(urls[1])})
-        loader = AsyncLoader(src, batch_size=8, shuffle=True, seed=7)
+        loader = AsyncLoader(src, batch_size=8, shuffle=True, seed=7, processes=0)
         saved = os.path.join(out, "state.json")
         loader.set_epoch(1)
         if os.path.exists(saved):
@@ -204,13 +204,13 @@ def test_fanout_workers_read_a_mixture_and_resume_another_worlds_state(seg_url, 
     def rows(batches) -> list[list[tuple[int, int]]]:
         return [list(zip(b["source"].tolist(), b["index"].tolist(), strict=True)) for b in batches]
 
-    old = AsyncLoader(src, batch_size=8, shuffle=True, seed=4, shard=Shard(0, 2))
+    old = AsyncLoader(src, batch_size=8, shuffle=True, seed=4, shard=Shard(0, 2), processes=0)
     it = iter(old)
     for _ in range(3):
         next(it)
     state = old.state_dict()
     it.close()
-    one = AsyncLoader(src, batch_size=16, shuffle=True, seed=4)
+    one = AsyncLoader(src, batch_size=16, shuffle=True, seed=4, processes=0)
     ref = rows(one)
     one.load_state_dict(state)
     rest = rows(one)

@@ -71,7 +71,7 @@ def test_a_source_asked_for_fewer_rows_cycles_and_one_asked_for_more_repeats_eve
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_every_batch_of_every_rank_keeps_the_proportion(seg_url, small_url, shuffle) -> None:
     src = mix(seg_url, small_url, {"real": 0.7, "synth": 0.3}, epoch_rows=300).open()
-    loader = AsyncLoader(src, batch_size=20, shuffle=shuffle, seed=3)
+    loader = AsyncLoader(src, batch_size=20, shuffle=shuffle, seed=3, processes=0)
     for world in (1, 3):
         for rank in range(world):
             sampler = loader.options.sampler(len(src), loader.shard.__class__(rank, world), src.block_rows,
@@ -132,13 +132,13 @@ def test_columns_must_match_or_be_renamed(seg_url, small_url) -> None:
 
 def test_mixed_resume_through_the_shared_helper(seg_url, small_url) -> None:
     src = mix(seg_url, small_url, {"real": 1, "synth": 1}, epoch_rows=96)
-    check_resume(lambda: AsyncLoader(src, batch_size=16, shuffle=True, seed=2), in_order=True, epochs=1)
+    check_resume(lambda: AsyncLoader(src, batch_size=16, shuffle=True, seed=2, processes=0), in_order=True, epochs=1)
 
 
 def test_a_changed_mixture_is_refused_on_resume(seg_url, small_url) -> None:
-    loader = AsyncLoader(mix(seg_url, small_url, {"real": 1, "synth": 1}, 96), batch_size=16)
+    loader = AsyncLoader(mix(seg_url, small_url, {"real": 1, "synth": 1}, 96), batch_size=16, processes=0)
     state = loader.state_dict()
-    other = AsyncLoader(mix(seg_url, small_url, {"real": 2, "synth": 1}, 96), batch_size=16)
+    other = AsyncLoader(mix(seg_url, small_url, {"real": 2, "synth": 1}, 96), batch_size=16, processes=0)
     with pytest.raises(ConfigError, match=r"saved on version 'mix\(real=\S+:48, synth=\S+:48\)'.*'mix\(real=\S+:64"):
         other.load_state_dict(state)
 
@@ -150,7 +150,7 @@ def test_dataloader_workers_read_a_mixture_exactly_and_resume(seg_url, small_url
     def rows(batches) -> list[list[tuple[int, int]]]:
         return [list(zip(b["source"].tolist(), b["index"].tolist(), strict=True)) for b in batches]
 
-    ref = rows(AsyncLoader(src, batch_size=16, shuffle=True, seed=4).__iter__())
+    ref = rows(AsyncLoader(src, batch_size=16, shuffle=True, seed=4, processes=0).__iter__())
     ds = AsyncIterableDataset(src, batch_size=16, shuffle=True, seed=4)
     dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
     taken = []
