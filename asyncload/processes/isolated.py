@@ -471,13 +471,13 @@ class IsolatedSource(Source[Any]):
     async def _alone_step(self, ask: Alone, cols: frozenset[str]) -> Any:
         """One read that ``Recovery.read_alone`` asks for: its answer, or how the reader it killed ended. A
         probe that answers with an error answered: the reader lived."""
-        if not ask.probe:
-            return await self._alone_once(ask.rows, cols)
         try:
             return await self._alone_once(ask.rows, cols)
         except (WorkerError, StallError, LoaderClosedError):
             raise
-        except Exception:  # noqa: BLE001 - an answer: the reader lived
+        except Exception:  # noqa: BLE001 - for a probe, an answer: the reader lived
+            if not ask.probe:
+                raise
             return None
 
     def _found(self, bad: list[tuple[int, Ended]]) -> None:
