@@ -50,7 +50,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,12 +268,11 @@ class Shelf:
                         os.link(tmp, d / name)
                 os.replace(tmp, first / name)
                 tmp = None
-                for b in bins:
-                    col, entries = _parse_header(
-                        str(self.path / str(b) / name), head, len(_MAGIC) + _HEAD.size + len(head)
-                    )
-                    mine = {r: e for r, e in entries.items() if r // BIN == b}
-                    written.setdefault(b, {}).setdefault(col, {}).update(mine)
+                col, entries = _parse_header(str(first / name), head, len(_MAGIC) + _HEAD.size + len(head))
+                for r, e in entries.items():  # each row under its own bin's link of the part
+                    b = r // BIN
+                    linked = e if b == bins[0] else replace(e, path=str(self.path / str(b) / name))
+                    written.setdefault(b, {}).setdefault(col, {})[r] = linked
         except OSError as exc:
             _unlink(tmp)
             self.store.failed(exc)
