@@ -51,11 +51,11 @@ class ShardEpochs:
         # none) and released by ``close`` or garbage collection, so that an old version is never kept
         # on disk by a process that has stopped reading it.
         self._shelf: list[Shelf] = []
-        self._release = weakref.finalize(self, _release, self._shelf)
+        weakref.finalize(self, _release, self._shelf)
 
-    @property
-    def shelf(self) -> Shelf | None:
-        """The shelf this shard's reads keep blocks on (None: not kept), opened on first use."""
+    def _open_shelf(self) -> Shelf | None:
+        """The shelf this shard's reads keep blocks on (None: not kept), opened (and held in use) on the
+        first call after ``close``."""
         o = self.options
         if not self._shelf and o.wants_cache(self.source):
             got = open_shelf(self.source.store_key, self.source.url, o.cache_dir, o.cache_bytes)
@@ -94,7 +94,7 @@ class ShardEpochs:
         stage = self._stage.for_epoch(epoch) if self._stage is not None else None
         block = self.sampler.block if self.sampler.shuffle and self.sampler.block > 1 else None
         reads = None
-        shelf = self.shelf
+        shelf = self._open_shelf()
         if block is not None or shelf is not None:  # each block of the epoch's rows fetched once
             rows = (i for _, b in batches for i in b)
             hold = o.budget_bytes // 4  # rows read ahead in the heap, counted in the budget
