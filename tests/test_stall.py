@@ -93,6 +93,19 @@ def files(data: RemoteData, **kw: object) -> ObjectStoreSource:
     return ObjectStoreSource(data.files_url, creds=data.creds(), **kw).open()  # type: ignore[arg-type]
 
 
+def silent_until(
+    freezer: Freezer, it: Iterator[object], error: type[BaseException] = StallError
+) -> tuple[BaseException, float, float]:
+    """Stop the store and read ``it`` on until it raises ``error`` (it must): the error, when the silence
+    began, and the seconds it took."""
+    freezer.stop()
+    t0 = time.monotonic()
+    with pytest.raises(error) as info:
+        for _ in it:
+            pass
+    return info.value, t0, time.monotonic() - t0
+
+
 def exactly_once(seen: list[int], rows: int) -> None:
     counts = Counter(seen)
     assert sorted(counts) == list(range(rows)), f"lost: {sorted(set(range(rows)) - set(counts))}"
@@ -168,13 +181,7 @@ def test_object_store_silent_for_good_ends_in_a_stall_error_at_the_deadline(
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=5)
     it = iter(loader)
     next(it)
-    freezer.stop()
-    t0 = time.monotonic()
-    with pytest.raises(StallError) as info:
-        for _ in it:
-            pass
-    wall = time.monotonic() - t0
-    err = info.value
+    err, _, wall = silent_until(freezer, it)
     text = str(err)
     print(f"\nsilent for good: {type(err).__name__} after {wall:.1f} s: {text}")
     assert isinstance(err, ReadError)
@@ -348,11 +355,7 @@ def test_object_store_is_read_again_after_an_outage_longer_than_the_breakers_lim
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=4)
     it = iter(loader)
     next(it)
-    freezer.stop()
-    t0 = time.monotonic()
-    with pytest.raises(StallError):
-        for _ in it:
-            pass
+    _, t0, _ = silent_until(freezer, it)
     breaker = src._breaker  # noqa: SLF001 - the state under test: open, and past its limit below
     assert breaker.is_open or src.retry_stats()["outage_waits"] == 0
     time.sleep(max(0.0, t0 + breaker.max_outage + 2.0 - time.monotonic()))  # the outage outlasts max_outage
@@ -379,10 +382,7 @@ def test_a_new_outage_after_a_long_one_is_ridden_out_again(remote_data: RemoteDa
     loader = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=4)
     it = iter(loader)
     next(it)
-    freezer.stop()
-    t0 = time.monotonic()
-    with pytest.raises(StallError):
-        list(it)
+    _, t0, _ = silent_until(freezer, it)
     time.sleep(max(0.0, t0 + src._breaker.max_outage + 1.0 - time.monotonic()))  # noqa: SLF001
     freezer.cont()
     loader2 = AsyncLoader(src, batch_size=8, concurrency=16, prefetch=1, stall_timeout=10)
@@ -410,16 +410,11 @@ def test_one_silent_read_ends_in_a_stall_error_at_stall_timeout_not_a_timeout_be
     loader = AsyncLoader(src, batch_size=1, concurrency=1, prefetch=1, stall_timeout=8, hedge=None)
     it = iter(loader)
     next(it)
-    freezer.stop()
-    t0 = time.monotonic()
-    with pytest.raises(ReadError) as info:
-        for _ in it:
-            pass
-    wall = time.monotonic() - t0
-    print(f"\none silent read: {type(info.value).__name__} after {wall:.1f} s: {info.value}")
-    assert isinstance(info.value, StallError), repr(info.value)
+    err, _, wall = silent_until(freezer, it, ReadError)
+    print(f"\none silent read: {type(err).__name__} after {wall:.1f} s: {err}")
+    assert isinstance(err, StallError), repr(err)
     assert 7.0 <= wall < 14.0, wall
-    assert "stall_timeout=8 s" in str(info.value), str(info.value)
+    assert "stall_timeout=8 s" in str(err), str(err)
     freezer.cont()
     loader.close()
     wait_no_loop_threads()
