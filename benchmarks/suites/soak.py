@@ -41,6 +41,7 @@ It writes ``<out>/soak-<seed>-<minutes>min.json`` (every figure, the fault log, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import gc
 import json
@@ -139,17 +140,20 @@ def rss_mb(pids: list[int]) -> float:
     return total / 1024
 
 
+def fd_targets() -> list[str]:
+    """What each of this process's open descriptors refers to (``/proc/self/fd``: ``socket:[inode]``,
+    ``pipe:[...]``, a path); one closed meanwhile is left out."""
+    targets = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return targets
+
+
 def socket_kinds() -> dict[str, int]:
     """This process's sockets by kind (``/proc/net``): TCP ones are connections (to the store, or its
     proxy); unix ones include multiprocessing's helpers' (the forkserver's, the resource tracker's)."""
-    inodes = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.append(target[8:-1])
+    inodes = [t[8:-1] for t in fd_targets() if t.startswith("socket:[")]
     kinds: dict[str, int] = {}
     for table in ("tcp", "tcp6", "unix"):
         try:
@@ -170,12 +174,7 @@ def owners() -> dict[str, Any]:
     files), and the live objects that own connections: aiohttp sessions not closed, Deep Lake datasets."""
     import collections
 
-    targets = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            targets.append(os.readlink(f"/proc/self/fd/{fd}"))
-        except OSError:
-            continue
+    targets = fd_targets()
     inodes = {t[8:-1] for t in targets if t.startswith("socket:[")}
     import socket as _socket
 
