@@ -46,6 +46,7 @@ rows finds it), unless the store says its reads may be (``Source.cancel_safe``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Iterable
 from itertools import pairwise
@@ -54,7 +55,8 @@ from typing import Any
 import numpy as np
 
 from ..sources.base import Columns, Source
-from ..sources.nodestore import BIN, CorruptPart, Shelf, column_key
+from ..runtime.log import log_once
+from ..sources.nodestore import BIN, CorruptPart, Entry, Shelf, Unkeepable
 from .budget import part_bytes
 from .stats import Stats
 
@@ -63,9 +65,6 @@ from .stats import Stats
 #: so the first batches wait for a few rows of each starting block, not for the blocks whole.
 RAMP_BLOCKS = 8
 
-#: How long a process waits for another one's fetch of a bin before it fetches the rows itself (a holder
-#: stopped or stuck): the rows are then fetched twice, which costs bytes, never correctness.
-LOCK_PATIENCE_S = 30.0
 
 
 class BlockReads:
@@ -89,6 +88,7 @@ class BlockReads:
         self.block = block
         self.n = n
         self.shelf = shelf
+        self._disk = shelf  # what reads the rows found on disk (``shelf`` may turn None mid-epoch)
         self.hold_limit = hold_limit
         self.held_bytes = 0  # bytes of ``_held`` (counted in the budget)
         self._ahead = 0.0  # bytes the block reads in flight are expected to hold (``hold_limit`` counts them)
@@ -104,6 +104,10 @@ class BlockReads:
         self._held: dict[int, tuple[dict[str, Any], int]] = {}  # row -> (value per column, bytes)
         self._reading: dict[int, asyncio.Task[None]] = {}  # part -> its read in flight
         self._fetched: set[int] = set()  # rows this stage fetched from the remote (not hits when read back)
+        self._found: dict[int, dict[str, Entry]] = {}  # row -> where it lies on the node store, per column key
+        # The store keeps no more (its limit reached for this node, or too small for half a window): rows
+        # read ahead are then this process's only and held within ``hold_limit``, as without a store.
+        self._full = False
 
     def _cut(self, block: int, rows: Iterable[int]) -> None:
         first: dict[int, int] = {}  # row -> its first position in this epoch's order
@@ -138,9 +142,12 @@ class BlockReads:
         stored bytes), passed to every read of the source this starts."""
         if not indices:
             return await self.source.read(indices, raw)
+        if self.shelf is not None and self.shelf.off:  # the disk or the index failed: no store from now on
+            self.shelf = None
+            self._found.clear()
         cols = self._keys(raw)
         if self.shelf is not None:
-            await self._look(indices)
+            await self._look(indices, cols)
         ready = self._ready(indices, cols)
         todo = [i for i in indices if i not in ready]
         if todo and self.block is not None:
@@ -154,11 +161,11 @@ class BlockReads:
             todo = [i for i in todo if i not in fetched and i not in self._ready([i], cols)]
         try:
             return await self._gather(indices, cols, raw, todo, fetched)
-        except CorruptPart as bad:  # deleted: its rows are fetched again (or, a second time, read alone)
-            assert self.shelf is not None
-            if bad.path:  # ("": a part another read found corrupt meanwhile)
-                self.shelf.forget(bad.path)
-                self.stats.node_corrupt += 1
+        except CorruptPart as bad:  # dropped: its rows are fetched again (or, a second time, read alone)
+            self._found = {r: e for r, e in self._found.items() if all(x.part != bad.part for x in e.values())}
+            if self.shelf is not None:
+                await asyncio.to_thread(self.shelf.forget, bad.part)
+            self.stats.node_corrupt += 1
             if _tries <= 0:
                 return await self.read_alone(indices, raw)
             return await self.read(indices, raw, _tries - 1)
@@ -170,25 +177,28 @@ class BlockReads:
 
     # -- where each row is ----------------------------------------------------------------------------
     def _keys(self, raw: frozenset[str]) -> dict[str, str]:
-        """Each column's name on disk for a read of ``raw`` as stored bytes (stored bytes and decoded arrays
-        are kept apart)."""
+        """Each column's key on the node store for a read of ``raw`` as stored bytes: stored bytes and decoded
+        values are kept apart, and decoded ones by the settings that shaped them (``Source.value_tag``)."""
         if self.shelf is None:
             return {}
-        return {c: column_key(c, c in raw) for c in self.source.columns}
+        return {c: f"{c}@b" if c in raw else f"{c}@a{self.source.value_tag(c)}" for c in self.source.columns}
 
-    async def _look(self, rows: list[int]) -> None:
-        """Read from disk what this process has not seen of the bins of ``rows``."""
-        assert self.shelf is not None
-        unseen = {r // BIN for r in rows if not self.shelf.scanned(r // BIN)}
-        if unseen:
-            await asyncio.to_thread(self.shelf.scan, unseen)
+    async def _look(self, rows: list[int], cols: dict[str, str]) -> None:
+        """Ask the node's index where the rows of ``rows`` not found yet lie (one query for all of them): what
+        any process of the node wrote so far."""
+        shelf = self.shelf
+        want = list(dict.fromkeys(r for r in rows if r not in self._found and r not in self._held))
+        if shelf is None or not want:
+            return
+        ids = self.source.row_ids(want)
+        found = await asyncio.to_thread(shelf.lookup, ids, list(cols.values()))
+        for r, i in zip(want, ids, strict=True):
+            if i in found:
+                self._found[r] = found[i]
 
     def _ready(self, rows: list[int], cols: dict[str, str]) -> set[int]:
         """Of ``rows``, those held in the heap or on disk."""
-        out = {r for r in rows if r in self._held}
-        if self.shelf is not None:
-            out |= self.shelf.known((r for r in rows if r not in out), cols.values())
-        return out
+        return {r for r in rows if r in self._held or r in self._found}
 
     async def _gather(
         self,
@@ -206,8 +216,8 @@ class BlockReads:
         disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
         got: dict[str, list[Any]] = {}
         if disk:
-            assert self.shelf is not None
-            got = await asyncio.to_thread(self._from_disk, disk, cols)
+            where = {c: [self._found[i][key] for i in disk] for c, key in cols.items()}
+            got = await asyncio.to_thread(self._read_disk, where)
             self.stats.node_hits += sum(1 for i in disk if i not in self._fetched)
             self.stats.node_read_bytes += part_bytes(got)
         dpos = {i: k for k, i in enumerate(disk)}
@@ -230,9 +240,9 @@ class BlockReads:
                     out[c].append((fetched.get(i) or held[i])[c])
         return out  # type: ignore[return-value]
 
-    def _from_disk(self, rows: list[int], cols: dict[str, str]) -> dict[str, list[Any]]:
-        assert self.shelf is not None
-        return {c: self.shelf.get(self.shelf.entries(rows, key)) for c, key in cols.items()}
+    def _read_disk(self, where: dict[str, list[Entry]]) -> dict[str, list[Any]]:
+        assert self._disk is not None
+        return {c: self._disk.get(entries) for c, entries in where.items()}
 
     def _undue(self, rows: list[int]) -> None:
         """``rows`` are read now by themselves: no part reads them again later (they would be held for ever)."""
@@ -271,7 +281,7 @@ class BlockReads:
             ahead = len(self._due[part]) * self._row_bytes  # what it will hold (a guess until a row is read)
             busy = self.held_bytes + self._ahead
             unknown = not self._row_bytes and len(self._reading) >= RAMP_BLOCKS  # no row read yet: a few at once
-            if self.shelf is None and (busy and busy + ahead > self.hold_limit or unknown):
+            if (self.shelf is None or self._full) and (busy and busy + ahead > self.hold_limit or unknown):
                 return None  # the heap is full: the rows come with their own batches
             self._ahead += ahead
             task = self._reading[part] = asyncio.ensure_future(self._read_part(part, ahead, raw))
@@ -280,10 +290,12 @@ class BlockReads:
     async def _read_part(self, part: int, ahead: float, raw: frozenset[str]) -> None:
         rows = self._due.pop(part)
         try:
-            if self.shelf is None:
-                cols = await self.source.read(rows, raw)
-                self._count_fetch(rows, cols)
-                self._hold(rows, cols)
+            if self.shelf is None or self._full:  # this process's rows only, held until their batches
+                rows = [r for r in rows if r not in self._found]  # (a full store's rows on disk stay there)
+                if rows:
+                    cols = await self.source.read(rows, raw)
+                    self._count_fetch(rows, cols)
+                    self._hold(rows, cols)
                 return
             if part in self._whole and self.block is not None:  # the block whole, for every process
                 b = rows[0] // self.block
@@ -298,34 +310,39 @@ class BlockReads:
     async def _fill(
         self, rows: list[int], cols: dict[str, str], raw: frozenset[str], *, keep: bool, lock: bool
     ) -> dict[int, dict[str, Any]]:
-        """Fetch the rows of ``rows`` not on disk (``raw`` as stored bytes) and write them there. ``lock``:
-        once per node, under the lock of their first bin, looking again at the disk once it is held (a block
-        read whole, whose rows every process asks for); else at once (rows only this process asks for this
-        epoch: a lock would only queue unrelated reads behind each other). Returns the rows fetched (for a
-        caller that asked for them now); where the store did not keep them and ``keep`` (rows read ahead for
-        this epoch), those this epoch asks for are held in the heap."""
-        assert self.shelf is not None
+        """Fetch the rows of ``rows`` not on the node store (``raw`` as stored bytes) and write them there.
+        ``lock``: once per node, under the node-wide claim of their bins, looking again at the index
+        once it is held (a block read whole, whose rows every process asks for); else at once (rows only
+        this process asks for this epoch: a claim would only queue unrelated reads behind each other).
+        Returns the rows fetched (for a caller that asked for them now); where the store did not keep them
+        and ``keep`` (rows read ahead for this epoch), those this epoch asks for are held in the heap."""
         shelf = self.shelf
-        fd = await self._lock(rows[0] // BIN) if lock else -1
+        assert shelf is not None
+        bins = sorted({i // BIN for i in self.source.row_ids(rows)})
+        claimed = lock and await self._claim(shelf, bins, rows, cols)
         try:
-            if lock:  # what another process wrote while this one waited for the lock
-                await asyncio.to_thread(shelf.scan, {r // BIN for r in rows})
-            missing = [r for r in rows if r not in shelf.known([r], cols.values())]
-            if not missing:
+            missing = [r for r in rows if r not in self._found]
+            if not missing or (lock and not claimed):
                 return {}
             got = await self.source.read(missing, raw)
             self._count_fetch(missing, got)
-            if self.window and self.block is not None:  # (raised once, on the first fetch: a ConfigError)
-                per_row = part_bytes(got) / len(missing)
-                shelf.store.check_limit(int(self.window // 2 * per_row), "cache_limit")
-                self.window = 0
-            by_key = {cols[c]: list(v) for c, v in got.items()}
-            try:
-                kept = await asyncio.to_thread(shelf.put, missing, by_key)
-            except TypeError:  # a column whose values cannot be written (objects)
-                kept = False
+            if self.window and self.block is not None:  # (once, on the first fetch)
+                self._check_room(shelf, part_bytes(got) / len(missing))
+            kept = False
+            if not self._full and self.shelf is not None:
+                try:
+                    by_key = {cols[c]: list(v) for c, v in got.items() if c in cols}
+                    kept = await asyncio.to_thread(shelf.put, self.source.row_ids(missing), by_key)
+                except Unkeepable as exc:
+                    self._unkeepable(exc)
+                else:
+                    if kept:
+                        await self._look(missing, cols)
+                    elif not shelf.off:
+                        self._full = True  # the node's limit: what is on disk stays, the rest is read through
         finally:
-            shelf.unlock(fd)
+            if claimed:
+                await asyncio.to_thread(shelf.unclaim, bins)
         pos = {r: k for k, r in enumerate(missing)}
         if not kept:
             self.stats.node_not_kept += len(missing)
@@ -334,20 +351,47 @@ class BlockReads:
                 self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in got.items()})
         return {r: {c: v[k] for c, v in got.items()} for r, k in pos.items()}
 
-    async def _lock(self, bin_: int) -> int:
-        """The node-wide lock of ``bin_``: polled (every 5 ms, backing off to 100 ms) while another process
-        fetches; past ``LOCK_PATIENCE_S`` fetched regardless (-1: no lock held)."""
-        assert self.shelf is not None
-        wait, waited = 0.005, 0.0
+    async def _claim(self, shelf: Shelf, bins: list[int], rows: list[int], cols: dict[str, str]) -> bool:
+        """The node-wide claim of ``bins`` (those of ``rows``) before a fetch of ``rows``: True once held (the index looked at
+        again: what another process wrote while this one waited), False where the rows came meanwhile
+        (another process fetched them). Polled every 5 ms, backing off to 100 ms; a claim whose holder
+        died, or that is older than ``CLAIM_PATIENCE_S``, is taken over (``Shelf.claim``)."""
+        wait = 0.005
         while True:
-            fd = await asyncio.to_thread(self.shelf.try_lock, bin_)
-            if fd is not None:
-                return fd
-            if waited >= LOCK_PATIENCE_S:
-                return -1
+            if await asyncio.to_thread(shelf.claim, bins):
+                await self._look(rows, cols)
+                return True
             await asyncio.sleep(wait)
-            waited += wait
             wait = min(0.1, wait * 2)
+            await self._look(rows, cols)
+            if all(r in self._found for r in rows):
+                return False
+
+    def _check_room(self, shelf: Shelf, per_row: float) -> None:
+        """A limit that cannot hold half of what one window keeps between its fetch and its turn would throw
+        every fetch away: the store then reads through (this process's rows, held within the budget), said
+        once."""
+        self.window, need = 0, int(self.window // 2 * per_row)
+        if shelf.store.limit < need:
+            self._full = True
+            log_once(
+                f"asyncload: cache_limit={shelf.store.limit:,} bytes cannot hold half a window of {self.source.url} "
+                f"({need:,} bytes at the sizes read so far): reading through without keeping it; set cache_limit "
+                f"to at least {2 * need:,} bytes, a smaller shuffle_window, or cache=False",
+                logging.WARNING,
+                key=f"cache_limit too small {shelf.store.root} {self.source.url}",
+            )
+
+    def _unkeepable(self, exc: Unkeepable) -> None:
+        """A column whose values the store cannot give back exactly: this source is read without the store
+        (every column of a row comes from one place), said once."""
+        self.shelf = None
+        self._found.clear()
+        log_once(
+            f"asyncload: {self.source.url} is not kept on the node block store: {exc}; it is read from the store "
+            f"every epoch (pass only the columns you need, or cache=False, to silence this)",
+            logging.WARNING,
+        )
 
     # -- the heap -------------------------------------------------------------------------------------
     def _hold(self, rows: list[int], cols: Columns) -> None:
@@ -385,4 +429,4 @@ def _own(value: Any) -> Any:
     return value
 
 
-__all__ = ["BlockReads", "LOCK_PATIENCE_S", "RAMP_BLOCKS"]
+__all__ = ["BlockReads", "RAMP_BLOCKS"]

@@ -222,6 +222,9 @@ class IsolatedSource(Source[Any]):
     def store_key(self) -> str | None:
         return self.inner.store_key
 
+    def value_tag(self, column: str) -> str:
+        return self.inner.value_tag(column)
+
     def row_ids(self, positions: list[int]) -> list[int]:
         return self.inner.row_ids(positions)
 

@@ -20,10 +20,12 @@ _forked_said = mmap.mmap(-1, 4096)
 _said: set[str] = set()
 
 
-def log_once(message: str, level: int = logging.WARNING) -> None:
-    """Log ``message`` at ``level`` the first time this process asks for it."""
-    if message not in _said:
-        _said.add(message)
+def log_once(message: str, level: int = logging.WARNING, key: str | None = None) -> None:
+    """Log ``message`` at ``level`` the first time this process asks for it (or for ``key``, where the
+    message carries figures that change from one call to the next)."""
+    key = message if key is None else key
+    if key not in _said:
+        _said.add(key)
         log.log(level, message)
 
 

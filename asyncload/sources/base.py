@@ -9,6 +9,7 @@ is what lets a source be handed to DataLoader workers under fork, spawn and fork
 from __future__ import annotations
 
 import abc
+import hashlib
 import os
 import threading
 import weakref
@@ -35,6 +36,29 @@ def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
     src = ref()
     if src is not None:
         src.close()
+
+
+_CODE_TAGS: dict[type, str] = {}
+
+
+def code_tag(cls: type) -> str:
+    """The class's name and, where a class of its lineage is not asyncload's own (a user's subclass), a
+    digest of that class's code: a subclass whose ``read`` changed writes a store of its own rather than
+    being served what the old code returned."""
+    tag = _CODE_TAGS.get(cls)
+    if tag is None:
+        h = hashlib.sha256()
+        for k in cls.__mro__:
+            if k.__module__.split(".")[0] in ("asyncload", "builtins", "abc", "typing"):
+                continue
+            for name, fn in sorted(vars(k).items()):
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                if code is not None:
+                    h.update(f"{k.__qualname__}.{name}".encode())
+                    h.update(code.co_code)
+                    h.update(repr(code.co_consts).encode())
+        tag = _CODE_TAGS[cls] = f"{cls.__qualname__}:{h.hexdigest()[:12]}"
+    return tag
 
 
 class Source(abc.ABC, Generic[H]):
@@ -124,11 +148,19 @@ class Source(abc.ABC, Generic[H]):
 
     @property
     def store_key(self) -> str | None:
-        """What names this source's rows on the node block store: ``"<dataset>|<version>"``, where a
-        changed remote has another version, so it is never served from an older copy. None (not kept)
-        where the version is unknown."""
+        """What names the bytes behind this source's rows (``row_ids``) on the node block store: what reads
+        them (``code_tag``: the class, and the code of a user's subclass), the URL and the version, so that a
+        changed remote, or a changed ``read``, is never served from an older copy. None (not kept) where the
+        version is unknown. A source over part of another (a split, a query) names the whole dataset's
+        rows, so that the parts share them."""
         version = self.version
-        return None if version is None else f"{type(self).__qualname__} {self.url}|{version}"
+        return None if version is None else f"{code_tag(type(self))} {self.url}|{version}"
+
+    def value_tag(self, column: str) -> str:
+        """The settings of this source that change what ``read`` decodes for ``column`` (not its stored
+        bytes): part of the column's key on the node block store, so that loaders that decode alike share
+        rows and others do not. "" where decoding has no settings."""
+        return ""
 
     #: False where a forked child cannot safely use a store runtime inherited from its parent.
     fork_safe: bool = True

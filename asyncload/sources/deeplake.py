@@ -23,7 +23,7 @@ import deeplake
 import numpy as np
 
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
-from .base import Columns, Source
+from .base import Columns, Source, code_tag
 
 StorageConcurrency = int | Literal["auto"] | None
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
@@ -268,6 +268,15 @@ class DeepLakeSource(Source[Any]):
         if self._rows is None:
             return positions
         return self._rows[positions].tolist()
+
+    @property
+    def store_key(self) -> str | None:
+        """The dataset (its URL and ``ds.id``: a dataset deleted and re-created at the same URL has another id,
+        while its commit ids count from its start again) at its commit (on its branch). Not the query's rows:
+        the rows kept are the dataset's (``row_ids``), shared by every query, split and column set of it."""
+        ds = self.handle()
+        commit = str(ds.version) if self._branch is None else f"{self._branch}:{ds.version}"
+        return f"{code_tag(type(self))} {self.url} id={ds.id}|{commit}"
 
     def _version(self, handle: Any) -> str | None:
         version = str(handle.version)  # the commit a read-only handle is pinned to

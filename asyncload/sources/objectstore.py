@@ -54,7 +54,7 @@ import numpy as np
 from ..errors import ConfigError, DatasetNotFoundError, SourceError, StallError, name_objects, read_error
 from ..image.files import DecodeMode, decode_image, decode_modes
 from ..runtime.loop import LoopLocal, cores_available, run_blocking, thread_pool
-from .base import Columns, Source
+from .base import Columns, Source, code_tag
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
 from .stores.azure import resolve_azure, split_az_url
 from .stores.gcs import resolve_gcs, split_gs_url
@@ -302,7 +302,12 @@ class ObjectStoreSource(Source[_Index]):
         version = self.version
         if contents is None or version is None:
             return None
-        return f"{type(self).__qualname__} {self.url}|{version}+{contents}"
+        return f"{code_tag(type(self))} {self.url}|{version}+{contents}"
+
+    def value_tag(self, column: str) -> str:
+        """How ``read`` decodes ``column``'s files (``decode=``): loaders that decode it otherwise keep their
+        own values."""
+        return str(self._decode[column])
 
     def _version(self, handle: _Index) -> str | None:
         """A digest of every row's keys, in row order: another listing or manifest is another version."""

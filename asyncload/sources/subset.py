@@ -38,6 +38,15 @@ class RangeSource(Source[Any]):
         return self.inner.row_ids([self.start + i for i in positions])
 
     @property
+    def store_key(self) -> str | None:
+        """The dataset's own: a split's rows are the dataset's rows (``row_ids``), shared with every other
+        split, query and column set of it on the node block store."""
+        return self.inner.store_key
+
+    def value_tag(self, column: str) -> str:
+        return self.inner.value_tag(column)
+
+    @property
     def local(self) -> bool:
         return self.inner.local
 
