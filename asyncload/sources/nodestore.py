@@ -305,6 +305,7 @@ class NodeStore:
         db = sqlite3.connect(self.root / "index.sqlite3", timeout=60.0, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses the last transactions, never the index
+        db.execute("PRAGMA journal_size_limit=1048576")  # the log cut back to 1 MiB at each checkpoint
         db.executescript(_SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('used', 0)", (_FORMAT,))
         (fmt,) = db.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()

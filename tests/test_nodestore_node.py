@@ -1,0 +1,158 @@
+"""The node block store shared by many processes of one node, against a real S3 server (SeaweedFS): ranks
+and their DataLoader workers fetch each row once for the whole node, the limit holds for the node (not per
+process), and a process forked while a claim is held leaves nobody waiting for it.
+
+Each rank is a process of its own with its rank and world size given (how it got them is
+``test_clients``'s subject); every request that reaches the store is logged by ``RecordingSource``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from asyncload.sources.nodestore import NodeStore
+
+from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
+from .sources import RecordingSource
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("process_storms")]
+
+ROOT = Path(__file__).resolve().parents[1]
+OPTS = {"shuffle": True, "shuffle_block": 8, "shuffle_window": 32, "batch_size": 8, "seed": 4}
+
+RANK = """
+import json, sys
+sys.path.insert(0, {root!r})
+from torch.utils.data import DataLoader
+from asyncload import AsyncIterableDataset, AsyncLoader
+from tests.sources import RecordingSource
+rank, world, workers, epochs = {rank}, {world}, {workers}, {epochs}
+src = RecordingSource({url!r}, {log!r}, creds={creds!r})
+out = []
+if workers:
+    ds = AsyncIterableDataset(src, rank=rank, world_size=world, **{opts!r})
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        dl = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="forkserver")
+        out.append([int(i) for b in dl for i in b["index"]])
+else:
+    loader = AsyncLoader(src, rank=rank, world_size=world, **{opts!r})
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        out.append([int(i) for b in loader for i in b["index"]])
+    loader.close()
+print(json.dumps(out))
+"""
+
+
+def run_ranks(data, log: Path, world: int, *, workers: int = 0, epochs: int = 2, **opts) -> list[list[list[int]]]:
+    """``world`` rank processes started together; each one's rows per epoch."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK.format(
+                root=str(ROOT), rank=r, world=world, workers=workers, epochs=epochs, url=data.deeplake_url,
+                log=str(log), creds=data.creds(), opts={**OPTS, **opts},
+            )],  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(world)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(json.loads(out.strip().splitlines()[-1]))
+    return outs
+
+
+def every_row_once_per_epoch(outs: list[list[list[int]]], rows: int, epochs: int) -> None:
+    for e in range(epochs):
+        seen = Counter(i for rank in outs for i in rank[e])
+        assert set(seen) == set(range(rows)), e
+
+
+def test_four_ranks_over_two_epochs_fetch_each_row_once(remote_data, tmp_path) -> None:  # noqa: F811
+    log = tmp_path / "reads.jsonl"
+    outs = run_ranks(remote_data, log, 4, epochs=2)
+    every_row_once_per_epoch(outs, remote_data.rows, 2)
+    fetched = Counter(i for r in RecordingSource(remote_data.deeplake_url, log).reads for i in r)
+    assert fetched == Counter(range(remote_data.rows))  # one fetch per row for the node, over both epochs
+
+
+def disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def test_two_ranks_of_four_workers_keep_the_node_within_its_limit(remote_data, tmp_path) -> None:  # noqa: F811
+    root = Path(os.environ["ASYNCLOAD_CACHE_DIR"])
+    probe = run_ranks(remote_data, tmp_path / "probe.jsonl", 1, epochs=1, cache_dir=str(tmp_path / "whole"))
+    every_row_once_per_epoch(probe, remote_data.rows, 1)
+    whole = NodeStore(tmp_path / "whole", None).used()
+    limit = whole // 2
+    outs = run_ranks(remote_data, tmp_path / "reads.jsonl", 2, workers=4, epochs=2, cache_limit=limit)
+    every_row_once_per_epoch(outs, remote_data.rows, 2)
+    store = NodeStore(root, None)
+    assert 0 < store.used() <= limit
+    parts = sum(p.stat().st_size for p in root.glob("parts/*/*.rows"))
+    assert parts <= limit
+    index = sum(p.stat().st_size for p in root.glob("index.sqlite3*"))
+    assert disk_bytes(root) - index <= limit, (disk_bytes(root), index, limit)  # the parts, and nothing else
+    assert index <= 3 << 20  # the index and its log (cut back to 1 MiB): a fixed cost, ~1% of a 300 MB store
+
+
+FORKED = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from asyncload.sources.nodestore import NodeStore
+shelf = NodeStore(Path({dir!r}), None).shelf("test|v1", "test")
+assert shelf.claim([0])
+pid = os.fork()
+if pid == 0:  # the child: the parent's claim is not its own; its own connection to the index works
+    assert not shelf.claim([0])
+    assert shelf.claim([5])
+    shelf.unclaim([5])
+    time.sleep(30)
+    os._exit(0)
+print(pid, flush=True)
+shelf.unclaim([0])
+print("released", flush=True)
+time.sleep(30)
+"""
+
+
+def test_a_process_forked_while_a_claim_is_held_leaves_nobody_waiting(tmp_path) -> None:
+    root = tmp_path / "store"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", FORKED.format(root=str(ROOT), dir=str(root))], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout is not None
+    try:
+        child = int(holder.stdout.readline())
+        assert holder.stdout.readline().strip() == "released"
+        shelf = NodeStore(root, None).shelf("test|v1", "test")
+        assert shelf is not None
+        t0 = time.monotonic()
+        assert shelf.claim([0])  # at once: the forked child, alive, holds nothing
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for pid in (holder.pid, locals().get("child")):
+            if pid:
+                with contextlib_suppress():
+                    os.kill(pid, 9)
+        holder.wait(timeout=10)
+
+
+def contextlib_suppress():
+    import contextlib
+
+    return contextlib.suppress(ProcessLookupError)
