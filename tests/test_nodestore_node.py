@@ -115,16 +115,18 @@ sys.path.insert(0, {root!r})
 from pathlib import Path
 from asyncload.sources.nodestore import NodeStore
 shelf = NodeStore(Path({dir!r}), None).shelf("test|v1", "test")
-assert shelf.claim([0])
+held = shelf.claim([0])
+assert held is not None and shelf.claim([0]) is None  # (another fetch of the same process waits too)
 pid = os.fork()
 if pid == 0:  # the child: the parent's claim is not its own; its own connection to the index works
-    assert not shelf.claim([0])
-    assert shelf.claim([5])
-    shelf.unclaim([5])
+    assert shelf.claim([0]) is None
+    mine = shelf.claim([5])
+    assert mine is not None
+    shelf.unclaim([5], mine)
     time.sleep(30)
     os._exit(0)
 print(pid, flush=True)
-shelf.unclaim([0])
+shelf.unclaim([0], held)
 print("released", flush=True)
 time.sleep(30)
 """
@@ -142,7 +144,7 @@ def test_a_process_forked_while_a_claim_is_held_leaves_nobody_waiting(tmp_path) 
         shelf = NodeStore(root, None).shelf("test|v1", "test")
         assert shelf is not None
         t0 = time.monotonic()
-        assert shelf.claim([0])  # at once: the forked child, alive, holds nothing
+        assert shelf.claim([0]) is not None  # at once: the forked child, alive, holds nothing
         assert time.monotonic() - t0 < 1.0
     finally:
         for pid in (holder.pid, locals().get("child")):

@@ -56,7 +56,8 @@ import numpy as np
 
 from ..sources.base import Columns, Source
 from ..runtime.log import log_once
-from ..sources.nodestore import BIN, CorruptPart, Entry, Shelf, Unkeepable
+from ..sources.nodestore import CorruptPart, Entry, Unkeepable
+from .keeping import Claim, Const, Keeping
 from .budget import part_bytes
 from .stats import Stats
 
@@ -79,7 +80,7 @@ class BlockReads:
         rows: Iterable[int],
         *,
         n: int,
-        shelf: Shelf | None = None,
+        shelf: Keeping | None = None,
         hold_limit: int = 1 << 62,
         window: int = 0,
         ramp: int | None = None,
@@ -104,7 +105,7 @@ class BlockReads:
         self._held: dict[int, tuple[dict[str, Any], int]] = {}  # row -> (value per column, bytes)
         self._reading: dict[int, asyncio.Task[None]] = {}  # part -> its read in flight
         self._fetched: set[int] = set()  # rows this stage fetched from the remote (not hits when read back)
-        self._found: dict[int, dict[str, Entry]] = {}  # row -> where it lies on the node store, per column key
+        self._found: dict[int, dict[str, Entry | Const]] = {}  # row -> where it lies on the node store, per column
         # The store keeps no more (its limit reached for this node, or too small for half a window): rows
         # read ahead are then this process's only and held within ``hold_limit``, as without a store.
         self._full = False
@@ -145,22 +146,21 @@ class BlockReads:
         if self.shelf is not None and self.shelf.off:  # the disk or the index failed: no store from now on
             self.shelf = None
             self._found.clear()
-        cols = self._keys(raw)
         if self.shelf is not None:
-            await self._look(indices, cols)
-        ready = self._ready(indices, cols)
+            await self._look(indices, raw)
+        ready = self._ready(indices)
         todo = [i for i in indices if i not in ready]
         if todo and self.block is not None:
             await self._wait_parts(todo, raw)
-            ready = self._ready(indices, cols)
+            ready = self._ready(indices)
             todo = [i for i in indices if i not in ready]
         fetched: dict[int, dict[str, Any]] = {}
         if todo and self.shelf is not None:  # rows-only reads (block None), or a part that failed or was cut
-            fetched = await self._fill(todo, cols, raw, keep=False, lock=False)  # (rows no other process asks for)
+            fetched = await self._fill(todo, raw, keep=False, lock=False)  # (rows no other process asks for)
             self._undue(list(fetched))
-            todo = [i for i in todo if i not in fetched and i not in self._ready([i], cols)]
+            todo = [i for i in todo if i not in fetched and i not in self._ready([i])]
         try:
-            return await self._gather(indices, cols, raw, todo, fetched)
+            return await self._gather(indices, raw, todo, fetched)
         except CorruptPart as bad:  # dropped: its rows are fetched again (or, a second time, read alone)
             self._found = {r: e for r, e in self._found.items() if all(x.part != bad.part for x in e.values())}
             if self.shelf is not None:
@@ -176,34 +176,21 @@ class BlockReads:
         return await self.source.read(indices, raw)
 
     # -- where each row is ----------------------------------------------------------------------------
-    def _keys(self, raw: frozenset[str]) -> dict[str, str]:
-        """Each column's key on the node store for a read of ``raw`` as stored bytes: stored bytes and decoded
-        values are kept apart, and decoded ones by the settings that shaped them (``Source.value_tag``)."""
-        if self.shelf is None:
-            return {}
-        return {c: f"{c}@b" if c in raw else f"{c}@a{self.source.value_tag(c)}" for c in self.source.columns}
-
-    async def _look(self, rows: list[int], cols: dict[str, str]) -> None:
-        """Ask the node's index where the rows of ``rows`` not found yet lie (one query for all of them): what
-        any process of the node wrote so far."""
+    async def _look(self, rows: list[int], raw: frozenset[str]) -> None:
+        """Ask the node's index where the rows of ``rows`` not found yet lie (``raw``: as stored bytes), in one
+        query: what any process of the node wrote so far."""
         shelf = self.shelf
         want = list(dict.fromkeys(r for r in rows if r not in self._found and r not in self._held))
-        if shelf is None or not want:
-            return
-        ids = self.source.row_ids(want)
-        found = await asyncio.to_thread(shelf.lookup, ids, list(cols.values()))
-        for r, i in zip(want, ids, strict=True):
-            if i in found:
-                self._found[r] = found[i]
+        if shelf is not None and want:
+            self._found.update(await asyncio.to_thread(shelf.lookup, want, raw))
 
-    def _ready(self, rows: list[int], cols: dict[str, str]) -> set[int]:
+    def _ready(self, rows: list[int]) -> set[int]:
         """Of ``rows``, those held in the heap or on disk."""
         return {r for r in rows if r in self._held or r in self._found}
 
     async def _gather(
         self,
         indices: list[int],
-        cols: dict[str, str],
         raw: frozenset[str],
         alone: list[int],
         fetched: dict[int, dict[str, Any]],
@@ -216,7 +203,7 @@ class BlockReads:
         disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
         got: dict[str, list[Any]] = {}
         if disk:
-            where = {c: [self._found[i][key] for i in disk] for c, key in cols.items()}
+            where = {c: [self._found[i][c] for i in disk] for c in self.source.columns}
             got = await asyncio.to_thread(self._read_disk, where)
             self.stats.node_hits += sum(1 for i in disk if i not in self._fetched)
             self.stats.node_read_bytes += part_bytes(got)
@@ -228,7 +215,7 @@ class BlockReads:
                 self._release(nbytes)
                 held[i] = row
         first = indices[0]
-        names = (lone or got or fetched.get(first) or held.get(first) or cols).keys()
+        names = (lone or got or fetched.get(first) or held.get(first) or dict.fromkeys(self.source.columns)).keys()
         out: dict[str, list[Any]] = {c: [] for c in names}
         for i in indices:
             for c in out:
@@ -240,9 +227,9 @@ class BlockReads:
                     out[c].append((fetched.get(i) or held[i])[c])
         return out  # type: ignore[return-value]
 
-    def _read_disk(self, where: dict[str, list[Entry]]) -> dict[str, list[Any]]:
+    def _read_disk(self, where: dict[str, list[Entry | Const]]) -> dict[str, list[Any]]:
         assert self._disk is not None
-        return {c: self._disk.get(entries) for c, entries in where.items()}
+        return self._disk.get(where)
 
     def _undue(self, rows: list[int]) -> None:
         """``rows`` are read now by themselves: no part reads them again later (they would be held for ever)."""
@@ -299,30 +286,30 @@ class BlockReads:
                 return
             if part in self._whole and self.block is not None:  # the block whole, for every process
                 b = rows[0] // self.block
-                rows = sorted(set(rows) | set(range(b * self.block, min((b + 1) * self.block, self.n))))
+                whole = range(b * self.block, min((b + 1) * self.block, self.n))
+                rows = sorted(set(rows) | set(self.shelf.valid(whole)))
             else:  # a part at the start: its run of storage, every process's rows in it (they are due as soon)
-                rows = list(range(rows[0], rows[-1] + 1))
-            await self._fill(rows, self._keys(raw), raw, keep=True, lock=True)
+                rows = self.shelf.valid(range(rows[0], rows[-1] + 1))
+            await self._fill(rows, raw, keep=True, lock=True)
         finally:
             del self._reading[part]
             self._ahead -= ahead
 
     async def _fill(
-        self, rows: list[int], cols: dict[str, str], raw: frozenset[str], *, keep: bool, lock: bool
+        self, rows: list[int], raw: frozenset[str], *, keep: bool, lock: bool
     ) -> dict[int, dict[str, Any]]:
         """Fetch the rows of ``rows`` not on the node store (``raw`` as stored bytes) and write them there.
-        ``lock``: once per node, under the node-wide claim of their bins, looking again at the index
-        once it is held (a block read whole, whose rows every process asks for); else at once (rows only
-        this process asks for this epoch: a claim would only queue unrelated reads behind each other).
-        Returns the rows fetched (for a caller that asked for them now); where the store did not keep them
-        and ``keep`` (rows read ahead for this epoch), those this epoch asks for are held in the heap."""
+        ``lock``: once per node, under the node-wide claim of their bins, looking again at the index once it
+        is held (a block read whole, whose rows every process asks for); else at once (rows only this
+        process asks for this epoch: a claim would only queue unrelated reads behind each other). Returns
+        the rows fetched (for a caller that asked for them now); where the store did not keep them and
+        ``keep`` (rows read ahead for this epoch), those this epoch asks for are held in the heap."""
         shelf = self.shelf
         assert shelf is not None
-        bins = sorted({i // BIN for i in self.source.row_ids(rows)})
-        claimed = lock and await self._claim(shelf, bins, rows, cols)
+        claim = await self._claim(shelf, rows, raw) if lock else None
         try:
             missing = [r for r in rows if r not in self._found]
-            if not missing or (lock and not claimed):
+            if not missing or (lock and claim is None):
                 return {}
             got = await self.source.read(missing, raw)
             self._count_fetch(missing, got)
@@ -331,18 +318,17 @@ class BlockReads:
             kept = False
             if not self._full and self.shelf is not None:
                 try:
-                    by_key = {cols[c]: list(v) for c, v in got.items() if c in cols}
-                    kept = await asyncio.to_thread(shelf.put, self.source.row_ids(missing), by_key)
+                    kept = await asyncio.to_thread(shelf.put, missing, got, raw)
                 except Unkeepable as exc:
                     self._unkeepable(exc)
                 else:
                     if kept:
-                        await self._look(missing, cols)
+                        await self._look(missing, raw)
                     elif not shelf.off:
                         self._full = True  # the node's limit: what is on disk stays, the rest is read through
         finally:
-            if claimed:
-                await asyncio.to_thread(shelf.unclaim, bins)
+            if claim:
+                await asyncio.to_thread(shelf.unclaim, claim)
         pos = {r: k for k, r in enumerate(missing)}
         if not kept:
             self.stats.node_not_kept += len(missing)
@@ -351,35 +337,36 @@ class BlockReads:
                 self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in got.items()})
         return {r: {c: v[k] for c, v in got.items()} for r, k in pos.items()}
 
-    async def _claim(self, shelf: Shelf, bins: list[int], rows: list[int], cols: dict[str, str]) -> bool:
-        """The node-wide claim of ``bins`` (those of ``rows``) before a fetch of ``rows``: True once held (the index looked at
-        again: what another process wrote while this one waited), False where the rows came meanwhile
-        (another process fetched them). Polled every 5 ms, backing off to 100 ms; a claim whose holder
-        died, or that is older than ``CLAIM_PATIENCE_S``, is taken over (``Shelf.claim``)."""
+    async def _claim(self, shelf: Keeping, rows: list[int], raw: frozenset[str]) -> Claim | None:
+        """The node-wide claim of the bins of ``rows`` before their fetch: held (the index looked at again:
+        what another process wrote while this one waited), or None where the rows came meanwhile (another
+        process fetched them). Polled every 5 ms, backing off to 100 ms; a claim whose holder died, or that
+        is older than ``nodestore.CLAIM_PATIENCE_S``, is taken over (``Shelf.claim``)."""
         wait = 0.005
         while True:
-            if await asyncio.to_thread(shelf.claim, bins):
-                await self._look(rows, cols)
-                return True
+            claim = await asyncio.to_thread(shelf.claim, rows)
+            if claim is not None:
+                await self._look(rows, raw)
+                return claim
             await asyncio.sleep(wait)
             wait = min(0.1, wait * 2)
-            await self._look(rows, cols)
+            await self._look(rows, raw)
             if all(r in self._found for r in rows):
-                return False
+                return None
 
-    def _check_room(self, shelf: Shelf, per_row: float) -> None:
+    def _check_room(self, shelf: Keeping, per_row: float) -> None:
         """A limit that cannot hold half of what one window keeps between its fetch and its turn would throw
         every fetch away: the store then reads through (this process's rows, held within the budget), said
         once."""
         self.window, need = 0, int(self.window // 2 * per_row)
-        if shelf.store.limit < need:
+        if shelf.limit < need:
             self._full = True
             log_once(
-                f"asyncload: cache_limit={shelf.store.limit:,} bytes cannot hold half a window of {self.source.url} "
+                f"asyncload: cache_limit={shelf.limit:,} bytes cannot hold half a window of {self.source.url} "
                 f"({need:,} bytes at the sizes read so far): reading through without keeping it; set cache_limit "
                 f"to at least {2 * need:,} bytes, a smaller shuffle_window, or cache=False",
                 logging.WARNING,
-                key=f"cache_limit too small {shelf.store.root} {self.source.url}",
+                key=f"cache_limit too small {shelf.where} {self.source.url}",
             )
 
     def _unkeepable(self, exc: Unkeepable) -> None:

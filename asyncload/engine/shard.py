@@ -14,9 +14,9 @@ from typing import Any
 
 from ..image.decode import decode_stage
 from ..sources.base import Source
-from ..sources.nodestore import Shelf, open_shelf
 from .blocks import BlockReads
 from .epoch import EpochIterator
+from .keeping import Keeping
 from .mixing import mixed_order
 from .options import LoaderOptions, ReadMode
 from .plan import Plan
@@ -50,15 +50,15 @@ class ShardEpochs:
         # The node store's shelf, opened at the first plan (a shard opened only for its sampler holds
         # none) and released by ``close`` or garbage collection, so that an old version is never kept
         # on disk by a process that has stopped reading it.
-        self._shelf: list[Shelf] = []
+        self._shelf: list[Keeping] = []
         weakref.finalize(self, _release, self._shelf)
 
-    def _open_shelf(self) -> Shelf | None:
+    def _open_shelf(self) -> Keeping | None:
         """The shelf this shard's reads keep blocks on (None: not kept), opened (and held in use) on the
         first call after ``close``."""
         o = self.options
         if not self._shelf and o.wants_cache(self.source):
-            got = open_shelf(self.source.store_key, self.source.url, o.cache_dir, o.cache_bytes)
+            got = Keeping.open(self.source, o.cache_dir, o.cache_bytes)
             if got is not None:
                 self._shelf.append(got)
         return self._shelf[0] if self._shelf else None
@@ -128,6 +128,6 @@ class ShardEpochs:
 __all__ = ["ShardEpochs"]
 
 
-def _release(held: list[Shelf]) -> None:
+def _release(held: list[Keeping]) -> None:
     while held:
         held.pop().release()

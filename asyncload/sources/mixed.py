@@ -189,10 +189,14 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
 
     @property
     def store_key(self) -> str | None:
-        """None: a mixture is not kept on the node block store as one dataset. Its positions leave gaps
-        between the sources (each starts on a block), which a block read whole would cross; the sources'
-        own rows are what is worth keeping, and keeping them per source is not built yet."""
+        """None: a mixture is not kept on the node block store as one dataset. Each of its sources keeps
+        its rows under its own key (``engine.keeping``), shared with every other loader of that source."""
         return None
+
+    @property
+    def local(self) -> bool:
+        """Whether every source is on this machine (then ``cache="auto"`` keeps none of them)."""
+        return all(s.local for s in self.sources.values())
 
     def _version(self, handle: Any) -> str | None:
         c = self.composition()

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import fcntl
 import json
 import logging
@@ -176,20 +177,24 @@ def default_root() -> Path | None:
     return None
 
 
-def _owner() -> str:
-    """Who holds a claim or a reservation: the process and its pid namespace (a pid means nothing in
-    another one: a container beside this one sharing the directory)."""
+_claims = itertools.count()
+
+
+def _owner(claim: int = 0) -> str:
+    """Who holds a reservation (``claim`` 0) or a claim (a number of its own: two reads of one process
+    exclude each other too): the process, its pid namespace (a pid means nothing in another one: a
+    container beside this one sharing the directory) and the claim."""
     try:
         ns = os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         ns = 0
-    return f"{ns}:{os.getpid()}"
+    return f"{ns}:{os.getpid()}:{claim}"
 
 
 def _alive(owner: str) -> bool | None:
     """Whether ``owner``'s process lives: True, False, or None where it cannot be told (another namespace)."""
-    ns, _, pid = owner.partition(":")
-    if ns != _owner().partition(":")[0]:
+    ns, pid, _ = (owner.split(":") + ["", ""])[:3]
+    if ns != _owner().split(":")[0]:
         return None
     try:
         os.kill(int(pid), 0)
@@ -620,28 +625,29 @@ class Shelf:
         return True
 
     # -- one fetch per node --------------------------------------------------------------------------
-    def claim(self, bins: Sequence[int]) -> bool:
+    def claim(self, bins: Sequence[int]) -> str | None:
         """The node-wide claim of every bin of ``bins`` for a fetch, all or none in one step (so that two
-        fetches over overlapping runs of bins never both go ahead, and never wait on each other): True, or
-        False while another live process holds one of them."""
-        me, now = _owner(), time.time()
+        fetches over overlapping runs of bins never both go ahead, and never wait on each other): its
+        holder's name (for ``unclaim``), or None while another fetch of a live process holds one of them."""
+        me, now = _owner(next(_claims) + 1), time.time()
         try:
             with self.store.transaction() as db:
                 for b in bins:
                     row = db.execute("SELECT owner, since FROM claims WHERE shelf = ? AND bin = ?", (self.id, b)).fetchone()
-                    if row is not None and row[0] != me and _alive(row[0]) is not False:
+                    if row is not None and _alive(row[0]) is not False:
                         if now - row[1] < CLAIM_PATIENCE_S:  # (past it: a holder stuck, fetched regardless)
-                            return False
+                            return None
                 db.executemany("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", [(self.id, b, me, now) for b in bins])
         except sqlite3.Error as exc:
             self.store.failed(exc)
-        return True
+        return me
 
-    def unclaim(self, bins: Sequence[int]) -> None:
+    def unclaim(self, bins: Sequence[int], holder: str) -> None:
+        """Give back the claim ``holder`` (``claim``'s answer) took on ``bins``."""
         with contextlib.suppress(sqlite3.Error):
             with self.store.transaction() as db:
                 db.executemany(
-                    "DELETE FROM claims WHERE shelf = ? AND bin = ? AND owner = ?", [(self.id, b, _owner()) for b in bins]
+                    "DELETE FROM claims WHERE shelf = ? AND bin = ? AND owner = ?", [(self.id, b, holder) for b in bins]
                 )
 
     def release(self) -> None:
