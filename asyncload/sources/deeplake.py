@@ -277,6 +277,12 @@ class DeepLakeSource(Source[Any]):
             version += f"+rows-sha256:{hashlib.sha256(self._rows.tobytes()).hexdigest()[:16]}"
         return version
 
+    def _identity(self, handle: Any) -> str | None:
+        """The dataset's ``id``, which Deep Lake gives each dataset it creates: one deleted and created again
+        at this URL has another, while its commit ids (counted from its start) repeat the old one's."""
+        ident = getattr(handle, "id", None)
+        return None if ident is None else str(ident)
+
     def __repr__(self) -> str:
         extra = "".join(
             f", {k}={v!r}" for k, v in (("version", self.version_spec), ("query", self._query_text)) if v is not None
