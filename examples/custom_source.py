@@ -27,7 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from asyncload import AsyncLoader, ColumnNotFoundError, ConfigError, DatasetNotFoundError, ReadError, Source, SourceError
+from asyncload import (
+    AsyncLoader,
+    ColumnNotFoundError,
+    ConfigError,
+    DatasetNotFoundError,
+    ReadError,
+    Source,
+    SourceError,
+)
 
 
 class NpyFolderSource(Source[dict[str, np.ndarray]]):

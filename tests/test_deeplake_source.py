@@ -189,7 +189,9 @@ def test_a_state_of_a_copy_at_another_url_is_refused_naming_url_and_identity(tmp
     b = make_dataset(str(tmp_path / "b"), ROWS, height=8, width=8, progress=False)
     assert DeepLakeSource(a).version == DeepLakeSource(b).version  # same length, same commit id
     state, _ = _one_batch_states(a)
-    with pytest.raises(ConfigError, match=rf"another dataset than {b} \(url '{a}' then, '{b}' now; identity '\w+' then"):
+    with pytest.raises(
+        ConfigError, match=rf"another dataset than {b} \(url '{a}' then, '{b}' now; identity '\w+' then"
+    ):
         AsyncLoader(DeepLakeSource(b), batch_size=8, processes=0).load_state_dict(state)
 
 

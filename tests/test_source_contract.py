@@ -68,7 +68,9 @@ def test_an_old_plain_source_reads_exact_rows_in_two_dataloader_workers_and_in_a
     assert sorted(_rows(batches)) == list(range(50))
     for b in batches:
         assert b["x"].tolist() == [[3 * i, 3 * i + 1, 3 * i + 2] for i in b["index"].tolist()]
-    mix = MixedSource({"a": OldArraySource(30, "memory://a"), "b": RangeSource(OldArraySource(40, "memory://b"), 10, 30)})
+    mix = MixedSource(
+        {"a": OldArraySource(30, "memory://a"), "b": RangeSource(OldArraySource(40, "memory://b"), 10, 30)}
+    )
     got = {(s, i): x for b in AsyncLoader(mix, batch_size=8, processes=0) for s, i, x in
            zip(b["source"].tolist(), b["index"].tolist(), np.asarray(b["x"]).tolist(), strict=True)}  # fmt: skip
     assert sorted(got) == [(0, i) for i in range(30)] + [(1, i) for i in range(10, 30)]
@@ -137,9 +139,8 @@ def test_a_state_names_url_identity_and_version(seg_url) -> None:
     state, rank = _state_after_one(src)
     assert src.identity is not None and len(src.identity) == 32
     for plan in (state["plan"], rank["plan"]):
-        assert (plan["dataset_url"], plan["dataset_identity"], plan["dataset_version"]) == (
-            seg_url, src.identity, src.version
-        )
+        named = (plan["dataset_url"], plan["dataset_identity"], plan["dataset_version"])
+        assert named == (seg_url, src.identity, src.version)
     assert RangeSource(src, 0, 10).identity == src.identity
     assert OldArraySource(5).identity is None
 

@@ -114,15 +114,11 @@ def check_dataset(saved: dict[str, Any], current: dict[str, Any], where: str) ->
     source): row numbers of one dataset, or one version of it, name other samples in another. A key the
     saved plan lacks (a state of the earlier format: the version alone) is not compared; the version always
     is. Custom sources without a version or identity (None) are still told apart by their URL."""
-    differ = [
-        k for k in DATASET_KEYS if (k in saved or k == "dataset_version") and saved.get(k) != current.get(k)
-    ]
+    differ = [k for k in DATASET_KEYS if (k in saved or k == "dataset_version") and saved.get(k) != current.get(k)]
     if differ == ["dataset_version"]:
         check_dataset_version(saved.get("dataset_version"), current.get("dataset_version"), where)
     elif differ:
-        what = "; ".join(
-            f"{k.removeprefix('dataset_')} {saved.get(k)!r} then, {current.get(k)!r} now" for k in differ
-        )
+        what = "; ".join(f"{k.removeprefix('dataset_')} {saved.get(k)!r} then, {current.get(k)!r} now" for k in differ)
         raise ConfigError(
             f"state was saved on another dataset than {where} ({what}): resuming would read other samples "
             f"under the same row numbers; load a state saved on this dataset or start the epoch afresh"
