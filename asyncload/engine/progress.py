@@ -9,10 +9,10 @@ In order, the consumed set is a prefix (``next``); out of order, a prefix plus a
 (``extra``), which keeps the state small either way.
 
 A saved state has two parts besides: ``plan``, what fixes the epoch's global order (length, seed, shuffle,
-the data: its URL, identity and version, ``DATASET_KEYS``), which must match to resume at all; and ``cut``, how the saver's world cut that order
-(world size, batch size, the positions an earlier run had taken), which need not: a loader cut another way
-(another world size, another batch size) resumes from the positions the saver's world consumed
-(``engine.consumed``).
+and the data: its URL, identity and version, ``DATASET_KEYS``), which must match to resume at all; and
+``cut``, how the saver's world cut that order (world size, batch size, the positions an earlier run had
+taken), which need not: a loader cut another way (another world size, another batch size) resumes from the
+positions the saver's world consumed (``engine.consumed``).
 """
 
 from __future__ import annotations
