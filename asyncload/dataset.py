@@ -51,7 +51,7 @@ from .engine.consumed import cut_of, order_of, resume_cut
 from .engine.epoch import Epoch
 from .engine.mixing import mixed_order
 from .engine.options import LoaderOptions
-from .engine.progress import EpochProgress, check_dataset_version
+from .engine.progress import DATASET_KEYS, EpochProgress, check_dataset, check_dataset_version, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
 from .engine.stats import Stats
@@ -201,9 +201,9 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
                 f"state {state!r} is not allowed: a dict from state_dict(batches_consumed=...) of version "
                 f"{RANK_STATE_VERSION} (or 2), or from state_dict()"
             )
-        check_dataset_version(state.get("dataset_version"), self.source.version, self.source.url)
         epoch, k = int(state["epoch"]), int(state["batches_consumed"])
         if state["version"] == 2:  # saved before states were global: the same world only
+            check_dataset_version(state.get("dataset_version"), self.source.version, self.source.url)
             total = self._rank_batches(())
             if state.get("rank_batches") != total:
                 raise ConfigError(
@@ -213,8 +213,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             self._pending = None
             self._set(epoch, k, ())
             return
-        for key, value in self._order().items():
-            if state["plan"].get(key) != value:
+        order = self._order()
+        check_dataset(state["plan"], order, self.source.url)
+        for key, value in order.items():
+            if key not in DATASET_KEYS and state["plan"].get(key) != value:
                 raise ConfigError(
                     f"state was saved with {key}={state['plan'].get(key)!r}, but this dataset has {key}={value!r}; "
                     f"a resumed epoch must have the same order"
@@ -251,7 +253,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
 
     def _order(self) -> dict[str, Any]:
         """What fixes the epoch's global order (as ``AsyncLoader`` saves it)."""
-        return order_of(self._rank_sampler(()), self.source.version)
+        return order_of(self._rank_sampler(()), dataset_of(self.source))
 
     def _rank_sampler(self, taken: Ranges | None = None) -> EpochSampler:
         """This rank's cut of the epoch (its DataLoader workers together), less ``taken`` (default: what

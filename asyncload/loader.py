@@ -24,7 +24,7 @@ from typing import Any
 from .engine.consumed import cut_of, merge, order_of, resume_cut
 from .engine.epoch import Epoch, EpochIterator
 from .engine.options import LoaderOptions, ReadMode
-from .engine.progress import EpochProgress
+from .engine.progress import EpochProgress, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import PROCESS_GROUP, EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
@@ -256,7 +256,7 @@ class AsyncLoader:
     # -- resume ----------------------------------------------------------------------------------
     def _fingerprint(self) -> dict[str, Any]:
         """What must match for a saved state to mean the same epoch in this loader: its global order."""
-        return order_of(self.sampler, self.source.version)
+        return order_of(self.sampler, dataset_of(self.source))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the current epoch stands: the epoch and the batches the consumer has taken.

@@ -9,7 +9,9 @@ import resource
 import signal
 from collections.abc import Callable
 
-from asyncload import DeepLakeSource, SourceError
+import numpy as np
+
+from asyncload import DeepLakeSource, Source, SourceError
 from asyncload.sources.base import Columns
 
 
@@ -187,3 +189,30 @@ class ExpiringSource(CrashingSource):
         if self.copies > 1:
             raise SourceError(f"cannot renew the credentials for {self.url}")
         return super().reader_copy()
+
+
+# -- sources written before ``read`` took ``raw`` (``read(self, indices)``), as users' subclasses were -------
+class OldArraySource(Source[np.ndarray]):
+    """A plain custom source of the old signature: ``rows`` rows of ``x`` (row ``i`` is ``[3i, 3i+1, 3i+2]``),
+    read in the process that reads (no reader process: nothing in it can crash)."""
+
+    def __init__(self, rows: int = 50, url: str = "memory://old-array") -> None:
+        super().__init__(url, ("x",))
+        self.rows = rows
+
+    def _open(self) -> np.ndarray:
+        return np.arange(self.rows * 3, dtype=np.int64).reshape(self.rows, 3)
+
+    def _length(self, handle: np.ndarray) -> int:
+        return len(handle)
+
+    async def read(self, indices):  # noqa: ANN001, ANN201 - the old signature, as written then
+        return {"x": self.handle()[indices]}
+
+
+class OldCrashingSource(CrashingSource):
+    """A ``CrashingSource`` whose ``read`` has the old signature: it kills its reader on ``rows`` and
+    decodes every column itself (``super().read(indices)``)."""
+
+    async def read(self, indices):  # noqa: ANN001, ANN201
+        return await super().read(indices)

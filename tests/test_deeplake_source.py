@@ -148,6 +148,53 @@ def test_resume_over_a_query_is_exact_and_bound_to_its_rows(versioned: dict[str,
         b.load_state_dict(a.state_dict())
 
 
+def _one_batch_states(url: str) -> tuple[dict, dict]:
+    loader = AsyncLoader(DeepLakeSource(url), batch_size=8, processes=0)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    it.close()
+    return state, AsyncIterableDataset(DeepLakeSource(url), batch_size=8).state_dict(batches_consumed=1)
+
+
+def test_a_dataset_created_again_at_the_same_url_refuses_the_old_ones_state(tmp_path: Path) -> None:
+    """Commit ids count from a dataset's start: the new dataset has the old one's length and commit id, and
+    only its ``ds.id`` (the source's ``identity``) tells them apart; also the node block store's key."""
+    path = str(tmp_path / "ds")
+    url = make_dataset(path, ROWS, height=8, width=8, progress=False)
+    before = DeepLakeSource(url).open()
+    old = (len(before), before.version, before.identity, before.store_key)
+    state, rank = _one_batch_states(url)
+    deeplake.delete(url)
+    assert make_dataset(path, ROWS, height=8, width=8, seed=1, progress=False) == url
+    after = DeepLakeSource(url)
+    assert (len(after), after.version) == old[:2] == (ROWS, "0000000001m00000000")
+    assert after.identity == deeplake.open_read_only(url).id != old[2]
+    assert after.store_key != old[3]
+    expected = (
+        f"state was saved on another dataset than {url} (identity {old[2]!r} then, {after.identity!r} "
+        f"now): resuming would read other samples under the same row numbers; load a state saved on this "
+        f"dataset or start the epoch afresh"
+    )
+    with pytest.raises(ConfigError) as e:
+        AsyncLoader(DeepLakeSource(url), batch_size=8, processes=0).load_state_dict(state)
+    assert str(e.value) == expected
+    with pytest.raises(ConfigError) as e:
+        AsyncIterableDataset(DeepLakeSource(url), batch_size=8).load_state_dict(rank)
+    assert str(e.value) == expected
+
+
+def test_a_state_of_a_copy_at_another_url_is_refused_naming_url_and_identity(tmp_path: Path) -> None:
+    a = make_dataset(str(tmp_path / "a"), ROWS, height=8, width=8, progress=False)
+    b = make_dataset(str(tmp_path / "b"), ROWS, height=8, width=8, progress=False)
+    assert DeepLakeSource(a).version == DeepLakeSource(b).version  # same length, same commit id
+    state, _ = _one_batch_states(a)
+    with pytest.raises(
+        ConfigError, match=rf"another dataset than {b} \(url '{a}' then, '{b}' now; identity '\w+' then"
+    ):
+        AsyncLoader(DeepLakeSource(b), batch_size=8, processes=0).load_state_dict(state)
+
+
 @pytest.mark.parametrize(
     "query", ["DELETE FROM x", 'SELECT * FROM "s3://other" WHERE a = 1'], ids=["not-select", "from"]
 )

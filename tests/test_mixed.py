@@ -143,6 +143,31 @@ def test_a_changed_mixture_is_refused_on_resume(seg_url, small_url) -> None:
         other.load_state_dict(state)
 
 
+class Unversioned(DeepLakeSource):
+    """A source that cannot say its version or identity (as a custom source whose store has none)."""
+
+    def _version(self, handle) -> None:  # noqa: ANN001
+        return None
+
+    def _identity(self, handle) -> None:  # noqa: ANN001
+        return None
+
+
+def test_a_mixture_with_a_source_of_unknown_version_has_none_and_names_the_identities(seg_url, small_url) -> None:
+    real, synth = DeepLakeSource(seg_url), DeepLakeSource(small_url)
+    both = MixedSource({"real": real, "synth": synth})
+    assert both.version == f"mix(real={real.version}:{ROWS}, synth={synth.version}:{len(synth)})"
+    assert both.identity == f"mix(real={real.identity}, synth={synth.identity})"
+    unknown = MixedSource({"real": DeepLakeSource(seg_url), "synth": Unversioned(small_url)})
+    assert unknown.version is None and unknown.store_key is None  # not a string that reads as a version
+    assert unknown.identity == f"mix(real={real.identity}, synth=?)"
+    assert MixedSource({"a": Unversioned(seg_url), "b": Unversioned(small_url)}).identity is None
+    state = AsyncLoader(unknown, batch_size=16, processes=0).state_dict()
+    assert state["plan"]["dataset_version"] is None and state["plan"]["dataset_url"] == unknown.url
+    with pytest.raises(ConfigError, match=r"another dataset than mix\(real=\S+, synth=\S+\) \(identity 'mix\("):
+        AsyncLoader(both, batch_size=16, processes=0).load_state_dict(state)
+
+
 @pytest.mark.timeout(180)
 def test_dataloader_workers_read_a_mixture_exactly_and_resume(seg_url, small_url) -> None:
     src = mix(seg_url, small_url, {"real": 3, "synth": 1}, epoch_rows=160)

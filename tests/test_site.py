@@ -29,6 +29,7 @@ FIXTURES = (seaweed,)
 # exactly what `make docs` runs (the Makefile's SPHINXOPTS), into a folder of the test's own
 STRICT = ["-W", "--keep-going", "-n", "-E", "-q"]
 RUN = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)
+INCLUDED = re.compile(r"^```\{literalinclude\} (\S*\bexamples/\S+?\.py)$", re.M)  # an example a page shows
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -50,8 +51,8 @@ def test_the_site_builds_strictly_with_a_page_for_every_public_name(tmp_path: Pa
         assert page.exists(), f"asyncload.{name} has no API page"
         assert f'id="asyncload.{name}"' in page.read_text(), f"asyncload.{name}'s page documents nothing"
     assert "stall_timeout" in (html / "api" / "generated" / "AsyncLoader.html").read_text()  # settings, from help()
-    for guide in ("own-data", "training-loops", "images", "larger-than-memory", "mixing-and-resume", "failures",
-                  "performance", "cli"):  # fmt: skip
+    for guide in ("own-data", "writing-a-source", "training-loops", "images", "larger-than-memory",
+                  "mixing-and-resume", "failures", "performance", "cli"):  # fmt: skip
         assert (html / "guides" / f"{guide}.html").exists(), guide
     assert "The node-local block store" in (html / "guides" / "larger-than-memory.html").read_text()
 
@@ -70,12 +71,16 @@ def test_the_site_builds_strictly_with_a_page_for_every_public_name(tmp_path: Pa
 
 
 def examples() -> dict[str, str]:
-    """The runnable blocks of the README and the guides, by ``page:line``."""
+    """The runnable blocks of the README and the guides, by ``page:line``, and the example files a page
+    shows in parts (``{literalinclude}``, e.g. ``examples/custom_source.py``), whole, by their path."""
     found = {}
     for page in PAGES:
         text = page.read_text()
         for m in RUN.finditer(text):
             found[f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start()) + 2}"] = m.group(1)
+        for m in INCLUDED.finditer(text):
+            path = (page.parent / m.group(1)).resolve()
+            found[str(path.relative_to(ROOT))] = path.read_text()
     return found
 
 

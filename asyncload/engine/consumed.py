@@ -110,12 +110,13 @@ def consumed(sampler: EpochSampler, progress: EpochProgress) -> Ranges:
     return merge(got)
 
 
-def order_of(s: EpochSampler, version: str | None) -> dict[str, Any]:
-    """What fixes the epoch's global order, as a state saves it: it must match for a state to resume."""
+def order_of(s: EpochSampler, dataset: dict[str, Any]) -> dict[str, Any]:
+    """What fixes the epoch's global order, as a state saves it: it must match for a state to resume.
+    ``dataset``: what names the data (``progress.dataset_of``: URL, identity, version)."""
     return {
         "n": s.n, "shuffle": s.shuffle, "seed": s.seed,
         "shuffle_block": s.block if s.shuffle else None, "shuffle_window": s.window if s.shuffle else None,
-        "dataset_version": version,
+        **dataset,
     }  # fmt: skip
 
 

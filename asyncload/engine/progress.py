@@ -9,10 +9,10 @@ In order, the consumed set is a prefix (``next``); out of order, a prefix plus a
 (``extra``), which keeps the state small either way.
 
 A saved state has two parts besides: ``plan``, what fixes the epoch's global order (length, seed, shuffle,
-the data's version), which must match to resume at all; and ``cut``, how the saver's world cut that order
-(world size, batch size, the positions an earlier run had taken), which need not: a loader cut another way
-(another world size, another batch size) resumes from the positions the saver's world consumed
-(``engine.consumed``).
+and the data: its URL, identity and version, ``DATASET_KEYS``), which must match to resume at all; and
+``cut``, how the saver's world cut that order (world size, batch size, the positions an earlier run had
+taken), which need not: a loader cut another way (another world size, another batch size) resumes from the
+positions the saver's world consumed (``engine.consumed``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from ..errors import ConfigError
 STATE_VERSION = 3  # 2: the plan names the dataset's version; 3: the cut apart, so any world resumes it
 #: What a version-2 state's ``plan`` held that is the cut of the epoch, not its order.
 CUT_KEYS = ("batch_size", "drop_last", "remainder", "start", "shard")
+#: What names the data a state was saved on, in its ``plan`` (``dataset_of``). States saved before the URL and
+#: identity were in it have ``dataset_version`` alone: they load where the version matches.
+DATASET_KEYS = ("dataset_url", "dataset_identity", "dataset_version")
 
 
 @dataclass
@@ -82,9 +85,9 @@ class EpochProgress:
         cut = dict(state.get("cut", {}))
         if version == 2:
             cut = {k: saved.pop(k, None) for k in CUT_KEYS} | {"taken": []}
-        check_dataset_version(saved.get("dataset_version"), fingerprint.get("dataset_version"), where)
+        check_dataset(saved, fingerprint, where)
         for key, value in fingerprint.items():
-            if saved.get(key) != value:
+            if key not in DATASET_KEYS and saved.get(key) != value:
                 raise ConfigError(
                     f"state was saved with {key}={saved.get(key)!r}, but this loader has {key}={value!r}; "
                     f"a resumed epoch must have the same order"
@@ -99,6 +102,27 @@ def with_progress(state: dict[str, Any], progress: EpochProgress) -> dict[str, A
     if state.get("epoch") != progress.epoch or state.get("total") != progress.total:
         return state
     return {**state, "next": progress.next, "extra": sorted(progress.extra)}
+
+
+def dataset_of(source: Any) -> dict[str, Any]:
+    """What names the data of ``source`` (a ``Source``) in a state: its URL, identity and version."""
+    return {"dataset_url": source.url, "dataset_identity": source.identity, "dataset_version": source.version}
+
+
+def check_dataset(saved: dict[str, Any], current: dict[str, Any], where: str) -> None:
+    """Refuse to resume on other data (``DATASET_KEYS`` of a saved plan against ``dataset_of`` the loader's
+    source): row numbers of one dataset, or one version of it, name other samples in another. A key the
+    saved plan lacks (a state of the earlier format: the version alone) is not compared; the version always
+    is. Custom sources without a version or identity (None) are still told apart by their URL."""
+    differ = [k for k in DATASET_KEYS if (k in saved or k == "dataset_version") and saved.get(k) != current.get(k)]
+    if differ == ["dataset_version"]:
+        check_dataset_version(saved.get("dataset_version"), current.get("dataset_version"), where)
+    elif differ:
+        what = "; ".join(f"{k.removeprefix('dataset_')} {saved.get(k)!r} then, {current.get(k)!r} now" for k in differ)
+        raise ConfigError(
+            f"state was saved on another dataset than {where} ({what}): resuming would read other samples "
+            f"under the same row numbers; load a state saved on this dataset or start the epoch afresh"
+        )
 
 
 def check_dataset_version(saved: str | None, current: str | None, where: str) -> None:

@@ -215,6 +215,10 @@ class IsolatedSource(Source[Any]):
         return self.inner.version
 
     @property
+    def identity(self) -> str | None:
+        return self.inner.identity
+
+    @property
     def local(self) -> bool:
         return self.inner.local
 

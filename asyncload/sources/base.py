@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
+import inspect
 import os
 import threading
 import weakref
@@ -28,6 +29,37 @@ H = TypeVar("H")
 #: What ``Source.read`` returns: for each column, one array per requested index, either a list or an
 #: ndarray stacked on its first axis.
 Columns = dict[str, "Sequence[np.ndarray] | np.ndarray"]
+
+
+def _takes_raw(read: Any) -> bool:
+    """Whether ``read(self, indices, raw)`` gives ``raw`` to this ``read``: its third positional parameter is
+    named ``raw``, is ``*args``, or has no default (a read of the current contract that names it otherwise).
+    A read written before ``raw`` existed takes ``(self, indices)`` alone, or a third parameter of its own
+    with a default (it was never passed one)."""
+    try:
+        sig = inspect.signature(read)
+    except (TypeError, ValueError):  # an odd callable: assume it follows the contract
+        return True
+    params = [p for p in sig.parameters.values() if p.kind not in (p.KEYWORD_ONLY, p.VAR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params[:3]):
+        return True
+    if len(params) < 3:
+        return False
+    return params[2].name == "raw" or params[2].default is inspect.Parameter.empty
+
+
+def _ignoring_raw(read: Any) -> Any:
+    """``read(self, indices)`` as ``read(self, indices, raw)``: ``raw`` dropped, so the source decodes every
+    column itself as it did before ``raw`` existed (the decode stage takes arrays as they are)."""
+
+    async def read_ignoring_raw(self: Source[Any], indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        return await read(self, indices)
+
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(read_ignoring_raw, attr, getattr(read, attr, None))
+    read_ignoring_raw.__dict__.update(read.__dict__)  # ``__isabstractmethod__`` among them
+    read_ignoring_raw.__asyncload_without_raw__ = read  # type: ignore[attr-defined]
+    return read_ignoring_raw
 
 
 def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
@@ -52,7 +84,9 @@ def code_tag(cls: type) -> str:
             if k.__module__.split(".")[0] in ("asyncload", "builtins", "abc", "typing"):
                 continue
             for name, fn in sorted(vars(k).items()):
-                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                fn = getattr(fn, "__func__", fn)
+                fn = getattr(fn, "__asyncload_without_raw__", fn)  # (an old ``read``, wrapped: its own code)
+                code = getattr(fn, "__code__", None)
                 if code is not None:
                     h.update(f"{k.__qualname__}.{name}".encode())
                     h.update(code.co_code)
@@ -62,7 +96,18 @@ def code_tag(cls: type) -> str:
 
 
 class Source(abc.ABC, Generic[H]):
-    """A readable dataset. Subclasses implement ``_open``, ``_length`` and ``read``."""
+    """A readable dataset. Subclasses implement ``_open``, ``_length`` and ``read``.
+
+    A subclass written before ``read`` took ``raw`` (``async def read(self, indices)``) keeps working: its
+    ``read`` is wrapped when the class is created (``__init_subclass__``, so in every process that imports
+    or unpickles it) into one that takes ``raw`` and drops it; such a source decodes every column itself.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        read = cls.__dict__.get("read")
+        if inspect.isfunction(read) and not _takes_raw(read):
+            cls.read = _ignoring_raw(read)  # type: ignore[method-assign]
 
     def __init__(self, url: str, columns: Sequence[str]) -> None:
         if isinstance(columns, str):
@@ -76,6 +121,7 @@ class Source(abc.ABC, Generic[H]):
         self._handle_lock = threading.Lock()
         self._len: int | None = None
         self._ver: tuple[str | None] | None = None  # (version,) of this process's handle, once known
+        self._ident: tuple[str | None] | None = None  # (identity,) likewise
         self._exit: weakref.finalize | None = None  # this process's stop at exit, while a handle is open
 
     # -- the per-process handle ------------------------------------------------------------------
@@ -113,6 +159,7 @@ class Source(abc.ABC, Generic[H]):
         state["_handle_pid"] = None
         state["_handle_obj"] = None
         state["_ver"] = None  # each process names the version of what it opened itself
+        state["_ident"] = None  # and its identity
         state["_exit"] = None
         del state["_handle_lock"]
         return state
@@ -141,6 +188,20 @@ class Source(abc.ABC, Generic[H]):
         return None
 
     @property
+    def identity(self) -> str | None:
+        """What names the dataset itself, apart from its version: an id the store gives each dataset it
+        creates (Deep Lake's ``ds.id``), or None where the store has none. Commit ids count from a dataset's
+        start, so a dataset deleted and created again at the same URL has the old one's versions: only its
+        identity tells them apart. Part of every resume state with the URL and the version. Computed once
+        per process, like ``version``."""
+        if self._ident is None:
+            self._ident = (self._identity(self.handle()),)
+        return self._ident[0]
+
+    def _identity(self, handle: H) -> str | None:
+        return None
+
+    @property
     def local(self) -> bool:
         """Whether the rows are on this machine already (a local path): then the node block store
         (``sources.nodestore``) has nothing to save, and ``cache="auto"`` leaves it off."""
@@ -149,12 +210,15 @@ class Source(abc.ABC, Generic[H]):
     @property
     def store_key(self) -> str | None:
         """What names the bytes behind this source's rows (``row_ids``) on the node block store: what reads
-        them (``code_tag``: the class, and the code of a user's subclass), the URL and the version, so that a
-        changed remote, or a changed ``read``, is never served from an older copy. None (not kept) where the
-        version is unknown. A source over part of another (a split, a query) names the whole dataset's
-        rows, so that the parts share them."""
-        version = self.version
-        return None if version is None else f"{code_tag(type(self))} {self.url}|{version}"
+        them (``code_tag``: the class, and the code of a user's subclass), the URL, the dataset's identity
+        (a dataset created again at the URL has another) and the version, so that a changed remote, or a
+        changed ``read``, is never served from an older copy. None (not kept) where the version is unknown.
+        A source over part of another (a split, a query) names the whole dataset's rows, so that the parts
+        share them."""
+        version, identity = self.version, self.identity
+        if version is None:
+            return None
+        return f"{code_tag(type(self))} {self.url}|{version if identity is None else f'{identity}/{version}'}"
 
     def value_tag(self, column: str) -> str:
         """The settings of this source that change what ``read`` decodes for ``column`` (not its stored

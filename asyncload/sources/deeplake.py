@@ -276,7 +276,7 @@ class DeepLakeSource(Source[Any]):
         the rows kept are the dataset's (``row_ids``), shared by every query, split and column set of it."""
         ds = self.handle()
         commit = str(ds.version) if self._branch is None else f"{self._branch}:{ds.version}"
-        return f"{code_tag(type(self))} {self.url} id={ds.id}|{commit}"
+        return f"{code_tag(type(self))} {self.url} id={self.identity}|{commit}"
 
     def _version(self, handle: Any) -> str | None:
         version = str(handle.version)  # the commit a read-only handle is pinned to
@@ -285,6 +285,12 @@ class DeepLakeSource(Source[Any]):
         if self._rows is not None:  # and which of its rows, in which order
             version += f"+rows-sha256:{hashlib.sha256(self._rows.tobytes()).hexdigest()[:16]}"
         return version
+
+    def _identity(self, handle: Any) -> str | None:
+        """The dataset's ``id``, which Deep Lake gives each dataset it creates: one deleted and created again
+        at this URL has another, while its commit ids (counted from its start) repeat the old one's."""
+        ident = getattr(handle, "id", None)
+        return None if ident is None else str(ident)
 
     def __repr__(self) -> str:
         extra = "".join(

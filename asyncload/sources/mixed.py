@@ -19,7 +19,8 @@ ranks, DataLoader workers, fan-out workers and resume need nothing of their own 
   (int64: the place of the row's source in the mapping, a column this source reads) and, as for every
   source, ``"index"``: the row within its own source (``row_ids``).
 - **Versions**: the mixture's version names each source's version and the counts, so a state saved on a
-  mixture does not resume on one whose sources or shares changed.
+  mixture does not resume on one whose sources or shares changed; None (unknown) where a source's version
+  is. Its identity names each source's identity (``Source.identity``).
 """
 
 from __future__ import annotations
@@ -199,9 +200,21 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
         return all(s.local for s in self.sources.values())
 
     def _version(self, handle: Any) -> str | None:
-        c = self.composition()
-        parts = [f"{n}={s.version}:{k}" for (n, s), k in zip(self.sources.items(), c.counts, strict=True)]
-        return "mix(" + ", ".join(parts) + ")"
+        """Each source's version and count, or None where a source cannot say its version: a mixture of
+        data of unknown version is itself of unknown version (never a string that reads as a known one)."""
+        versions = [s.version for s in self.sources.values()]
+        if any(v is None for v in versions):
+            return None
+        counts = self.composition().counts
+        return "mix(" + ", ".join(f"{n}={v}:{k}" for n, v, k in zip(self.sources, versions, counts, strict=True)) + ")"
+
+    def _identity(self, handle: Any) -> str | None:
+        """Each source's identity, ``?`` for one that has none; None where no source has one. A source of
+        unknown identity is still told apart by its URL (in the mixture's) and its version."""
+        idents = {n: s.identity for n, s in self.sources.items()}
+        if all(i is None for i in idents.values()):
+            return None
+        return "mix(" + ", ".join(f"{n}={'?' if i is None else i}" for n, i in idents.items()) + ")"
 
     def _check_images(self) -> None:
         self.image_columns()

@@ -316,6 +316,11 @@ class ObjectStoreSource(Source[_Index]):
             h.update(col.encode() + b"\0" + "\0".join(handle.keys[col]).encode() + b"\1")
         return f"keys-sha256:{h.hexdigest()[:16]}"
 
+    def _identity(self, handle: _Index) -> str | None:
+        """None: a bucket and prefix have no id of their own beyond the URL (``scheme://bucket/prefix``, in
+        every state already), and what they hold is the version (the keys' digest)."""
+        return None
+
     def _length(self, handle: _Index) -> int:
         return handle.rows
 

@@ -34,6 +34,9 @@ class RangeSource(Source[Any]):
         inner = self.inner.version
         return None if inner is None else f"{inner}[{self.start}:{self.stop}]"
 
+    def _identity(self, handle: Any) -> str | None:
+        return self.inner.identity  # a split is of the dataset underneath; its range is in the version
+
     def row_ids(self, positions: list[int]) -> list[int]:
         return self.inner.row_ids([self.start + i for i in positions])
 
