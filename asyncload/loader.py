@@ -172,6 +172,10 @@ class AsyncLoader:
         if batch_size is not None:  # positional, as in DataLoader(ds, 32); else the options' (32)
             settings["batch_size"] = batch_size
         o = LoaderOptions.of(settings, options)
+        if o.decode.startswith("cuda"):
+            from .image.gpu import require_torchvision
+
+            require_torchvision(o.decode)
         try:
             shard, shard_from = resolve_shard(shard, rank, world_size)
         except ValueError as exc:
