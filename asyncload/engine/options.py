@@ -113,9 +113,9 @@ class LoaderOptions:
         "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
     )
     # Model-ready image columns (``normalize``): checked together by ``ModelReady.of``.
-    normalize: Any = None
-    layout: Any = "NHWC"
-    dtype: Any = None
+    normalize: Any = setting(None, "None or (mean, std): a number, or one per channel, each")
+    layout: Any = setting("NHWC", "'NHWC' or 'NCHW'")
+    dtype: Any = setting(None, "None, torch.float32, torch.float16 or torch.bfloat16")
 
     def __post_init__(self) -> None:
         validate(self)
