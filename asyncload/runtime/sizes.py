@@ -8,6 +8,9 @@ all. Here the units mean what their names say, as in the SI and IEC standards:
 - ``KiB``, ``MiB``, ``GiB``, ``TiB``: powers of 1024 (``"512MiB"`` is 536,870,912 bytes);
 - ``K``, ``M``, ``G``, ``T`` alone: powers of 1024, as ``dd``, ``ulimit`` and Docker read them;
 - no unit, or ``B``: bytes. Case does not matter, a fraction is allowed (``"1.5GiB"``), a space too.
+
+``sources.nodestore.parse_size`` is the older rule (every unit a power of 1024) and is to be replaced by
+this one there too; the loader's settings and the command already use this one.
 """
 
 from __future__ import annotations
