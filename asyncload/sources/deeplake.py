@@ -104,8 +104,9 @@ BLOCK_ROWS = 64
 class DeepLakeSource(Source[Any]):
     """A Deep Lake dataset, opened read-only in each process that reads it.
 
-    ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``al://``...; ``creds`` and ``token`` are
-    passed to Deep Lake and never shown in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
+    ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``gs://`` (or Deep Lake's ``gcs://``),
+    ``az://`` (or ``azure://``), ``al://``; ``creds`` and ``token`` are passed to Deep Lake and never shown
+    in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
     Deep Lake's process-wide storage thread pool to 64 before the dataset opens (which fixes its
     connections), an int sets it, ``None`` leaves it.
 
