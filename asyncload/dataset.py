@@ -105,6 +105,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
                 **loader_options,
             )
         )
+        if self.options.decode.startswith("cuda"):  # a named error here, not in a worker at its first batch
+            from .image.gpu import require_torchvision
+
+            require_torchvision(self.options.decode)
         self.source = source.open()
         if rank is None and world_size is None:  # the shard comes from the process group (``engine.ranks``)
             check_ranks_agree(self.source, "dataset")

@@ -69,12 +69,15 @@ class AsyncLoader:
 
     The node block store (``sources.nodestore``): each block fetched once per machine, kept on local disk
     for every process, later epoch and later run of the same dataset version:
-      cache         "auto" (default): on for remote sources whose version is known (Deep Lake), off for
-                    local paths; True, False
-      cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else ~/.cache/asyncload/blocks)
-      cache_limit   bytes it may use on this machine, all datasets together, e.g. "50GB" ("auto",
-                    default: a quarter of the free space, at most 256 GiB); past it what is there stays
-                    and the rest is read from the store (``stats()["node_hit_rate"]``)
+      cache         "auto" (default): on for remote sources whose version is known (Deep Lake; object
+                    stores read by listing, keyed by every object's ETag and size), off for local
+                    paths and manifests; True, False
+      cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else $XDG_CACHE_HOME/asyncload/blocks,
+                    else ~/.cache/asyncload/blocks)
+      cache_limit   bytes it may use on this machine, all datasets together: an int, or a size such
+                    as "50GB" (10^9 bytes each) or "50GiB" (2^30) ("auto", default: a quarter of the
+                    free space, at most 256 GiB); past it what is there stays and the rest is read
+                    from the store (``stats()["node_hit_rate"]``)
 
     How it is read:
       concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"
@@ -87,9 +90,10 @@ class AsyncLoader:
       request_size  indices per column request in "column" mode (default: the batch size)
       hedge         a read slower than ``hedge`` × the recent p99 latency gets a second request; the
                     first answer wins (default 3.0; None: never hedge). Hedges are counted in ``stats()``
-      memory_budget bytes the pipeline may hold, read, decoded and ready ("auto", default: 1 GiB, or an
-                    eighth of the machine's memory where that is less); a new batch starts only while
-                    the batches alive fit, and one batch is always allowed
+      memory_budget bytes the pipeline may hold, read, decoded and ready: an int, or a size such as
+                    "500MB" (10^6 bytes each) or "2GiB" (2^30) ("auto", default: 1 GiB, or an eighth
+                    of the machine's memory where that is less); a new batch starts only while the
+                    batches alive fit, and one batch is always allowed
       stall_timeout seconds an epoch waits for a store that does not answer (default 120): within it
                     an outage is ridden out (reads retried, a stuck reader process replaced); past it
                     the epoch raises a ``ReadError`` naming the store, the wait and the rows in flight
@@ -141,7 +145,9 @@ class AsyncLoader:
                     torch once) or "spawn", for the ``processes=K`` workers. A reader process always
                     starts by spawn: it imports the source and Deep Lake, never torch
       loop          the event loop: "auto" (default: uvloop when installed), "uvloop" or "asyncio"
-      shutdown_timeout  seconds an epoch's stop waits for its reads in flight (default 10)
+      shutdown_timeout  seconds an epoch's stop (``close()``, ``break``, an error) waits for its reads
+                    in flight before it abandons them (default 10; at interpreter exit, Ctrl-C
+                    included, 1 s)
       log_every     seconds between INFO lines of live stats on the "asyncload" logger (default None:
                     off). Python shows INFO lines only once logging is configured, e.g.
                     ``logging.basicConfig(level=logging.INFO)``; ``asyncload load --log-every S`` does it
@@ -172,6 +178,10 @@ class AsyncLoader:
         if batch_size is not None:  # positional, as in DataLoader(ds, 32); else the options' (32)
             settings["batch_size"] = batch_size
         o = LoaderOptions.of(settings, options)
+        if o.decode.startswith("cuda"):
+            from .image.gpu import require_torchvision
+
+            require_torchvision(o.decode)
         try:
             shard, shard_from = resolve_shard(shard, rank, world_size)
         except ValueError as exc:

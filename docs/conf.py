@@ -1,7 +1,8 @@
 """Sphinx configuration of asyncload's documentation site (``make docs``).
 
 The guides are Markdown (MyST); the API reference is generated here, at every build, from
-``asyncload.__all__``: one page per public name, filled by autodoc from its docstring. A name added to
+``asyncload.__all__``: one page per public name, filled by autodoc from its docstring. The reference
+page's tables are generated too (``reference_tables.py``). A name added to
 ``__all__`` gets its page without an edit here, and a public name that ends up without a documented
 object is a warning, which ``make docs`` (``sphinx-build -W``) turns into a failure.
 """
@@ -27,7 +28,8 @@ release = version = asyncload.__version__
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 root_doc = "index"
-exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "api/generated/_toc.md"]  # _toc.md: included by api/index
+# _toc.md: included by api/index; reference/generated/*.md: included by reference.md
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "api/generated/_toc.md", "reference/generated"]
 html_theme = "furo"
 html_title = f"asyncload {release}"
 html_static_path: list[str] = []
@@ -108,6 +110,13 @@ def write_api_pages() -> list[str]:
 
 
 PUBLIC = write_api_pages()
+
+# The reference tables (settings, stats() keys, environment, support matrix), rendered from the code at
+# every build (reference_tables.py says from what), so that they cannot drift from it.
+sys.path.insert(0, str(DOCS))
+import reference_tables  # noqa: E402
+
+reference_tables.write(DOCS / "reference" / "generated")
 
 # The docstrings list settings as indented ``name  what it does`` lines under a heading ending in ':'
 # (``help()`` shows them as they are). For the site they become definition lists.

@@ -312,3 +312,24 @@ def test_a_sampled_query_under_two_real_ranks_fails_on_both_naming_each_ranks_ro
     assert set(got) == set(range(2, ROWS, 4)) and len(got) == 16  # 15 rows over 2 ranks: one padded
     assert ranks[0]["sent_rows"] == ranks[1]["sent_rows"]  # rank 0's draw, on both
     assert Counter(ranks[0]["sent"] + ranks[1]["sent"]) == Counter(ranks[0]["sent_rows"])  # each drawn row once
+
+
+@pytest.mark.parametrize(
+    ("typed", "deeplake_url", "files_url"),
+    [
+        ("gs://bucket/seg", "gcs://bucket/seg", "gs://bucket/seg"),
+        ("gcs://bucket/seg", "gcs://bucket/seg", "gs://bucket/seg"),
+        ("az://container/seg", "azure://container/seg", "az://container/seg"),
+        ("azure://container/seg/", "azure://container/seg/", "az://container/seg"),
+        ("s3://bucket/seg", "s3://bucket/seg", "s3://bucket/seg"),
+    ],
+)
+def test_either_spelling_of_a_cloud_names_the_same_dataset_in_both_sources(typed, deeplake_url, files_url) -> None:
+    """``sources.schemes``: Deep Lake's ``gcs://``/``azure://`` and the object stores' ``gs://``/``az://``
+    are accepted by both sources, each respelling the URL as its own (the docs write ``gs://``, ``az://``)."""
+    from asyncload import ObjectStoreSource
+    from asyncload.sources.deeplake import normalize_url
+
+    assert normalize_url(typed) == deeplake_url
+    files = ObjectStoreSource(typed)
+    assert files.url == files_url and (files._bucket, files._prefix) == (files_url[5:].split("/")[0], "seg")

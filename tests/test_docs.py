@@ -49,10 +49,87 @@ def test_help_objectstoresource_and_the_guide_give_the_layout_listing_pairing_an
         assert words in OWN_DATA, words
 
 
-def test_the_readme_installs_this_project_and_says_how_long_make_test_takes() -> None:
+def test_the_readme_installs_this_project_and_contributing_says_how_long_make_test_takes() -> None:
+    """The README is for users (install, a first loop, where to read on); the contributor's material,
+    the suite's time among it, is in CONTRIBUTING.md."""
     assert "pip install torch-asyncload" in README and "pip install asyncload " not in README
     assert 'name = "torch-asyncload"' in (ROOT / "pyproject.toml").read_text()
-    assert re.search(r"`make test`[^.]*minutes on 2 cores", README)
+    assert "docs/quickstart.md" in README and "bring your own torch" not in README
+    assert re.search(r"`make test`[^.]*minutes on 2 cores", (ROOT / "CONTRIBUTING.md").read_text())
+    assert not re.search(r"xdist|--dist loadgroup|crash_report", README)
+
+
+def reference_tables():  # docs/reference_tables.py: what docs/conf.py renders the reference tables with
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import reference_tables
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    return reference_tables
+
+
+def test_the_settings_table_has_every_setting_with_its_rule_and_default() -> None:
+    """docs/reference.md's settings: one row per field of LoaderOptions (and AsyncLoader's rank,
+    world_size, shard), with what it takes, its default and the docstring's words."""
+    tables = reference_tables()
+    md = tables.settings_md()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `(\w+)` \|.*$", md, re.M)}
+    for f in dataclasses.fields(LoaderOptions):
+        assert f.name in rows, f"{f.name} has no row in the reference's settings table"
+        row = rows[f.name]
+        assert f"| `{f.default!r}` |" in row, (f.name, row)
+        assert not row.endswith("|  |"), f"{f.name}: no description"
+        assert "| a Any |" not in row, f"{f.name}: say what it takes with setting(..., allowed)"
+    for name in ("rank", "world_size", "shard"):
+        assert name in rows
+    for name in ("cache_limit", "cache_dir", "cache", "mp_context", "request_size", "shutdown_timeout"):
+        assert name in rows  # the ones issue 51 found missing from the hand-kept tables
+    assert "XDG_CACHE_HOME" in rows["cache_dir"] and "10^9" in rows["cache_limit"]
+
+
+def test_every_stats_key_has_a_row_with_its_unit_and_no_row_is_stale(tmp_path) -> None:
+    """The keys of a live ``stats()`` (an epoch read to its end) against docs/reference_tables.STATS."""
+    from asyncload import DeepLakeSource, make_dataset
+
+    url = str(tmp_path / "seg")
+    make_dataset(url, 8, height=16, width=16, progress=False)
+    with AsyncLoader(DeepLakeSource(url), 4, processes=0) as loader:
+        for _ in loader:
+            pass
+        keys = set(loader.stats())
+    documented = set(reference_tables().STATS)
+    assert not keys - documented, f"stats() keys without a row (unit, meaning) in docs/reference_tables.py: {sorted(keys - documented)}"  # fmt: skip
+    assert not documented - keys, f"rows of keys stats() no longer has: {sorted(documented - keys)}"
+    assert all(unit for unit, _ in reference_tables().STATS.values())
+
+
+def test_every_environment_variable_the_package_reads_has_a_row() -> None:
+    """A name read by ``os.environ.get("X")``, ``env.get("X")``, ``environ["X"]``, ``pick(..., "X")``
+    or listed as a variable tuple anywhere in asyncload/ must be in docs/reference_tables.ENVIRONMENT."""
+    read: set[str] = set()
+    for path in (ROOT / "asyncload").rglob("*.py"):
+        code = path.read_text()
+        read |= set(re.findall(r"\b(?:environ|env)(?:\.get\(|\[)\s*\"([A-Z][A-Z0-9_]+)\"", code))
+        read |= set(re.findall(r"\"([A-Z][A-Z0-9_]+)\" in os\.environ", code))
+        for args in re.findall(r"\bpick\(([^)]*)\)", code):
+            read |= set(re.findall(r"\"([A-Z][A-Z0-9_]{2,})\"", args))
+        for names in re.findall(r"^_[A-Z_]+ = \(((?:\"[A-Z][A-Z0-9_]+\",? ?)+)\)", code, re.M):
+            read |= set(re.findall(r"\"([A-Z][A-Z0-9_]+)\"", names))
+    assert {"ASYNCLOAD_CACHE_DIR", "XDG_CACHE_HOME", "AWS_ENDPOINT_URL", "OPENBLAS_NUM_THREADS"} <= read  # found
+    missing = read - set(reference_tables().ENVIRONMENT)
+    assert not missing, f"environment variables read by asyncload without a row in docs/reference_tables.py: {sorted(missing)}"  # fmt: skip
+
+
+def test_the_support_matrix_is_the_one_pyproject_declares() -> None:
+    md = reference_tables().support_md()
+    project = (ROOT / "pyproject.toml").read_text()
+    python = re.search(r'^requires-python = "([^"]+)"', project, re.M)
+    deeplake = re.search(r'"deeplake([^";]+)"', project)
+    torch_ = re.search(r'"torch([<>=!][^";]+)"', project)
+    assert python and deeplake and torch_
+    for spec in (python.group(1), deeplake.group(1), torch_.group(1)):
+        assert spec in md, spec
+    assert "torchvision" in md and "`[gpu]` extra" in md and re.search(r'^gpu = \["torchvision"\]', project, re.M)
 
 
 def test_normalize_with_a_transform_names_only_the_settings_given() -> None:

@@ -300,3 +300,20 @@ def test_device_feed_and_resume_state_work_with_batches_already_on_the_device(ph
     again.load_state_dict(state)
     assert [i for b in again for i in b["index"].tolist()] == rest
     assert sorted(first["index"].tolist() + rest) == list(range(48))
+
+
+def test_decode_cuda_without_torchvision_names_the_gpu_extra_where_the_loader_is_built(
+    photo_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a bare ``ModuleNotFoundError`` at the first batch (or in a DataLoader worker): a ``ConfigError``
+    from the constructor that says what to install."""
+    from asyncload import AsyncIterableDataset, ConfigError
+
+    monkeypatch.setitem(__import__("sys").modules, "torchvision", None)  # as if not installed
+    want = "decode='cuda' needs torchvision (nvJPEG is called through torchvision.io.decode_jpeg), which is not installed: pip install 'torch-asyncload[gpu]'"  # fmt: skip
+    with pytest.raises(ConfigError) as info:
+        AsyncLoader(DeepLakeSource(photo_url), 4, decode="cuda")
+    assert str(info.value).startswith(want)
+    with pytest.raises(ConfigError, match=r"^decode='cuda:1' needs torchvision .*\[gpu\]"):
+        AsyncIterableDataset(DeepLakeSource(photo_url), 4, decode="cuda:1")
+    assert AsyncLoader(DeepLakeSource(photo_url), 4, decode="cpu").options.decode == "cpu"  # others unaffected

@@ -60,3 +60,33 @@ def test_the_sampler_is_the_plan_these_options_cut() -> None:
     assert plan.batches(0) == o.sampler(18, Shard(rank=1, world_size=2)).batches(0)  # seeded: reproducible
     other = o.sampler(18, Shard(rank=0, world_size=2)).batches(0)
     assert not set().union(*map(set, batches)) & set().union(*map(set, other))  # ranks never share a row
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("500MB", 500 * 10**6), ("500 mb", 500 * 10**6), ("50GB", 50 * 10**9), ("2TB", 2 * 10**12),
+        ("512MiB", 512 << 20), ("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("4 KiB", 4096),
+        ("1kb", 1000), ("1024", 1024), ("64B", 64), (4096, 4096),
+    ],
+)  # fmt: skip
+def test_one_rule_for_sizes_kb_is_1000_kib_and_k_are_1024(text, size) -> None:
+    """``runtime.sizes.parse_size``: the rule of ``cache_limit``, ``memory_budget`` and ``--memory-budget``."""
+    from asyncload.runtime.sizes import parse_size
+
+    assert parse_size(text) == size
+
+
+def test_memory_budget_and_cache_limit_take_the_same_sizes_and_the_cli_reads_them_alike() -> None:
+    from asyncload.tools.cli import _bytes
+
+    o = LoaderOptions(memory_budget="500MB", cache_limit="500MB")
+    assert o.budget_bytes == o.cache_bytes == _bytes("500MB") == 500_000_000
+    assert LoaderOptions(memory_budget="2GiB").budget_bytes == LoaderOptions(cache_limit="2G").cache_bytes == 2 << 30
+    assert LoaderOptions(memory_budget=1 << 20).budget_bytes == 1 << 20
+    for name in ("memory_budget", "cache_limit"):
+        with pytest.raises(ConfigError) as info:
+            LoaderOptions.of({name: "lots"})
+        assert str(info.value).startswith(f"{name}='lots' is not allowed: 'auto' or a number of bytes >= 1 (an int, or")
+        with pytest.raises(ConfigError, match=f"^{name}='0MB' is not allowed"):
+            LoaderOptions.of({name: "0MB"})

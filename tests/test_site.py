@@ -29,7 +29,7 @@ FIXTURES = (seaweed,)
 # exactly what `make docs` runs (the Makefile's SPHINXOPTS), into a folder of the test's own
 STRICT = ["-W", "--keep-going", "-n", "-E", "-q"]
 RUN = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)
-INCLUDED = re.compile(r"^```\{literalinclude\} (\S*\bexamples/\S+?\.py)$", re.M)  # an example a page shows
+INCLUDED = re.compile(r"^<!-- run -->\n```\{literalinclude\} (\S*\bexamples/\S+?\.py)$", re.M)  # an example a page runs
 PYTHON = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
@@ -55,6 +55,11 @@ def test_the_site_builds_strictly_with_a_page_for_every_public_name(tmp_path: Pa
                   "mixing-and-resume", "failures", "performance", "cli"):  # fmt: skip
         assert (html / "guides" / f"{guide}.html").exists(), guide
     assert "The node-local block store" in (html / "guides" / "larger-than-memory.html").read_text()
+    for page in ("quickstart", "guides/from-dataloader", "reference", "troubleshooting", "glossary"):
+        assert (html / f"{page}.html").exists(), page
+    reference = (html / "reference.html").read_text()  # its tables, generated from the code at the build
+    for name in ("shutdown_timeout", "mp_context", "request_size", "cache_limit", "bytes_per_s", "XDG_CACHE_HOME"):
+        assert name in reference, name
 
     # the same build fails on a broken cross-reference and on a public name that documents nothing
     broken = sphinx(

@@ -27,8 +27,8 @@ from ..image.normalize import ModelReady
 from ..runtime.log import log_once
 from ..runtime.loop import LoopKind
 from ..runtime.settings import setting, validate
+from ..runtime.sizes import parse_size
 from ..sources.base import Source
-from ..sources.nodestore import parse_size
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
 from .sampler import EpochOrder, EpochSampler, Remainder, Shard, one_mix
 
@@ -39,10 +39,6 @@ MpContext = Literal["spawn", "forkserver"]
 
 def _decode_ok(v: Any) -> bool:
     return v in ("auto", "cpu", "store", "cuda") or (isinstance(v, str) and v.startswith("cuda:") and v[5:].isdigit())
-
-
-def _budget_ok(v: Any) -> bool:
-    return v == "auto" or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1)
 
 
 def _size_ok(v: Any) -> bool:
@@ -95,14 +91,20 @@ class LoaderOptions:
     cache_dir: str | None = setting(
         None, "None or a directory path", lambda v: v is None or isinstance(v, (str, os.PathLike))
     )
-    cache_limit: int | str = setting("auto", "'auto', a number of bytes >= 1 or a size such as '50GB'", _size_ok)
+    cache_limit: int | str = setting(
+        "auto", "'auto' or a number of bytes >= 1 (an int, or a size such as '50GB' (10^9) or '50GiB' (2^30))",
+        _size_ok,
+    )
     log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
     hedge: float | None = setting(3.0, "None or a factor > 1", lambda v: v is None or v > 1)
     decode: str = setting("auto", "'auto', 'cpu', 'store', 'cuda' or 'cuda:N'", _decode_ok)
     augment: Augment | Sequence[Op] | Op | None = setting(
         None, "None or a list of Resize, RandomResizedCrop and RandomHorizontalFlip"
     )
-    memory_budget: int | Literal["auto"] = setting("auto", "'auto' or a number of bytes >= 1", _budget_ok)
+    memory_budget: int | str = setting(
+        "auto", "'auto' or a number of bytes >= 1 (an int, or a size such as '500MB' (10^6) or '2GiB' (2^30))",
+        _size_ok,
+    )
     processes: int | Literal["auto"] = setting(
         "auto", "'auto' or an int >= 0 (0: read in this process)", lambda v: v == "auto" or v >= 0
     )
@@ -111,9 +113,9 @@ class LoaderOptions:
         "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
     )
     # Model-ready image columns (``normalize``): checked together by ``ModelReady.of``.
-    normalize: Any = None
-    layout: Any = "NHWC"
-    dtype: Any = None
+    normalize: Any = setting(None, "None or (mean, std): a number, or one per channel, each")
+    layout: Any = setting("NHWC", "'NHWC' or 'NCHW'")
+    dtype: Any = setting(None, "None, torch.float32, torch.float16 or torch.bfloat16")
 
     def __post_init__(self) -> None:
         validate(self)
@@ -142,7 +144,7 @@ class LoaderOptions:
         """``memory_budget`` in bytes: ``"auto"`` is 1 GiB, or an eighth of this machine's memory where
         that is less."""
         if self.memory_budget != "auto":
-            return int(self.memory_budget)
+            return parse_size(self.memory_budget)
         try:
             total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         except (ValueError, OSError, AttributeError):

@@ -18,12 +18,15 @@ one a single process would make.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from ..runtime.alloc import allocate
 from ..runtime.log import log_once
 from .augment import Draw
@@ -31,6 +34,28 @@ from .codecs import DecodeError, is_stored, sniff
 from .codecs import decode as decode_bytes
 from .decode import DecodeStage, Failures, ImageColumn, _as_hw, unequal_sizes
 from .normalize import image_columns
+
+#: What ``decode="cuda"`` without torchvision says: nvJPEG is reached through torchvision, which asyncload
+#: does not require (a CPU install would pull a CUDA build of it), so the ``gpu`` extra names it.
+NEEDS_TORCHVISION = (
+    "decode={decode!r} needs torchvision (nvJPEG is called through torchvision.io.decode_jpeg), which is not "
+    "installed: pip install 'torch-asyncload[gpu]', or the torchvision build that matches your torch"
+)
+
+
+def has_torchvision() -> bool:
+    """Whether torchvision can be imported, without importing it (a second or two)."""
+    if "torchvision" in sys.modules:
+        return sys.modules["torchvision"] is not None
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def require_torchvision(decode: str) -> None:
+    """Raise ``ConfigError`` naming the ``gpu`` extra for ``decode="cuda"`` (or "cuda:N") without
+    torchvision: where the loader is built, not as a bare ``ModuleNotFoundError`` at the first batch."""
+    if decode.startswith("cuda") and not has_torchvision():
+        raise ConfigError(NEEDS_TORCHVISION.format(decode=decode))
+
 
 #: The batch key that lists the columns a fan-out worker shipped undecoded (see ``pack``).
 PACKED = "_asyncload_packed"
@@ -97,6 +122,7 @@ def _decode_column(
     on_gpu = device.type == "cuda" and col.role == "image"
     gpu_k = [k for k, v in enumerate(values) if on_gpu and is_stored(v) and v[:3] == b"\xff\xd8\xff" and v[-2:] == _EOI]
     if gpu_k:
+        require_torchvision(str(device))  # a loader checks as it is built; this is for other callers
         from torchvision.io import ImageReadMode, decode_jpeg
 
         data = [t for t in _split(_flat([values[k] for k in gpu_k]), [len(values[k]) for k in gpu_k])]

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
 from .base import Columns, Source, code_tag
+from .schemes import DEEPLAKE_SCHEMES, respell
 
 StorageConcurrency = int | Literal["auto"] | None
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``.
@@ -31,7 +32,9 @@ AUTO_STORAGE_THREADS = 64
 
 
 def normalize_url(url: str | os.PathLike[str]) -> str:
-    """``/data/seg`` and ``file:///data/seg`` name the same dataset; other schemes pass through."""
+    """``/data/seg`` and ``file:///data/seg`` name the same dataset, and so do ``gs://b/seg`` and
+    ``gcs://b/seg`` (``az://`` and ``azure://``): the object-store spelling is taken and respelt as Deep
+    Lake's, so one URL works for both sources. Other schemes pass through."""
     if not isinstance(url, (str, os.PathLike)):
         # A ready view cannot say which dataset rows it holds, nor be re-run identically in a worker.
         raise ConfigError(
@@ -40,7 +43,7 @@ def normalize_url(url: str | os.PathLike[str]) -> str:
         )
     url = os.fspath(url)
     if "://" in url:
-        return url
+        return respell(url, DEEPLAKE_SCHEMES)
     return "file://" + os.path.abspath(url)
 
 
@@ -101,8 +104,9 @@ BLOCK_ROWS = 64
 class DeepLakeSource(Source[Any]):
     """A Deep Lake dataset, opened read-only in each process that reads it.
 
-    ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``al://``...; ``creds`` and ``token`` are
-    passed to Deep Lake and never shown in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
+    ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``gs://`` (or Deep Lake's ``gcs://``),
+    ``az://`` (or ``azure://``), ``al://``; ``creds`` and ``token`` are passed to Deep Lake and never shown
+    in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
     Deep Lake's process-wide storage thread pool to 64 before the dataset opens (which fixes its
     connections), an int sets it, ``None`` leaves it.
 

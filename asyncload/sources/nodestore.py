@@ -51,7 +51,6 @@ import json
 import logging
 import os
 import pickle
-import re
 import shutil
 import sqlite3
 import threading
@@ -106,16 +105,6 @@ CREATE TABLE IF NOT EXISTS claims(shelf INTEGER NOT NULL, bin INTEGER NOT NULL, 
 #: memory-backed ones, where the store would take the RAM that training needs.
 NOT_LOCAL = ("nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "beegfs",
              "fuse.", "9p", "afs", "panfs", "wekafs", "tmpfs", "ramfs")  # fmt: skip
-
-
-def parse_size(value: int | str) -> int:
-    """Bytes from an int or a string such as ``"20GB"`` or ``"512 MiB"`` (powers of 1024); ValueError else."""
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])i?)?b?\s*", value.lower())
-    if not m:
-        raise ValueError(value)
-    return int(float(m.group(1)) * 1024 ** (" kmgt".index(m.group(2) or " ")))
 
 
 # -- where the store lives -------------------------------------------------------------------------------
@@ -307,11 +296,25 @@ class NodeStore:
 
     # -- the index -----------------------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
+        """A connection to the index, made (WAL mode, the schema) by whichever process comes first. Switching
+        to WAL answers "database is locked" at once, without waiting, to processes that open the index at
+        the same instant: tried again for up to a minute."""
         db = sqlite3.connect(self.root / "index.sqlite3", timeout=60.0, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA journal_mode=WAL")
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                if db.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    db.execute("PRAGMA journal_mode=WAL")  # (kept in the file: once for the node)
+                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+                break
+            except sqlite3.OperationalError as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         db.execute("PRAGMA synchronous=NORMAL")  # WAL: a crash loses the last transactions, never the index
         db.execute("PRAGMA journal_size_limit=1048576")  # the log cut back to 1 MiB at each checkpoint
-        db.executescript(_SCHEMA)
         db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('used', 0)", (_FORMAT,))
         (fmt,) = db.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
         if fmt != _FORMAT:
@@ -691,5 +694,4 @@ __all__ = [
     "default_root",
     "encode",
     "open_shelf",
-    "parse_size",
 ]

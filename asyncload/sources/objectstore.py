@@ -56,6 +56,7 @@ from ..image.files import DecodeMode, decode_image, decode_modes
 from ..runtime.loop import LoopLocal, cores_available, run_blocking, thread_pool
 from .base import Columns, Source, code_tag
 from .manifest import Keys, Manifest, keys_from_listing, keys_from_manifest, parse_manifest, read_local, stems
+from .schemes import OBJECT_STORE_SCHEMES, respell
 from .stores.azure import resolve_azure, split_az_url
 from .stores.gcs import resolve_gcs, split_gs_url
 from .stores.http import HTTPStatusError, Timeouts, new_session, request_bytes
@@ -186,7 +187,7 @@ class ObjectStoreSource(Source[_Index]):
         profile: str | None = None,
         probe: bool = True,
     ) -> None:
-        url = str(url).rstrip("/")
+        url = respell(str(url).rstrip("/"), OBJECT_STORE_SCHEMES)
         super().__init__(url, columns)
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
         if scheme not in (*_CLOUDS, "http", "https"):
@@ -460,7 +461,7 @@ class ObjectStoreSource(Source[_Index]):
         m = self._manifest
         if not isinstance(m, (str, os.PathLike)):
             return list(m)  # type: ignore[arg-type]
-        where = os.fspath(m)
+        where = respell(os.fspath(m), OBJECT_STORE_SCHEMES)
         scheme = where.split("://", 1)[0].lower() if "://" in where else ""
         if scheme in (*_CLOUDS, "http", "https"):
             store: Store = HTTPStore("")

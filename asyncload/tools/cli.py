@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from ..runtime.sizes import SIZE_FORMS, parse_size
+
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
 USAGE_ERROR, DATA_ERROR, INTERRUPTED = 2, 1, 130
 
@@ -107,16 +109,14 @@ def _span(text: str) -> tuple[float, float]:
 
 
 def _bytes(text: str) -> int | str:
-    """``auto``, a number of bytes, or one with a unit: ``512MiB``, ``2GiB``, ``500MB``."""
+    """``auto``, or a size by the one rule of every size setting (``runtime.sizes``): ``500MB`` is 10^6
+    bytes × 500, ``512MiB`` and ``512M`` are 2^20 × 512."""
     if text == "auto":
         return text
-    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-    t = text.strip().lower()
-    num = t.rstrip("kmgib")
     try:
-        return int(float(num) * units[t[len(num) :]])
-    except (ValueError, KeyError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes: auto, 1073741824, 512MiB or 2GiB") from None
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size in bytes: auto or {SIZE_FORMS}") from None
 
 
 def _normalize(text: str) -> Any:
@@ -462,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(ld)
     g = ld.add_argument_group("more loader settings")
     g.add_argument(
-        "--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 512MiB, 2GiB"
+        "--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 500MB (10^6), 512MiB or 512M (2^20)"
     )
     g.add_argument("--cpu-workers", type=int, help="threads decoding and augmenting (default: one per core)")
     g.add_argument("--max-concurrency", type=int, help="the most samples in flight concurrency=auto may choose")

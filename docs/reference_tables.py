@@ -1,0 +1,231 @@
+"""The tables of ``docs/reference.md``, rendered from the code at every build (``docs/conf.py``).
+
+Why generated: a hand-kept table of settings drifts (the issue that made this page found four settings
+missing from it). Here each table is read off its single source of truth:
+
+- **settings**: ``LoaderOptions``'s fields (type and rule from ``setting()``, default) and the one
+  description list in ``AsyncLoader``'s docstring (``help(AsyncLoader)``), grouped by its headings;
+- **statistics**: ``STATS`` below, one row per key of ``loader.stats()`` with its unit; the keys are the
+  code's, and ``tests/test_docs.py`` fails when a key of a live ``stats()`` has no row, or a row no key;
+- **environment**: ``ENVIRONMENT`` below; ``tests/test_docs.py`` fails when the package reads a variable
+  that has no row;
+- **support matrix**: the version bounds of ``pyproject.toml`` and the pins of ``constraints.txt``.
+
+``python docs/reference_tables.py`` prints them all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import sys
+import tomllib
+import typing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from asyncload import AsyncLoader, LoaderOptions  # noqa: E402
+from asyncload.runtime.settings import _describe  # noqa: E402
+
+#: ``loader.stats()``: key → (unit, what it counts). One row per key; tests/test_docs.py compares the keys
+#: with a live loader's.
+STATS: dict[str, tuple[str, str]] = {
+    "elapsed_s": ("s", "seconds since the epoch started (to its end, once it ended)"),
+    "samples_per_s": ("samples/s", "samples yielded per second of `elapsed_s`"),
+    "bytes_per_s": ("bytes/s", "bytes read from the source per second of `elapsed_s` (÷ 2**20 for MiB/s)"),
+    "concurrency": ("samples", "samples allowed in flight now (moves with `concurrency=\"auto\"`)"),
+    "concurrency_setting": ("setting", "the `concurrency` setting: `\"auto\"` or the int given"),
+    "requests": ("count", "read requests issued to the source"),
+    "samples_read": ("samples", "samples whose reads completed"),
+    "in_flight": ("samples", "samples being read now"),
+    "ready_batches": ("batches", "batches ready ahead of the consumer now"),
+    "batches_yielded": ("batches", "batches handed to the consumer this epoch"),
+    "samples_yielded": ("samples", "samples handed to the consumer this epoch"),
+    "consumer_wait_s": ("s", "time the consumer spent blocked in `next()` waiting for a batch"),
+    "skipped": ("samples", "samples left out by `on_error=\"skip\"`"),
+    "skipped_samples": ("list", "the first 1,000 of them, as `(index, cause)`"),
+    "worker_restarts": ("count", "reader or worker processes that died and were replaced"),
+    "stalls": ("count", "outages of the store ridden out (silent, then answering again)"),
+    "stall_wait_s": ("s", "time spent waiting them out"),
+    "stalled_s": ("s or None", "while a stall lasts: time since the store last answered; else None"),
+    "stall_timeout": ("s", "the deadline the epoch gives a silent store (`stall_timeout`)"),
+    "hedges": ("count", "second requests sent for stragglers (`hedge`)"),
+    "hedges_won": ("count", "second requests that answered first"),
+    "retries": ("count", "requests retried by the object-store client (0 for Deep Lake)"),
+    "time_to_first_batch_s": ("s or None", "from the epoch's start to its first batch"),
+    "memory_budget": ("bytes", "the pipeline's byte budget (`memory_budget`, resolved)"),
+    "bytes_held": ("bytes", "bytes read and decoded that the pipeline holds now, ready batches included"),
+    "bytes_held_peak": ("bytes", "the most it held this epoch"),
+    "cpu_loop_s": ("CPU s", "thread CPU time of the event-loop thread"),
+    "cpu_decode_s": ("CPU s", "thread CPU time of the decode stage (decode, crop, resize, flip)"),
+    "cpu_collate_s": ("CPU s", "thread CPU time of the rest of assembly (collation, your `transform`)"),
+    "remote_bytes": ("bytes", "bytes the read stage fetched from the source"),
+    "node_hits": ("rows", "rows served from the node block store's disk"),
+    "node_misses": ("rows", "rows the node store did not have, fetched from the source"),
+    "node_hit_rate": ("fraction or None", "`node_hits / (node_hits + node_misses)`; None before any"),
+    "node_not_kept": ("rows", "rows fetched that the node store did not keep (over `cache_limit`, or a failed write)"),
+    "node_corrupt": ("count", "parts on disk that failed their checksum (deleted, fetched again)"),
+    "node_read_bytes": ("bytes", "bytes read from the node store's disk"),
+    "read_p50_ms": ("ms or None", "median latency of the recent 2,048 reads"),
+    "read_p90_ms": ("ms or None", "90th percentile of the same"),
+    "read_p99_ms": ("ms or None", "99th percentile of the same"),
+    "read_mode": ("setting", "the read mode in use: `\"row\"` or `\"column\"`"),
+    "epoch": ("int", "the epoch these figures are of (`set_epoch`)"),
+}
+
+#: Environment variables the package reads: name → (who reads it, what it does). tests/test_docs.py fails
+#: when the package reads one that has no row here.
+ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "ASYNCLOAD_CACHE_DIR": ("node block store", "where the store lives when `cache_dir` is not given"),
+    "XDG_CACHE_HOME": ("node block store", "without the above: `$XDG_CACHE_HOME/asyncload/blocks` (else `~/.cache/asyncload/blocks`) where that is on a local disk"),
+    "TMPDIR": ("node block store", "where the above is on a network or memory file system: `$TMPDIR/asyncload-<uid>/blocks` (a cluster job's node-local scratch), else `/var/tmp/asyncload-<uid>/blocks`; none local: the store is off, said once"),
+    "ASYNCLOAD_DEBUG": ("`asyncload` command", "not empty and not `0`: print the traceback of an error (as `--debug`)"),
+    "AWS_ACCESS_KEY_ID": ("S3", "the access key, when `creds` gives none"),
+    "AWS_SECRET_ACCESS_KEY": ("S3", "its secret"),
+    "AWS_SESSION_TOKEN": ("S3", "a session token for temporary keys"),
+    "AWS_ENDPOINT_URL": ("S3", "the endpoint of an S3-compatible store (MinIO, SeaweedFS, R2); not on AWS itself"),
+    "AWS_ENDPOINT_URL_S3": ("S3", "the same for S3 only; wins over `AWS_ENDPOINT_URL`"),
+    "AWS_REGION": ("S3", "the region (else `AWS_DEFAULT_REGION`, the config file, or the bucket's own answer)"),
+    "AWS_DEFAULT_REGION": ("S3", "the region, when `AWS_REGION` is not set"),
+    "AWS_PROFILE": ("S3 (botocore)", "the profile of the shared files, when `profile=` is not given"),
+    "AWS_CONFIG_FILE": ("S3", "the shared config file (default `~/.aws/config`)"),
+    "AWS_SHARED_CREDENTIALS_FILE": ("S3", "the shared credentials file (default `~/.aws/credentials`)"),
+    "GOOGLE_APPLICATION_CREDENTIALS": ("GCS (google-auth)", "a service account's key file"),
+    "STORAGE_EMULATOR_HOST": ("GCS", "a GCS emulator's address (tests, local development)"),
+    "AZURE_STORAGE_CONNECTION_STRING": ("Azure Blob", "a connection string (account, key or SAS, endpoint)"),
+    "AZURE_STORAGE_ACCOUNT_NAME": ("Azure Blob", "the account (also `AZURE_STORAGE_ACCOUNT`)"),
+    "AZURE_STORAGE_ACCOUNT": ("Azure Blob", "the account, when `AZURE_STORAGE_ACCOUNT_NAME` is not set"),
+    "AZURE_STORAGE_ACCOUNT_KEY": ("Azure Blob", "the account key (also `AZURE_STORAGE_KEY`)"),
+    "AZURE_STORAGE_KEY": ("Azure Blob", "the account key, when `AZURE_STORAGE_ACCOUNT_KEY` is not set"),
+    "AZURE_STORAGE_SAS_TOKEN": ("Azure Blob", "a SAS token"),
+    "AZURE_STORAGE_ENDPOINT": ("Azure Blob", "the Blob endpoint (Azurite, sovereign clouds)"),
+    "OPENBLAS_NUM_THREADS": ("reader and worker processes", "BLAS threads in the processes asyncload starts (default 1 there)"),
+    "MKL_NUM_THREADS": ("reader and worker processes", "the same for MKL"),
+    "RANK": ("`asyncload train`", "torchrun's rank: the job joins the process group when this and `WORLD_SIZE` are set"),
+    "WORLD_SIZE": ("`asyncload train`", "torchrun's number of ranks"),
+    "LOCAL_RANK": ("`asyncload train`", "torchrun's rank on this node: which GPU the rank uses"),
+    "LOCAL_WORLD_SIZE": ("`asyncload train`", "torchrun's ranks on this node"),
+    "CI": ("`asyncload make-dataset`", "`true` and no terminal: no progress bar"),
+}
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def setting_descriptions() -> list[tuple[str, list[tuple[list[str], str]]]]:
+    """``AsyncLoader``'s docstring as (heading, [(names, description)]): the lines indented 6 spaces that
+    start with a name (``shuffle, seed  ...``), their continuations joined."""
+    groups: list[tuple[str, list[tuple[list[str], str]]]] = []
+    item: tuple[list[str], list[str]] | None = None
+    para: list[str] = []  # the paragraph a heading ends (a heading may take two lines)
+    for line in (AsyncLoader.__doc__ or "").splitlines():
+        entry = re.match(r"^ {6}([a-z_]+(?:, [a-z_]+)*)(?: +(\S.*))?$", line)
+        if re.match(r"^ {4}\S", line):
+            para.append(line.strip())
+            if line.endswith(":"):  # "The node block store (``sources.nodestore``): each ...:" → its name
+                groups.append((re.split(r" \(|:", " ".join(para))[0], []))
+                para = []
+            item = None
+        elif not line.strip():
+            para = []
+            item = None
+        elif entry and groups:
+            item = (entry.group(1).split(", "), [entry.group(2) or ""])
+            groups[-1][1].append((item[0], " ".join(item[1])))
+        elif item is not None and line.startswith(" " * 8) and line.strip():
+            item[1].append(line.strip())
+            groups[-1][1][-1] = (item[0], " ".join(p for p in item[1] if p))
+    return [(h, items) for h, items in groups if items]
+
+
+def _type_and_default(name: str) -> tuple[str, str]:
+    fields = {f.name: f for f in dataclasses.fields(LoaderOptions)}
+    if name in fields:
+        f = fields[name]
+        allowed = f.metadata.get("allowed") or _describe(typing.get_type_hints(LoaderOptions)[name])
+        return allowed, repr(f.default)
+    param = inspect.signature(AsyncLoader.__init__).parameters[name]  # rank, world_size, shard
+    hint = {"shard": "None or a Shard", "rank": "None or an int >= 0", "world_size": "None or an int >= 1"}
+    return hint.get(name, str(param.annotation)), repr(param.default)
+
+
+def settings_md() -> str:
+    """Every setting of ``AsyncLoader`` and ``AsyncIterableDataset``: name, what it takes, default, what
+    it does, by the docstring's groups."""
+    out = []
+    for heading, items in setting_descriptions():
+        out.append(f"### {heading}\n\n| setting | takes | default | what it does |\n|---|---|---|---|\n")
+        for names, text in items:
+            for name in names:
+                takes, default = _type_and_default(name)
+                out.append(f"| `{name}` | {_cell(takes)} | `{_cell(default)}` | {_cell(_rst_to_md(text))} |\n")
+        out.append("\n")
+    return "".join(out)
+
+
+def _rst_to_md(text: str) -> str:
+    return text.replace("``", "`")
+
+
+def stats_md() -> str:
+    rows = "".join(f"| `{k}` | {unit} | {_cell(what)} |\n" for k, (unit, what) in STATS.items())
+    return "| key | unit | what it is |\n|---|---|---|\n" + rows
+
+
+def environment_md() -> str:
+    rows = "".join(f"| `{k}` | {who} | {_cell(what)} |\n" for k, (who, what) in ENVIRONMENT.items())
+    return "| variable | read by | what it does |\n|---|---|---|\n" + rows
+
+
+def support_md() -> str:
+    """Python, OS, torch, Deep Lake, torchvision and the extras: the bounds pyproject.toml declares and
+    what CI runs (constraints.txt's pins)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = dict(
+        re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)", (ROOT / "constraints.txt").read_text(), re.M)
+    )
+
+    def spec(name: str, reqs: list[str]) -> str:
+        for r in reqs:
+            m = re.match(rf"^{re.escape(name)}\b\s*([^;]*)", r)
+            if m:
+                return m.group(1).strip() or "any"
+        raise KeyError(f"{name} is not in pyproject.toml")
+
+    deps, extras = project["dependencies"], project["optional-dependencies"]
+    versions = [c.rsplit(":: ", 1)[1] for c in project["classifiers"] if re.search(r"Python :: 3\.\d+$", c)]
+    oses = [c.rsplit(":: ", 1)[1] for c in project["classifiers"] if c.startswith("Operating System")]
+    rows = [
+        ("Python", project["requires-python"], "CPython " + ", ".join(versions), "the interpreter"),
+        ("OS", ", ".join(oses), "Linux x86-64", "needs `flock` and `/proc` (node store, process accounting); macOS and Windows are not tested"),
+        ("torch", spec("torch", deps), f"{pins.get('torch', '?')} (CPU build)", "installed by pip if absent: install your CUDA build first"),
+        ("Deep Lake", spec("deeplake", deps), pins.get("deeplake", "?"), "4.7.4's traps are handled (Architecture); 4.8 is not yet allowed"),
+        ("torchvision", spec("torchvision", extras["gpu"]) + " (`[gpu]` extra)", "not installed", "only for `decode=\"cuda\"` (nvJPEG); the build that matches your torch"),
+        ("torchdata", spec("torchdata", extras["stateful"]) + " (`[stateful]`)", "tested", "`StatefulDataLoader`"),
+        ("Lightning", spec("lightning", extras["lightning"]) + " (`[lightning]`)", "tested", "`asyncload.lightning.AsyncLoadCallback`"),
+        ("botocore, google-auth, azure-identity", "`[s3]`, `[gcs]`, `[azure]`", "tested (SeaweedFS, emulators)", "the clouds' credential chains"),
+    ]
+    body = "".join(f"| {a} | {_cell(b)} | {_cell(c)} | {_cell(d)} |\n" for a, b, c, d in rows)
+    return "| what | supported | CI runs | notes |\n|---|---|---|---|\n" + body
+
+
+TABLES = {"settings": settings_md, "stats": stats_md, "environment": environment_md, "support": support_md}
+
+
+def write(folder: Path) -> None:
+    """Each table into ``folder/<name>.md`` (rewritten only when it changed, for incremental builds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, render in TABLES.items():
+        path, text = folder / f"{name}.md", render()
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+if __name__ == "__main__":
+    for name, render in TABLES.items():
+        print(f"## {name}\n\n{render()}")
