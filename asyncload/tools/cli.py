@@ -463,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
         "load", help="read your dataset with asyncload and with a synchronous loop: whole-epoch samples/s, CPU, RSS",
         description="Read a dataset (Deep Lake, or image files under an object-store prefix) with a synchronous "
         "loop and with asyncload, each a whole epoch from opening the dataset, and report both, with the steady "
-        "rate, CPU per sample and peak RSS of the whole process tree. No latency is emulated: the network is "
-        "the one the URL reaches.",
+        "rate, CPU per sample and peak RSS of the whole process tree. Every asyncload run reads through a "
+        "private, empty node store (cold, like the baseline's first epoch); --epochs N reports epochs 2..N "
+        "apart, warm. No latency is emulated: the network is the one the URL reaches.",
     )  # fmt: skip
     ld.add_argument(
         "url", help="a Deep Lake dataset (path, file://, s3://, al://...) or an object-store prefix of files"

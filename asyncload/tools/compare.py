@@ -32,8 +32,9 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
 - **Where it ran**: local disk, or the endpoint read. The command emulates no latency: the figures are
   those of the network as it is.
 
-The baseline's runs share this process: Deep Lake's process-wide caches could hold what an earlier run
-read (its in-memory cache is off unless created, so a later baseline run reads the network again).
+The baseline's runs share this process. Deep Lake keeps what an open dataset read while it stays open (a
+baseline's later epoch is largely read from there: 256 PNG rows at 50 ms, epoch 1 37/s, epoch 2 1,191/s),
+but each run opens the dataset anew, and its epoch 1 read at the same rate in every run (37-38/s).
 """
 
 from __future__ import annotations
