@@ -300,8 +300,8 @@ class Runs:
         }
 
 
-#: What each asyncload run's JSON carries from ``stats()`` of its epoch: the bytes the read stage fetched
-#: from the store (the remote; none from the node store's disk) and the node store's rows. (A verdict of
+#: What each asyncload run's JSON carries from ``stats()`` of its epoch, where it read through the node
+#: store: the bytes the read stage fetched from the source (none from the node store's disk), its rows. (A verdict of
 #: what the epoch waited on, where ``stats()`` gives one, belongs here too.)
 RUN_STATS = ("remote_bytes", "node_hits", "node_misses", "node_not_kept", "node_read_bytes")
 
@@ -387,12 +387,12 @@ def compare(
             for e in range(epochs):
                 m = measure("asyncload", arun.epoch(e, last=e == epochs - 1), live_tree=before)
                 st = arun.loader.stats() if arun.loader is not None else {}
+                used = arun.loader is not None and arun.loader.options.wants_cache(arun.loader.source)
                 extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e)}
-                ours[min(e, 1)].add(m, extra | {k: st.get(k) for k in RUN_STATS})
+                # without the store the read stage may not count what it fetched (0): none, not 0
+                ours[min(e, 1)].add(m, extra | {k: st.get(k) if used else None for k in RUN_STATS})
             if arun.loader is not None:
-                name = describe_loader(arun.loader, settings)
-                ours[0].name = ours[1].name = name
-                used = arun.loader.options.wants_cache(arun.loader.source)
+                ours[0].name = ours[1].name = describe_loader(arun.loader, settings)
     if base_runs is not None:
         n = base_runs[0].runs[0].samples
         what = {"deeplake": "ds[i][col]", "mixed": "reads, one row at a time"}.get(
