@@ -301,8 +301,8 @@ class Runs:
 
 
 #: What each asyncload run's JSON carries from ``stats()`` of its epoch, where it read through the node
-#: store: the bytes the read stage fetched from the source (none from the node store's disk), its rows. (A verdict of
-#: what the epoch waited on, where ``stats()`` gives one, belongs here too.)
+#: store: the bytes the read stage fetched from the source (none from the node store's disk), and the
+#: store's rows. (A verdict of what the epoch waited on, where ``stats()`` gives one, belongs here too.)
 RUN_STATS = ("remote_bytes", "node_hits", "node_misses", "node_not_kept", "node_read_bytes")
 
 

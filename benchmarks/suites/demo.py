@@ -3,9 +3,9 @@
 A synthetic segmentation dataset on a local S3 server (SeaweedFS) behind emulated WAN latency, read
 twice in the first, cold, shuffled epoch a user meets: by the usual synchronous loop (``ds[i][col]``,
 one round trip after another) and by ``AsyncLoader`` with its defaults, through a node block store of
-its own, empty, removed after (``asyncload.tools.coldstore``): a second ``make run`` is cold too. The emulation is packet-level
-(``testbeds/netem.py``: network namespaces, every packet delayed) where the machine allows it, else a TCP proxy on
-loopback; the output says which. The server and the namespaces are gone when it ends.
+its own, empty, removed after (``asyncload.tools.coldstore``): a second ``make run`` is cold too. The
+emulation is packet-level (``testbeds/netem.py``: network namespaces, every packet delayed) where the
+machine allows it, else a TCP proxy on loopback; the output says which. The server and the namespaces are gone when it ends.
 
     python benchmarks/suites/demo.py [--rtt-ms 40] [--rows 256]
     python -m asyncload demo          # the same comparison on a local dataset, no server
