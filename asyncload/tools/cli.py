@@ -319,7 +319,7 @@ def _store(args: argparse.Namespace) -> Any:
     from ..sources.nodestore import default_root
     from .compare import Store
 
-    cache = {"auto": "auto", "on": True, "off": False}[args.cache]
+    cache: bool | str = "auto" if args.cache == "auto" else args.cache == "on"
     if cache is False:
         if args.cache_dir or args.warm:
             raise ConfigError(
