@@ -271,6 +271,9 @@ def _cmd_load(args: argparse.Namespace) -> int:
 
     if args.repeat < 1:
         raise ConfigError(f"--repeat={args.repeat} is not allowed: an int >= 1")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs={args.epochs} is not allowed: an int >= 1")
+    store = _store(args)
     columns = tuple(c for c in args.columns.split(",") if c)
     settings = loader_settings(args)
     LoaderOptions.of(settings)  # a bad setting fails here, named, before anything is opened
@@ -293,19 +296,41 @@ def _cmd_load(args: argparse.Namespace) -> int:
     if not args.json:
         print(
             f"asyncload load: {rows} rows of {where.url} ({where.why}), {where.network}; "
-            f"{args.repeat} run(s) of each reader",
+            f"{args.repeat} run(s) of each reader, {args.epochs} epoch(s) each; asyncload's node store: "
+            f"{store.describe(None)}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
     host = machine()  # the load average before our own runs add to it
     try:
-        base, ours = compare(
+        result = compare(
             where, columns, settings, repeat=args.repeat, baseline_rows=args.sequential_rows,
-            baseline=not args.no_baseline,
+            baseline=not args.no_baseline, epochs=args.epochs, store=store,
         )  # fmt: skip
     except CollateError as exc:  # the library's words name its settings; here they are flags
         raise CollateError(f"{exc} (on the command line: --resize N, --crop N or --ragged list|pad)") from exc
-    print_report(report(where, columns, rows, base, ours, settings, args.repeat, host), args.json)
+    print_report(report(where, columns, rows, result, settings, args.repeat, host, args.epochs), args.json)
     return 0
+
+
+def _store(args: argparse.Namespace) -> Any:
+    """The node store asyncload's runs read through: a private, empty one per run (cold) unless the user
+    names one (``--cache-dir``, or ``--warm``: the loader's default) or turns it off (``--cache off``)."""
+    from ..errors import ConfigError
+    from ..sources.nodestore import default_root
+    from .compare import Store
+
+    cache: bool | str = "auto" if args.cache == "auto" else args.cache == "on"
+    if cache is False:
+        if args.cache_dir or args.warm:
+            raise ConfigError(
+                "--cache off is not allowed with --cache-dir or --warm: they name a store to read through"
+            )
+        return Store("off", False)
+    if args.cache_dir and args.warm:
+        raise ConfigError("--cache-dir and --warm are not allowed together: --warm is the default store's directory")
+    if args.cache_dir or args.warm:
+        return Store("yours", cache, str(Path(args.cache_dir).expanduser()) if args.cache_dir else str(default_root()))
+    return Store("cold", cache)
 
 
 def _creds(args: argparse.Namespace) -> dict[str, str] | None:
@@ -438,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
         "load", help="read your dataset with asyncload and with a synchronous loop: whole-epoch samples/s, CPU, RSS",
         description="Read a dataset (Deep Lake, or image files under an object-store prefix) with a synchronous "
         "loop and with asyncload, each a whole epoch from opening the dataset, and report both, with the steady "
-        "rate, CPU per sample and peak RSS of the whole process tree. No latency is emulated: the network is "
-        "the one the URL reaches.",
+        "rate, CPU per sample and peak RSS of the whole process tree. Every asyncload run reads through a "
+        "private, empty node store (cold, like the baseline's first epoch); --epochs N reports epochs 2..N "
+        "apart, warm. No latency is emulated: the network is the one the URL reaches.",
     )  # fmt: skip
     ld.add_argument(
         "url", help="a Deep Lake dataset (path, file://, s3://, al://...) or an object-store prefix of files"
@@ -476,7 +502,23 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--repeat", type=int, default=1, metavar="N", help="runs of each reader, alternating: median and range"
     )
+    r.add_argument(
+        "--epochs", type=int, default=1, metavar="N",
+        help="epochs of each run on one open dataset: epoch 1 cold, epochs 2..N reported apart (warm)",
+    )  # fmt: skip
     r.add_argument("--json", action="store_true", help="the report as JSON on stdout, for scripts")
+    c = ld.add_argument_group(
+        "asyncload's node store (cache=): by default each run reads through a private, empty one, removed "
+        "after, so that every run's epoch 1 is cold"
+    )
+    c.add_argument("--cache", choices=("auto", "on", "off"), default="auto",
+                   help="the loader's cache setting: auto (default: remote sources), on, off (no store)")  # fmt: skip
+    c.add_argument("--cache-dir", metavar="DIR",
+                   help="read through your store at DIR instead, shared by the runs and kept (runs find what "
+                   "earlier ones left: labelled warm)")  # fmt: skip
+    c.add_argument("--warm", action="store_true",
+                   help="read through the loader's default store ($ASYNCLOAD_CACHE_DIR, else "
+                   "~/.cache/asyncload/blocks), as a later job on this machine does")  # fmt: skip
     ld.set_defaults(func=_cmd_load)
 
     i = sub.add_parser("inspect", help="rows, columns, dtypes, shapes and chunk sizes of a Deep Lake dataset")

@@ -17,19 +17,30 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
   "epoch samples/s (open included)", leads; the steady rate (first batch to last) is beside it,
   labelled. The synchronous baseline is timed the same way: open included, to its last row. ``--repeat
   N`` runs both N times, alternating, and reports the median and the range.
+- **Cold against cold.** asyncload keeps what it fetched in the node block store on local disk
+  (``sources.nodestore``), for every later epoch and run on the machine: a run after the first would
+  read the dataset from there. So each asyncload run reads through a private, empty store
+  (``coldstore``), removed after: every run's first epoch fetches everything, as the baseline's does,
+  in this invocation and the next. ``--epochs N`` runs N epochs on one open dataset and reports epochs
+  2..N apart, labelled warm (asyncload reads them from the store that epoch 1 filled, the baseline from
+  what its own caches hold), each against the baseline's own later epochs. A store the user names
+  (``--cache-dir``, ``--warm``) is used as it is, and each run labelled by what it found there; every
+  run in the JSON names its state and the bytes it fetched from the source (``stats()``).
 - **What it cost**: CPU per sample over the whole process tree (this process and its reaped children:
   each loader is closed, its reader process joined, before the clock's CPU is read) and the peak RSS of
   the tree (sampled every 20 ms).
 - **Where it ran**: local disk, or the endpoint read. The command emulates no latency: the figures are
   those of the network as it is.
 
-In one process, one run after another: Deep Lake's process-wide caches may hold what an earlier run read,
-so run ``--repeat 1`` in a fresh process for a first, cold figure (the first run of a repeat is one).
+The baseline's runs share this process. Deep Lake keeps what an open dataset read while it stays open (a
+baseline's later epoch is largely read from there: 256 PNG rows at 50 ms, epoch 1 37/s, epoch 2 1,191/s),
+but each run opens the dataset anew, and its epoch 1 read at the same rate in every run (37-38/s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -161,61 +172,102 @@ def _rows(source: Any) -> int:
         source.close()
 
 
-def sequential_deeplake(make: Callable[[], Any], columns: Sequence[str], limit: int) -> Iterator[int]:
-    """The synchronous baseline on Deep Lake: ``ds = open(...)``, then ``ds[i][col]`` for each row and
-    column, one after another, each copied to an array. The open is inside (this is a generator)."""
-    import numpy as np
+class SyncRun:
+    """The synchronous baseline as a training loop runs it: the dataset opened once, inside the first
+    epoch's timing, then each epoch read one row at a time. On Deep Lake ``ds[i][col]`` for each row and
+    column, each copied to an array; on object-store files (or a mixture's rows) ``read([i])``: the row's
+    GETs and decodes, each row finished before the next is asked for."""
 
-    source = make()
-    ds = source.handle()  # one open: its version and creds, the rows of its query (row_ids below)
-    try:
-        n = min(limit, len(source))
-        for i in source.row_ids(list(range(n))):
-            row = ds[i]
-            for c in columns:
-                np.array(row[c])
+    def __init__(self, where: Where, columns: Sequence[str], limit: int) -> None:
+        self.where, self.columns, self.limit = where, tuple(columns), limit
+        self.source: Any = None
+        self.ds: Any = None
+        self.ids: list[int] = []
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def _open(self) -> None:
+        self.source = self.where.make()
+        if self.where.kind == "deeplake":
+            self.ds = self.source.handle()  # one open: its version and creds, the rows of its query
+            self.ids = self.source.row_ids(list(range(min(self.limit, len(self.source)))))
+        else:
+            self.loop = asyncio.new_event_loop()
+            self.source.open()
+            self.ids = list(range(min(self.limit, len(self.source))))
+
+    def epoch(self) -> Iterator[int]:
+        """One epoch (the first opens the dataset: this is a generator, so inside the timing)."""
+        import numpy as np
+
+        if self.source is None:
+            self._open()
+        for i in self.ids:
+            if self.ds is not None:
+                row = self.ds[i]
+                for c in self.columns:
+                    np.array(row[c])
+            else:
+                assert self.loop is not None
+                self.loop.run_until_complete(self.source.read([i]))
             yield 1
-    finally:
-        source.close()
+
+    def close(self) -> None:
+        if self.source is None:
+            return
+        self.source.close()  # files: asks this loop to close the source's session: let it
+        if self.loop is not None:
+            left = asyncio.all_tasks(self.loop)
+            if left:  # (gather of nothing makes its future on another loop: a mixture of Deep Lake leaves none)
+                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            self.loop.close()
+        self.source = self.ds = self.loop = None
 
 
-def sequential_files(make: Callable[[], Any], limit: int) -> Iterator[int]:
-    """The synchronous baseline on object-store files: the listing, then one row at a time (its columns'
-    GETs and decodes), each row finished before the next is asked for."""
-    source = make()
-    loop = asyncio.new_event_loop()
-    try:
-        source.open()
-        for i in range(min(limit, len(source))):
-            loop.run_until_complete(source.read([i]))
-            yield 1
-    finally:
-        source.close()  # asks this loop to close the source's session: let it
-        left = asyncio.all_tasks(loop)
-        if left:  # (gather of nothing makes its future on another loop: a mixture of Deep Lake leaves none)
-            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-        loop.close()
+class AsyncRun:
+    """asyncload as a training loop runs it: one ``AsyncLoader`` on a new source, made and opened (and
+    its reader started) inside the first epoch's timing, then ``set_epoch(e)`` and an epoch each."""
 
+    def __init__(self, make: Callable[[], Any], settings: Mapping[str, Any]) -> None:
+        self.make, self.settings = make, dict(settings)
+        self.loader: Any = None
+        self.closed = False
 
-def asyncload_epoch(make: Callable[[], Any], settings: Mapping[str, Any], seen: list[Any]) -> Iterator[Any]:
-    """One whole epoch of a new ``AsyncLoader`` on a new source: made, opened and (for Deep Lake) its
-    reader started inside the timing; closed at the end, so the reader's CPU is counted."""
-    from ..loader import AsyncLoader
+    def epoch(self, e: int, last: bool) -> Iterator[Any]:
+        """Epoch ``e`` (the first makes the loader: inside the timing); the last closes the loader, its
+        reader process joined, so that its CPU is counted with that epoch's."""
+        from ..loader import AsyncLoader
 
-    loader = AsyncLoader(make(), **settings)
-    seen.append(loader)
-    try:
-        yield from loader
-    finally:
-        loader.close()
+        if self.loader is None:
+            self.loader = AsyncLoader(self.make(), **self.settings)
+        try:
+            self.loader.set_epoch(e)
+            yield from self.loader
+        finally:
+            if last:
+                self.close()
+
+    def close(self) -> None:
+        if self.loader is not None and not self.closed:
+            self.closed = True
+            self.loader.close()
 
 
 @dataclass
 class Runs:
-    """The runs of one reader: every measurement, and the figures over them."""
+    """The runs of one reader (of one kind of epoch): every measurement, and the figures over them."""
 
     name: str
     runs: list[Measurement] = field(default_factory=list)
+    extras: list[dict[str, Any]] = field(default_factory=list)  # per run: its run and epoch, state, store figures
+
+    def add(self, m: Measurement, extra: Mapping[str, Any]) -> None:
+        self.runs.append(m)
+        self.extras.append(dict(extra))
+
+    def state(self) -> str:
+        """The runs' state, ``cold`` or ``warm`` (``partly warm``), or ``mixed`` where they differ."""
+        states = {x["state"] for x in self.extras}
+        return states.pop() if len(states) == 1 else "mixed"
 
     def epoch_rates(self) -> list[float]:
         return [m.samples / m.seconds if m.seconds > 0 else 0.0 for m in self.runs]
@@ -226,10 +278,12 @@ class Runs:
     def summary(self) -> dict[str, Any]:
         ep, st = self.epoch_rates(), [r for r in self.steady_rates() if r == r]
         cpu = [m.cpu_per_sample_ms for m in self.runs]
+        fetched = [x["remote_bytes"] for x in self.extras if x.get("remote_bytes") is not None]
         return {
             "name": self.name,
             "runs": len(self.runs),
             "samples": self.runs[0].samples if self.runs else 0,
+            "state": self.state(),
             "epoch_samples_per_s": statistics.median(ep) if ep else 0.0,
             "epoch_samples_per_s_range": [min(ep), max(ep)] if ep else [0.0, 0.0],
             "steady_samples_per_s": statistics.median(st) if st else None,
@@ -239,36 +293,115 @@ class Runs:
             "epoch_s": statistics.median([m.seconds for m in self.runs]) if self.runs else 0.0,
             "cpu_ms_per_sample": statistics.median(cpu) if cpu else 0.0,
             "peak_rss_mb": max(m.peak_rss_mb for m in self.runs) if self.runs else 0.0,
-            "each": [m.as_dict() | {"epoch_samples_per_s": r} for m, r in zip(self.runs, ep, strict=True)],
+            "remote_bytes": statistics.median(fetched) if fetched else None,
+            "each": [
+                m.as_dict() | x | {"epoch_samples_per_s": r} for m, x, r in zip(self.runs, self.extras, ep, strict=True)
+            ],
         }
+
+
+#: What each asyncload run's JSON carries from ``stats()`` of its epoch, where it read through the node
+#: store: the bytes the read stage fetched from the source (none from the node store's disk), and the
+#: store's rows. (A verdict of what the epoch waited on, where ``stats()`` gives one, belongs here too.)
+RUN_STATS = ("remote_bytes", "node_hits", "node_misses", "node_not_kept", "node_read_bytes")
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where asyncload's runs keep the rows they fetch (the node block store, ``sources.nodestore``).
+
+    ``cold`` (the default): each run reads through a private, empty directory, removed after, so every
+    run's first epoch fetches everything, as a user's first epoch on a new machine does. ``yours``: the
+    directory the user named (``--cache-dir``, or ``--warm``: the loader's default), shared by the runs
+    and kept. ``off``: ``cache=False``, no store."""
+
+    mode: str = "cold"  # "cold", "yours" or "off"
+    cache: bool | str = "auto"  # the loader's cache setting
+    cache_dir: str | None = None  # "yours": the directory
+
+    def describe(self, used: bool | None) -> str:
+        if self.mode == "off" or used is False:
+            why = "cache=False" if self.mode == "off" else "cache='auto' leaves local datasets out"
+            return f"no node store ({why}): every epoch reads the source"
+        if self.mode == "yours":
+            return f"the node store at {self.cache_dir}, shared by the runs and kept: runs find what earlier ones left"
+        return "a private, empty node store per run (removed after): every run's epoch 1 is cold"
+
+
+def state_of(stats: Mapping[str, Any] | None, epoch: int) -> str:
+    """``cold``, ``warm`` or ``partly warm``. A run that read through the node store: by what the store
+    served (no row from it: cold; every row: warm). Without a store (the baseline, ``cache=False``, a
+    local dataset): epoch 1 is cold and later epochs warm (the source stays open, the OS's and Deep
+    Lake's caches hold what they hold)."""
+    if stats is not None and (stats.get("node_hits") or stats.get("node_misses")):
+        if not stats["node_hits"]:
+            return "cold"
+        return "warm" if not stats["node_misses"] else "partly warm"
+    return "cold" if epoch == 0 else "warm"
+
+
+@dataclass
+class Result:
+    """Every run of a comparison, split by epoch: ``first`` (epoch 1 of each run), ``later`` (epochs 2..N)."""
+
+    first: tuple[Runs | None, Runs]
+    later: tuple[Runs | None, Runs] | None
+    store: Store
+    store_used: bool | None  # whether asyncload read through the node store (None: not known)
 
 
 def compare(
     where: Where, columns: Sequence[str], settings: Mapping[str, Any], *, repeat: int, baseline_rows: int,
-    baseline: bool = True,
-) -> tuple[Runs | None, Runs]:  # fmt: skip
-    """Run the baseline and asyncload ``repeat`` times each, alternating (baseline first)."""
-    base = Runs("sync") if baseline else None
-    ours = Runs("asyncload")
-    for _ in range(repeat):
-        if base is not None:
-            it = (
-                sequential_deeplake(where.make, columns, baseline_rows)
-                if where.kind == "deeplake"
-                else sequential_files(where.make, baseline_rows)  # files, or a mixture's rows: read([i]) each
-            )
-            base.runs.append(measure("sync", it, count=lambda _: 1))
-        loaders: list[Any] = []
-        ours.runs.append(measure("asyncload", asyncload_epoch(where.make, settings, loaders)))
-        if loaders:
-            ours.name = describe_loader(loaders[0], settings)
-    if base is not None:
-        n = base.runs[0].samples
+    baseline: bool = True, epochs: int = 1, store: Store | None = None,
+) -> Result:  # fmt: skip
+    """Run the baseline and asyncload ``repeat`` times each, alternating (baseline first), each run
+    ``epochs`` epochs on one open dataset; asyncload's runs with the node store ``store`` says (default:
+    a private, empty one per run, so each run's first epoch is cold)."""
+    from .coldstore import cold_cache_dir
+    from .measure import descendants
+
+    store = store or Store()
+    base_runs = [Runs("sync"), Runs("sync")] if baseline else None
+    ours = [Runs("asyncload"), Runs("asyncload")]
+    before = descendants()  # processes that are not this comparison's (a test's server): left out of CPU
+    used: bool | None = None
+    for r in range(repeat):
+        if base_runs is not None:
+            run = SyncRun(where, columns, baseline_rows)
+            try:
+                for e in range(epochs):
+                    m = measure("sync", run.epoch(), count=lambda _: 1, live_tree=before)
+                    base_runs[min(e, 1)].add(m, {"run": r + 1, "epoch": e + 1, "state": state_of(None, e)})
+            finally:
+                run.close()
+        with contextlib.ExitStack() as stack:
+            s = dict(settings)
+            if store.mode == "off":
+                s["cache"] = False
+            elif store.mode == "yours":
+                s["cache"], s["cache_dir"] = store.cache, store.cache_dir
+            else:
+                s["cache"], s["cache_dir"] = store.cache, stack.enter_context(cold_cache_dir())
+            arun = AsyncRun(where.make, s)
+            stack.callback(arun.close)
+            for e in range(epochs):
+                m = measure("asyncload", arun.epoch(e, last=e == epochs - 1), live_tree=before)
+                st = arun.loader.stats() if arun.loader is not None else {}
+                used = arun.loader is not None and arun.loader.options.wants_cache(arun.loader.source)
+                extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e)}
+                # without the store the read stage may not count what it fetched (0): none, not 0
+                ours[min(e, 1)].add(m, extra | {k: st.get(k) if used else None for k in RUN_STATS})
+            if arun.loader is not None:
+                ours[0].name = ours[1].name = describe_loader(arun.loader, settings)
+    if base_runs is not None:
+        n = base_runs[0].runs[0].samples
         what = {"deeplake": "ds[i][col]", "mixed": "reads, one row at a time"}.get(
             where.kind, "GETs, one row at a time"
         )
-        base.name = f"sequential {what} ({n} rows)"
-    return base, ours
+        base_runs[0].name = base_runs[1].name = f"sequential {what} ({n} rows)"
+    first = (base_runs[0] if base_runs else None, ours[0])
+    later = (base_runs[1] if base_runs else None, ours[1]) if epochs > 1 else None
+    return Result(first, later, store, used)
 
 
 def describe_loader(loader: Any, settings: Mapping[str, Any]) -> str:
@@ -304,11 +437,23 @@ def machine() -> dict[str, Any]:
     return {"cpus": cpus, "load_average_1min": load}
 
 
+def _pair(base: Runs | None, ours: Runs) -> dict[str, Any]:
+    """The readers' summaries and asyncload's speed-up over the baseline on the same kind of epoch."""
+    out: dict[str, Any] = {"readers": [r.summary() for r in (base, ours) if r is not None]}
+    if base is not None:
+        b, a = out["readers"]
+        out["speedup_epoch"] = a["epoch_samples_per_s"] / b["epoch_samples_per_s"] if b["epoch_samples_per_s"] else None
+    return out
+
+
 def report(
-    where: Where, columns: Sequence[str], rows: int, base: Runs | None, ours: Runs, settings: Mapping[str, Any],
-    repeat: int, host: Mapping[str, Any] | None = None,
+    where: Where, columns: Sequence[str], rows: int, result: Result, settings: Mapping[str, Any], repeat: int,
+    host: Mapping[str, Any] | None = None, epochs: int = 1,
 ) -> dict[str, Any]:  # fmt: skip
-    """Everything ``--json`` prints; the table is made from it."""
+    """Everything ``--json`` prints; the table is made from it. ``readers`` and ``speedup_epoch`` are of
+    each run's first epoch; ``later_epochs`` (with ``--epochs`` 2 or more) the same of epochs 2..N; every
+    run in ``each`` names its run, epoch and state, and asyncload's its bytes fetched from the store."""
+    store = result.store
     doc: dict[str, Any] = {
         "url": where.url,
         "source": {"deeplake": "DeepLakeSource", "mixed": "MixedSource"}.get(where.kind, "ObjectStoreSource"),
@@ -318,18 +463,46 @@ def report(
         "network": where.network,
         "latency_emulated": False,
         "repeat": repeat,
+        "epochs": epochs,
+        "node_store": {
+            "mode": store.mode if result.store_used is not False else "not used",
+            "cache_dir": store.cache_dir,
+            "describe": store.describe(result.store_used),
+        },
         "machine": dict(host) if host is not None else machine(),
         "settings": {k: _short(v) for k, v in settings.items()},
-        "readers": [r.summary() for r in (base, ours) if r is not None],
+        **_pair(*result.first),
     }
-    if base is not None:
-        b, a = doc["readers"]
-        doc["speedup_epoch"] = a["epoch_samples_per_s"] / b["epoch_samples_per_s"] if b["epoch_samples_per_s"] else None
+    if result.later is not None:
+        doc["later_epochs"] = {"epochs": f"2-{epochs}" if epochs > 2 else "2", **_pair(*result.later)}
     return doc
 
 
+def _rows_of(readers: Sequence[Mapping[str, Any]], open_included: bool) -> list[str]:
+    """One table: a row per reader, × sync against the first (the baseline) where there are two."""
+    head = "epoch samples/s (open included)" if open_included else "epoch samples/s"
+    out = [
+        f"| reader | samples | {head} | range | × sync | steady samples/s | first batch s | CPU ms/sample "
+        "| peak RSS MB | state | MB from the store |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    base = readers[0]["epoch_samples_per_s"] if len(readers) == 2 else None
+    for r in readers:
+        lo, hi = r["epoch_samples_per_s_range"]
+        ratio = f"{r['epoch_samples_per_s'] / base:.2f}" if base else "-"
+        steady = f"{r['steady_samples_per_s']:,.0f}" if r["steady_samples_per_s"] is not None else "-"
+        fetched = f"{r['remote_bytes'] / 1e6:,.1f}" if r.get("remote_bytes") is not None else "-"
+        out.append(
+            f"| {r['name']} | {r['samples']} | {r['epoch_samples_per_s']:,.0f} | {lo:,.0f}–{hi:,.0f} | {ratio} "
+            f"| {steady} | {r['first_batch_s']:.2f} | {r['cpu_ms_per_sample']:.2f} | {r['peak_rss_mb']:,.0f} "
+            f"| {r['state']} | {fetched} |"
+        )
+    return out
+
+
 def table(doc: Mapping[str, Any]) -> str:
-    """The human report: what was read, where, how, and one row per reader."""
+    """The human report: what was read, where, how; a table of the first epochs, one of the later ones."""
+    epochs = doc.get("epochs", 1)
     out = [
         f"{doc['rows']} rows, columns {tuple(doc['columns'])}, from {doc['url']}",
         f"source: {doc['source']} ({doc['source_chosen_because']})",
@@ -338,22 +511,29 @@ def table(doc: Mapping[str, Any]) -> str:
         "before the runs (1 min)"
         if doc["machine"]["load_average_1min"] is not None
         else f"machine: {doc['machine']['cpus']} CPUs",
-        f"each figure: median of {doc['repeat']} run(s), alternating; epoch = opening the dataset to the last "
-        "sample; steady = first batch to last; CPU and peak RSS of the whole process tree",
+        f"asyncload's node store: {doc['node_store']['describe']}",
+        f"each figure: median of {doc['repeat']} run(s), alternating, {epochs} epoch(s) each on one open dataset; "
+        "steady = first batch to last; CPU and peak RSS of the whole process tree; MB from the store: fetched "
+        "from the source (not the node store's disk)",
         "",
-        "| reader | samples | epoch samples/s (open included) | range | × sync | steady samples/s | first batch s "
-        "| CPU ms/sample | peak RSS MB |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "epoch 1 of each run (the dataset opened inside the timing):",
+        "",
+        *_rows_of(doc["readers"], open_included=True),
     ]
-    base = doc["readers"][0]["epoch_samples_per_s"] if len(doc["readers"]) == 2 else None
-    for r in doc["readers"]:
-        lo, hi = r["epoch_samples_per_s_range"]
-        ratio = f"{r['epoch_samples_per_s'] / base:.2f}" if base else "-"
-        steady = f"{r['steady_samples_per_s']:,.0f}" if r["steady_samples_per_s"] is not None else "-"
-        out.append(
-            f"| {r['name']} | {r['samples']} | {r['epoch_samples_per_s']:,.0f} | {lo:,.0f}–{hi:,.0f} | {ratio} "
-            f"| {steady} | {r['first_batch_s']:.2f} | {r['cpu_ms_per_sample']:.2f} | {r['peak_rss_mb']:,.0f} |"
+    if "later_epochs" in doc:
+        later = doc["later_epochs"]
+        ours = (
+            "asyncload reads what epoch 1 left in its node store"
+            if doc["node_store"]["mode"] in ("cold", "yours")
+            else "asyncload reads the source again, no node store"
         )
+        out += [
+            "",
+            f"epochs {later['epochs']} of each run (the same open dataset; warm: {ours}, the baseline what its "
+            "own caches hold):",
+            "",
+            *_rows_of(later["readers"], open_included=False),
+        ]
     return "\n".join(out)
 
 
@@ -365,4 +545,4 @@ def print_report(doc: Mapping[str, Any], as_json: bool) -> None:
         print("\n" + table(doc))
 
 
-__all__ = ["NORMALIZE", "Runs", "Where", "choose_source", "compare", "report", "table"]
+__all__ = ["NORMALIZE", "Result", "Runs", "Store", "Where", "choose_source", "compare", "report", "table"]

@@ -9,7 +9,9 @@ alongside the loader.
   samples/s. The whole span, not a later window: in-order delivery is bursty (a late batch holds back
   the ones behind it), so a window that starts mid-run can catch one burst and report nonsense.
 - CPU time counts this process and its children (DataLoader workers, fan-out processes) once they have
-  been reaped, which is why the iterator is closed before the clock stops.
+  been reaped, which is why the iterator is closed before the clock stops. ``live_tree`` counts the live
+  ones too (``/proc``): a loader kept open between epochs, whose reader process is still there, and a
+  forkserver's children, which the server reaps, not this process.
 - Peak RSS is sampled every 20 ms over this process and its children (``/proc``), during the run only;
   ``rss_growth_mb`` is that peak minus the RSS at the start, which is what the loader itself added when
   several runs are measured one after another in one long-lived process.
@@ -28,6 +30,7 @@ from typing import Any
 from ..runtime.loop import start_thread
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
 @dataclass
@@ -117,11 +120,47 @@ def count_samples(batch: Any) -> int:
     return len(batch)
 
 
-def _cpu() -> float:
+def _cpu(live_tree: frozenset[int] | None = None) -> float:
     """CPU seconds of this process (every thread) and of its joined children. Not ``os.times()``: it counts
-    in clock ticks (10 ms here), and a short run of a few samples read as 0 CPU."""
+    in clock ticks (10 ms here), and a short run of a few samples read as 0 CPU. With ``live_tree``, the
+    live descendants' too (``live_tree_cpu``)."""
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return time.process_time() + kids.ru_utime + kids.ru_stime
+    live = live_tree_cpu(live_tree) if live_tree is not None else 0.0
+    return time.process_time() + kids.ru_utime + kids.ru_stime + live
+
+
+def _stat_cpu(pid: int) -> float:
+    """CPU seconds of a live process and of the children it has reaped (``/proc/<pid>/stat``), 0 if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            rest = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in rest[11:15]) / _TICK  # utime, stime, cutime, cstime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def live_tree_cpu(leave_out: frozenset[int] = frozenset()) -> float:
+    """CPU seconds of this process's live descendants, each with the children it reaped (a forkserver's
+    workers land there), from ``/proc``; the processes in ``leave_out`` and theirs are not counted (what
+    ran before a measurement began: a test's server, say). A child that is reaped between two readings
+    moves from here into ``RUSAGE_CHILDREN``, so ``_cpu`` stays continuous."""
+    total, todo = 0.0, [p for p in _children(os.getpid()) if p not in leave_out]
+    while todo:
+        p = todo.pop()
+        total += _stat_cpu(p)
+        todo += [c for c in _children(p) if c not in leave_out]
+    return total
+
+
+def descendants() -> frozenset[int]:
+    """The pids of this process's live descendants now."""
+    out: set[int] = set()
+    todo = _children(os.getpid())
+    while todo:
+        p = todo.pop()
+        out.add(p)
+        todo += _children(p)
+    return frozenset(out)
 
 
 def measure(
@@ -132,10 +171,12 @@ def measure(
     max_samples: int | None = None,
     max_seconds: float | None = None,
     on_batch: Callable[[Any], None] | None = None,
+    live_tree: frozenset[int] | None = None,
 ) -> Measurement:
-    """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it."""
+    """Iterate ``batches`` to the end, or until ``max_samples``/``max_seconds``, then close it.
+    ``live_tree``: count the CPU of live descendants too, leaving out these pids (see ``live_tree_cpu``)."""
     rss = PeakRSS()
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), _cpu(live_tree)
     first: float | None = None
     n = n_first = batches_seen = 0
     last = 0.0
@@ -159,7 +200,7 @@ def measure(
         if close is not None:
             close()
         del it  # DataLoader workers are joined here, so their CPU time is counted
-    cpu = _cpu() - c0
+    cpu = _cpu(live_tree) - c0
     steady_n, steady_s = 0, 0.0
     if first is not None and batches_seen >= 3 and last > first:  # too few batches: no steady state
         steady_n, steady_s = n - n_first, last - first

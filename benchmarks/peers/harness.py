@@ -35,6 +35,7 @@ import numpy as np
 ASYNCLOAD_STATS = (
     "concurrency", "read_p50_ms", "read_p99_ms", "consumer_wait_s", "requests", "hedges", "hedges_won",
     "samples_read", "samples_yielded", "cpu_decode_s", "cpu_collate_s", "memory_budget", "bytes_held_peak",
+    "remote_bytes", "node_hits", "node_misses",  # the node store: a run's first epoch is cold (no hits)
 )  # fmt: skip
 
 #: The live reader's extra figures (an AsyncLoader's ``stats``), read before the iterator is closed.
@@ -257,26 +258,24 @@ def _child(spec: dict[str, Any], conn: Any) -> None:
     """In the fresh process: measure, send, exit hard (Deep Lake's threads can crash a normal interpreter
     exit after ``get_async``; the result is already out). ``spec["call"]`` runs another function instead
     (the path check), given as ``(module, name, args)``."""
-    import shutil
-    import tempfile
+    from asyncload.tools.coldstore import cold_cache_dir
 
     # Every run starts cold: a node block store of its own (asyncload keeps what it fetched on local disk,
-    # and a store shared by the runs would serve every run after the first from there), removed after.
-    store = tempfile.mkdtemp(prefix="asyncload-bench-store-")
-    os.environ["ASYNCLOAD_CACHE_DIR"] = store
-    try:
-        if "call" in spec:
-            import importlib
+    # and a store shared by the runs would serve every run after the first from there), removed after;
+    # ``$ASYNCLOAD_CACHE_DIR`` names it, so the processes the run starts read through it too.
+    with cold_cache_dir(env=True):
+        try:
+            if "call" in spec:
+                import importlib
 
-            module, name, args = spec["call"]
-            out = getattr(importlib.import_module(module), name)(*args)
-        elif spec.get("env"):
-            out = measure_with_env(spec)
-        else:
-            out = measure_reader(spec)
-    except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
-        out = {"error": f"{type(exc).__name__}: {exc}"}
-    shutil.rmtree(store, ignore_errors=True)
+                module, name, args = spec["call"]
+                out = getattr(importlib.import_module(module), name)(*args)
+            elif spec.get("env"):
+                out = measure_with_env(spec)
+            else:
+                out = measure_reader(spec)
+        except BaseException as exc:  # noqa: BLE001 - reported, never raised across processes
+            out = {"error": f"{type(exc).__name__}: {exc}"}
     conn.send(out)
     conn.close()
     os._exit(0)

@@ -17,7 +17,10 @@ must deliver each row exactly once (checked), so no configuration can win by dro
 ``--rtt-ms``: the same dataset's files on SeaweedFS in the server namespace of ``netem.network()``
 (packet-level NFQUEUE delay as root, else the TCP proxy; the tables name which, with a measured small-GET
 round trip). Each configuration runs in a fresh process started inside the client namespace, so it, its
-workers and Deep Lake's threads all read over the emulated path, and its first epoch is cold.
+workers and Deep Lake's threads all read over the emulated path, and its first epoch is cold: Deep Lake's
+caches are new, and asyncload's node block store is a private, empty directory, removed after
+(``asyncload.tools.coldstore``), so epoch 2 of an asyncload row reads what its epoch 1 fetched, never what
+an earlier configuration did.
 
 Writes ``results.json``, ``table.md`` and ``scaling.png`` under
 ``benchmarks/results/scaling/<machine>/`` (``<machine>``: cores and GPU, or ``--name``). Needs only torch,
@@ -181,7 +184,8 @@ def table(rows: list[Row], info: dict[str, Any], args: argparse.Namespace) -> st
         lines += [
             "",
             f"At {args.rtt_ms:g} ms: {net['emulation']} ({net['how']}); SeaweedFS S3 in the server namespace; "
-            f"each configuration a fresh process started in the client namespace (its first epoch cold). "
+            f"each configuration a fresh process started in the client namespace (its first epoch cold: new Deep "
+            f"Lake caches, and asyncload's node block store a private, empty directory, removed after). "
             f"Measured path: small GET {1e3 * path.get('small_get_s', 0):.1f} ms, TCP connect "
             f"{1e3 * path.get('connect_s', 0):.1f} ms, one 8 MB GET {path.get('large_mb_s', 0):.0f} MB/s. "
             f"Deep Lake keeps the blocks a process has read: the dataset ({info.get('dataset_mb', 0):.0f} MB) fits, "
@@ -257,11 +261,16 @@ def measure(system: str, k: int, url: str, creds: dict[str, str] | None, args: a
 
 def _reply(conn: Any, fn: Any, args: tuple[Any, ...]) -> None:
     """In the fresh process: ``fn(*args)`` (or its error) back to the parent, then exit hard (Deep Lake's
-    threads can crash a normal interpreter exit; the loaders were closed and the result is out)."""
-    try:
-        out: Any = fn(*args)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
-        out = RuntimeError(f"{type(exc).__name__}: {exc}")
+    threads can crash a normal interpreter exit; the loaders were closed and the result is out). asyncload
+    reads through a node block store of this configuration's own, empty, removed after: its epoch 1 is
+    cold (a store shared with the configurations before would serve it from local disk)."""
+    from asyncload.tools.coldstore import cold_cache_dir
+
+    with cold_cache_dir(env=True):  # the workers it starts inherit $ASYNCLOAD_CACHE_DIR: one store per node
+        try:
+            out: Any = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            out = RuntimeError(f"{type(exc).__name__}: {exc}")
     conn.send(out)
     conn.close()
     os._exit(0)

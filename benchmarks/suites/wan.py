@@ -11,7 +11,8 @@ disk, or SeaweedFS behind each round-trip time of ``latencies_ms``), in which or
 2. For each section and place: the path check (small GET, handshake, window growth), then every reader,
    readers interleaved within a repetition so that drift on a shared machine hits all of them; each run a
    fresh process (``peers.harness.Runner``), under ``/tmp/asyncload-measure.lock`` so that no two
-   measurements on this machine overlap.
+   measurements on this machine overlap, with a node block store of its own, empty, removed after
+   (``asyncload.tools.coldstore``): no run reads what an earlier one fetched.
 3. ``results.json`` after every run (a run cut short keeps what it measured), then ``table.md`` (and a
    plot where a section sweeps latency) by ``reports/comparison.py``, ratios against the config's
    ``baseline`` reader in the same section, place and order.
@@ -230,7 +231,9 @@ class Suite:
             "method": "each run a fresh process reading one whole first epoch (or what it read within "
             f"{self._caps()} of its first batch) on a freshly opened dataset; samples/s from opening "
             "to the last sample; CPU (process tree, /proc) and peak RSS (tree, every 0.1 s) over the whole run; "
-            "median of the repetitions; readers interleaved within a repetition",
+            "median of the repetitions; readers interleaved within a repetition; asyncload cold: its node block "
+            "store a private, empty directory per run, removed after (``asyncload.tools.coldstore``; each "
+            "asyncload run's ``asyncload_node_hits`` in results.json: 0)",
             "config": asdict(self.cfg),
         }
 
