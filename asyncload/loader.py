@@ -72,8 +72,9 @@ class AsyncLoader:
       cache         "auto" (default): on for remote sources whose version is known (Deep Lake; object
                     stores read by listing, keyed by every object's ETag and size), off for local
                     paths and manifests; True, False
-      cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else $XDG_CACHE_HOME/asyncload/blocks,
-                    else ~/.cache/asyncload/blocks)
+      cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else the first on a local disk of
+                    $XDG_CACHE_HOME/asyncload/blocks (~/.cache/...), $TMPDIR/asyncload-<uid>/blocks,
+                    /var/tmp/asyncload-<uid>/blocks: network and memory file systems are skipped)
       cache_limit   bytes it may use on this machine, all datasets together: an int, or a size such
                     as "50GB" (10^9 bytes each) or "50GiB" (2^30) ("auto", default: a quarter of the
                     free space, at most 256 GiB); past it what is there stays and the rest is read

@@ -389,3 +389,39 @@ def test_an_object_store_prefix_is_kept_and_a_rewritten_file_is_read_again(remot
     assert again.stats()["node_misses"] == 40  # another version: nothing served from the old copy
     assert np.array_equal(batches[0]["images"][3].numpy(), new)
     again.close()
+
+
+def test_a_full_store_holds_rows_read_ahead_within_the_hold_limit(seg_url, tmp_path) -> None:
+    """The steady state of a dataset larger than the limit: the node's store is full, and the rows read
+    ahead that it cannot keep wait in the heap within the read stage's hold limit (a quarter of
+    ``memory_budget``), as without a store (they used to be held past it: 176 MB against 16 MB)."""
+    import asyncio
+
+    from asyncload import EpochSampler
+    from asyncload.engine.blocks import BlockReads
+    from asyncload.engine.keeping import Keeping
+
+    src = DeepLakeSource(seg_url)
+    keeping = Keeping.open(src, str(tmp_path / "tiny"), 1)  # a limit that keeps nothing: full from the start
+    assert keeping is not None
+    batches = EpochSampler(ROWS, 16, shuffle=True, seed=2, block=8, window=128).batches(0)
+    hold = 32 << 10
+    reads = BlockReads(src, 8, [i for b in batches for i in b], n=ROWS, shelf=keeping, hold_limit=hold, full=True)
+    peak = 0
+
+    async def epoch() -> list[int]:
+        nonlocal peak
+        out: list[int] = []
+        pending = [asyncio.ensure_future(reads.read(b, frozenset({"images", "masks"}))) for b in batches[:6]]
+        for k in range(len(batches)):
+            got = await pending[k]
+            out += [k] * len(got["images"])
+            if k >= 2:  # (past the start: its first reads go before a row's size is known, RAMP_BLOCKS at most)
+                peak = max(peak, reads.held_bytes)
+            if k + 6 < len(batches):
+                pending.append(asyncio.ensure_future(reads.read(batches[k + 6], frozenset({"images", "masks"}))))
+        return out
+
+    assert len(asyncio.run(epoch())) == sum(len(b) for b in batches)
+    assert peak <= hold + 2 * 8 * reads._row_bytes, (peak, hold, reads._row_bytes)  # + the blocks in flight
+    keeping.release()

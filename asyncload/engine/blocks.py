@@ -84,6 +84,7 @@ class BlockReads:
         hold_limit: int = 1 << 62,
         window: int = 0,
         ramp: int | None = None,
+        full: bool = False,
     ) -> None:
         self.source = source
         self.block = block
@@ -108,7 +109,7 @@ class BlockReads:
         self._found: dict[int, dict[str, Entry | Const]] = {}  # row -> where it lies on the node store, per column
         # The store keeps no more (its limit reached for this node, or too small for half a window): rows
         # read ahead are then this process's only and held within ``hold_limit``, as without a store.
-        self._full = False
+        self._full = full
 
     def _cut(self, block: int, rows: Iterable[int]) -> None:
         first: dict[int, int] = {}  # row -> its first position in this epoch's order
@@ -283,6 +284,8 @@ class BlockReads:
                     cols = await self.source.read(rows, raw)
                     self._count_fetch(rows, cols)
                     self._hold(rows, cols)
+                    if self.shelf is not None:
+                        self.stats.node_not_kept += len(rows)
                 return
             if part in self._whole and self.block is not None:  # the block whole, for every process
                 b = rows[0] // self.block

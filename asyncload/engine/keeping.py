@@ -170,6 +170,11 @@ class Keeping:
     def limit(self) -> int:
         return self.routes[0].shelf.store.limit
 
+    def full(self) -> bool:
+        """Whether the node's store has no room left for these rows (``NodeStore.full``): a new epoch then
+        reads ahead within the budget from its start, rather than after its first write is refused."""
+        return all(r.shelf.store.full(r.shelf.id) for r in self.routes)
+
     @property
     def where(self) -> str:
         return str(self.routes[0].shelf.store.root)

@@ -99,8 +99,9 @@ class ShardEpochs:
             rows = (i for _, b in batches for i in b)
             hold = o.budget_bytes // 4  # rows read ahead in the heap, counted in the budget
             reads = BlockReads(
-                self.source, block, rows, n=len(self.source), shelf=shelf, hold_limit=hold, window=o.shuffle_window
-            )
+                self.source, block, rows, n=len(self.source), shelf=shelf, hold_limit=hold, window=o.shuffle_window,
+                full=shelf is not None and shelf.full(),
+            )  # fmt: skip
         return Plan(
             source=self.source, reads=reads, batches=batches, request_size=size, fetchers=fetchers, requests=requests,
             batch_size=o.batch_size, prefetch=o.prefetch, in_order=o.in_order, transform=o.transform,

@@ -433,6 +433,17 @@ class NodeStore:
         return False
 
     # -- room ----------------------------------------------------------------------------------------
+    def full(self, sid: int) -> bool:
+        """Whether a write for shelf ``sid`` would find no room (within 2% of the limit), even after evicting
+        every shelf that no process uses."""
+        with self.transaction(write=False) as db:
+            used = self._used(db)
+            others = db.execute(
+                "SELECT shelf, SUM(bytes) FROM parts WHERE shelf != ? GROUP BY shelf", (sid,)
+            ).fetchall()
+        free = self.limit - used + sum(n for other, n in others if not self._in_use(other))
+        return free < 0.02 * self.limit
+
     def reserve(self, sid: int, nbytes: int) -> int | None:
         """A new part of shelf ``sid`` with room for ``nbytes``: its id, or None where the limit cannot make
         room (shelves no process uses are evicted first, least recently used first)."""
