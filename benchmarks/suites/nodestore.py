@@ -35,6 +35,81 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+RANK = """
+import json, sys, time
+sys.path.insert(0, {root!r})
+from asyncload import AsyncLoader, DeepLakeSource
+src = DeepLakeSource({url!r}, columns=("images", "masks"), creds={creds!r})
+loader = AsyncLoader(src, rank={rank}, world_size={world}, batch_size=32, shuffle=True, **{options!r})
+out = []
+for e in range({epochs}):
+    loader.set_epoch(e)
+    t0 = time.perf_counter()
+    n = sum(len(b["index"]) for b in loader)
+    s = loader.stats()
+    out.append({{"samples": n, "seconds": time.perf_counter() - t0, "node_hits": s["node_hits"],
+                "node_misses": s["node_misses"]}})
+loader.close()
+print(json.dumps(out))
+"""
+
+
+def ranks(spec: dict[str, Any]) -> dict[str, Any]:
+    """In a fresh process: ``spec["ranks"]`` rank processes of one node, started together, sharing a fresh
+    node store, each reading ``spec["epochs"]`` epochs of its share; the bytes the node received over all
+    of them, and the store's size on disk against its limit (``cache_limit`` in ``spec["options"]``)."""
+    import subprocess
+
+    from asyncload.tools.coldstore import dir_bytes, new_cold_dir
+    from benchmarks.peers.harness import net_counters
+
+    store = new_cold_dir()
+    env = {**os.environ, "ASYNCLOAD_CACHE_DIR": store}
+    n = spec["ranks"]
+    t0, net0 = time.perf_counter(), net_counters()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK.format(
+                root=str(ROOT), url=spec["url"], creds=spec["creds"], rank=r, world=n, epochs=spec["epochs"],
+                options=spec["options"],
+            )],  # fmt: skip
+            stdout=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        for r in range(n)
+    ]
+    per_rank = [json.loads(p.communicate(timeout=3600)[0].strip().splitlines()[-1]) for p in procs]
+    dt = time.perf_counter() - t0
+    rx = net_counters()["rx_bytes"] - net0["rx_bytes"]
+    disk = dir_bytes(store)
+    index = sum(p.stat().st_size for p in Path(store).glob("index.sqlite3*"))
+    shutil.rmtree(store, ignore_errors=True)
+    return {
+        "ranks": n, "epochs": spec["epochs"], "seconds": round(dt, 2), "rx_bytes": rx, "store_bytes": disk,
+        "index_bytes": index, "per_rank": per_rank, "load_1min": os.getloadavg()[0],
+    }  # fmt: skip
+
+
+def index_cost(store: str, rows: int) -> dict[str, float]:
+    """Microseconds per row of a warm epoch's look-ups in the node's index, and of its reads from the parts,
+    in requests of 32 rows (what a warm epoch asks of the store)."""
+    from asyncload.sources.nodestore import NodeStore
+
+    node = NodeStore(Path(store), None)
+    with node.transaction(write=False) as db:
+        (key,) = db.execute("SELECT key FROM shelves ORDER BY id LIMIT 1").fetchone()
+    shelf = node.shelf(key, "bench")
+    assert shelf is not None
+    cols = ["images@b", "masks@b"]
+    t0 = time.perf_counter()
+    found = [shelf.lookup(list(range(lo, min(lo + 32, rows))), cols) for lo in range(0, rows, 32)]
+    t1 = time.perf_counter()
+    for f in found:
+        for c in cols:
+            shelf.get([e[c] for e in f.values()])
+    t2 = time.perf_counter()
+    return {"lookup_us_per_row": round((t1 - t0) / rows * 1e6, 2), "read_us_per_row": round((t2 - t1) / rows * 1e6, 2)}
+
+
 def epochs(spec: dict[str, Any]) -> dict[str, Any]:
     """In a fresh process: ``spec["epochs"]`` shuffled epochs; figures per epoch (module docstring)."""
     from torch.utils.data import DataLoader
@@ -88,9 +163,11 @@ def epochs(spec: dict[str, Any]) -> dict[str, Any]:
             loader.close()
         peak = rss.stop()
         store_mb = dir_bytes(store) / 1e6
+        cost = index_cost(store, len(src)) if spec.get("index_cost") else {}
         shutil.rmtree(store, ignore_errors=True)
     return {
         "epochs": out,
+        **cost,
         "peak_rss_mb": round(peak, 1),
         "store_mb": round(store_mb, 1),
         "load_1min": os.getloadavg()[0],
@@ -159,11 +236,15 @@ def main() -> None:
     ap.add_argument("--rtts", default="0,50")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--readers", default=",".join(READERS))
+    ap.add_argument("--node", action="store_true", help="the node section: rank processes sharing one store")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "nodestore")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
     if a.memory:
         memory_main(a)
+        return
+    if a.node:
+        node_main(a)
         return
     a.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}, "runs": []}
@@ -189,6 +270,64 @@ def main() -> None:
                 (a.out / "results.json").write_text(json.dumps(results, indent=1))
     (a.out / "table.md").write_text(table(results))
     print(table(results))
+
+
+def node_main(a: argparse.Namespace) -> None:
+    """The node section: 4 ranks over 2 epochs and 8 ranks under a limit of half the dataset, sharing one
+    fresh store, against one process's epoch without the store; the index's cost per row, warm."""
+    from benchmarks.peers.harness import Runner
+    from benchmarks.testbeds.world import DatasetSpec, world
+
+    spec = DatasetSpec(rows=a.rows, image_format="jpg", distinct=a.distinct)
+    rtt = float(a.rtts.split(",")[-1])
+    out = a.out / "node"
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Any] = {}
+    with world(ROOT / "data" / "bench") as w:
+        w.add("large", spec)
+        stored = du(w.local["large"])
+        w.set_rtt(rtt)
+        run = Runner(a.timeout, enter=w.net.enter_client)
+        url, creds = w.url("large", False), w.reader_creds(False)
+        base = {"url": url, "creds": creds, "workers": 0, "epochs": 1}
+        runs["one process, cache=False"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (
+            {**base, "options": {"cache": False}},))})  # fmt: skip
+        runs["one process, store, 2 epochs"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (
+            {**base, "epochs": 2, "options": {}, "index_cost": True},))})  # fmt: skip
+        local = {"url": w.url("large", True), "creds": None, "workers": 0, "epochs": 1, "options": {}}
+        runs["local copy"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (local,))})
+        for n, opts in ((4, {}), (8, {"cache_limit": stored // 2})):
+            name = f"{n} ranks" + (f", cache_limit {stored // 2:,}" if opts else "")
+            runs[name] = run({"call": ("benchmarks.suites.nodestore", "ranks", (
+                {"url": url, "creds": creds, "ranks": n, "epochs": 2, "options": opts},))})  # fmt: skip
+            runs[name]["limit"] = opts.get("cache_limit")
+            print(name, json.dumps(runs[name])[:400], flush=True)
+        desc = {"world": w.describe(), "dataset": spec.describe(), "stored_bytes": stored, "rtt_ms": rtt}
+    (out / "results.json").write_text(json.dumps({**desc, "runs": runs}, indent=1))
+    one = runs["one process, cache=False"]["epochs"][0]["rx_bytes"]
+    lines = [
+        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {rtt:g} ms RTT. Every run",
+        "starts from an empty store; bytes are those the client namespace received (every process of the node).",
+        "",
+        "| run | epochs | received / one epoch without the store | store on disk / limit | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        if "rx_bytes" in r:
+            lim = f"{r['store_bytes'] / r['limit']:.3f} (index {r['index_bytes'] / 1e6:.1f} MB)" if r.get("limit") else ""
+            lines.append(f"| {name} | {r['epochs']} | {r['rx_bytes'] / one:.3f} | {lim} | {r['seconds']:.1f} |")
+        elif "epochs" in r:
+            rx = sum(e["rx_bytes"] for e in r["epochs"])
+            rates = " / ".join(f"{e['samples_per_s']:,.0f}/s" for e in r["epochs"])
+            lines.append(f"| {name} | {len(r['epochs'])} | {rx / one:.3f} | | {rates} |")
+    warm = runs["one process, store, 2 epochs"]
+    if "epochs" in warm and "epochs" in runs["local copy"]:
+        ratio = warm["epochs"][1]["samples_per_s"] / runs["local copy"]["epochs"][0]["samples_per_s"]
+        lines += ["", f"Warm epoch from the store: {ratio:.2f}x the same rows read from a local Deep Lake copy.",
+                  f"The index, warm: {warm.get('lookup_us_per_row')} us per row to look up, "
+                  f"{warm.get('read_us_per_row')} us per row to read and check (requests of 32 rows)."]  # fmt: skip
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def table(results: dict[str, Any]) -> str:
