@@ -30,8 +30,7 @@ run-local: install  ## the same comparison on a local dataset (no server, no lat
 # --max-worker-restart=0: a worker that dies (a native crash) ends the run, naming the test it ran; with a
 # replacement worker, xdist 3.6's loadgroup scheduler can wait for ever at the end (pytest-xdist #1378).
 test: install  ## the test suite in 3 workers (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
-	@ulimit -c unlimited 2>/dev/null; start=$$(date +%s); $(PY) -m pytest -n 3 --dist loadgroup --max-worker-restart=0; rc=$$?; \
-	$(PY) -m harness.crash_report $$rc $(PY) $$start; exit $$rc
+	@bash harness/run_suite.sh $(PY)
 
 # Strict: a warning, a broken cross-reference or link, or a public name (asyncload.__all__) without an API page
 # fails. -E: read every page again, so that a warning is never hidden by an earlier build's cache.
