@@ -213,6 +213,41 @@ class Stats:
         )
 
 
+#: ``Stats`` fields a process shares with the one that sums them (``row``/``summed``: DataLoader workers).
+SHARED = (
+    "requests", "samples_read", "batches_yielded", "samples_yielded", "bytes_read", "wait_s", "skipped", "stalls",
+    "stall_wait_s", "hedges", "hedges_won", "worker_restarts", "remote_bytes", "node_hits", "node_misses",
+    "node_not_kept", "node_corrupt", "node_read_bytes", "cpu_decode_s", "cpu_collate_s", "open_s", "read_s",
+    "decode_s", "augment_s", "transform_s", "collate_s", "cpu_workers", "queue_s", "step_s", "steady_wait_s",
+    *(f"wait_on_{k}_s" for k in (*STAGES, "other")),
+)  # fmt: skip
+#: A row: the ``SHARED`` fields, then the process's elapsed seconds, its epoch, and 1.0 once written.
+ROW = len(SHARED) + 3
+
+
+def row(st: Stats, epoch: int) -> list[float]:
+    """``st`` as one row of numbers (``SHARED``, elapsed, epoch, written), for a shared-memory table."""
+    elapsed = (st.finished or time.perf_counter()) - st.started
+    return [float(getattr(st, f)) for f in SHARED] + [elapsed, float(epoch), 1.0]
+
+
+def summed(rows: Any) -> Stats | None:
+    """The ``Stats`` of the written rows of the latest epoch among ``rows`` (a 2-d array of ``row``s), summed,
+    its elapsed the longest of theirs; None when no row was written."""
+    written = [r for r in rows if r[-1] == 1.0]
+    if not written:
+        return None
+    epoch = max(r[-2] for r in written)
+    mine = [r for r in written if r[-2] == epoch]
+    st = Stats()
+    for k, f in enumerate(SHARED):
+        total = sum(float(r[k]) for r in mine)
+        setattr(st, f, int(total) if isinstance(getattr(st, f), int) else total)
+    now = time.perf_counter()
+    st.started, st.finished = now - max(float(r[-3]) for r in mine), now
+    return st
+
+
 def verdict(s: Mapping[str, Any]) -> tuple[str, str]:
     """What the training loop is waiting on, and why in a sentence, from ``stats()``'s figures.
 
