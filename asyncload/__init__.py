@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .engine.epoch import Epoch, EpochIterator
     from .engine.options import LoaderOptions
     from .engine.sampler import EpochSampler, Shard
+    from .engine.statslog import StatsLogger
     from .image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
     from .loader import AsyncLoader
     from .runtime.settings import load_config
@@ -72,6 +73,7 @@ _LAZY = {
     "Timeouts": ".sources.stores.http",
     "EpochSampler": ".engine.sampler",
     "Shard": ".engine.sampler",
+    "StatsLogger": ".engine.statslog",
     "Source": ".sources.base",
     "DeepLakeSource": ".sources.deeplake",
     "ObjectStoreSource": ".sources.objectstore",
@@ -128,6 +130,7 @@ __all__ = [
     "ReaderCrashError",
     "RanksDisagreeError",
     "StallError",
+    "StatsLogger",
     "LoaderClosedError",
     "Timeouts",
     "WorkerError",

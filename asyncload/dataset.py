@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -54,13 +55,18 @@ from .engine.options import LoaderOptions
 from .engine.progress import DATASET_KEYS, EpochProgress, check_dataset, check_dataset_version, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
-from .engine.stats import Stats
+from .engine.stats import ROW, Stats, row, summed
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
 from .runtime.log import log_once_forked
 from .sources.base import Source
 
 log = logging.getLogger("asyncload")
+
+#: DataLoader workers whose figures ``stats()`` sums, each a row of a shared table (worker ``id % MAX_WORKERS``).
+MAX_WORKERS = 64
+#: Seconds between a worker's writes of its figures to that table (and at the end of its epoch).
+FIGURES_EVERY_S = 0.2
 
 RANK_STATE_VERSION = 3  # 2: names the dataset's version; 3: the epoch's order and the cut, for any world
 
@@ -117,6 +123,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # [epoch, rank batches of that epoch already consumed, ranges taken by earlier worlds, the ranges]:
         # shared with every worker (module doc).
         self._cell = torch.zeros(3 + 2 * MAX_TAKEN, dtype=torch.int64).share_memory_()
+        # each DataLoader worker's figures (``engine.stats.row``), summed by ``stats()`` in this process
+        self._figures = torch.zeros((MAX_WORKERS, ROW), dtype=torch.float64).share_memory_()
         self._pending: dict[str, Any] | None = None  # a Stateful state for this process's next iterator
         self._here: AsyncLoader | None = None  # the loader of this process's latest iterator
 
@@ -311,8 +319,34 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
                     "pass multiprocessing_context='spawn' or 'forkserver' to the DataLoader (said once for all the "
                     "forked workers)",
                 )
-            return _WorkerEpoch(it)
+            info = torch.utils.data.get_worker_info()
+            return _WorkerEpoch(it, self._figures[info.id % MAX_WORKERS].numpy(), epoch)
         return it
+
+    def stats(self, wait_s: float | None = None, step_s: float | None = None) -> dict[str, Any]:
+        """The figures of this rank's latest epoch (as ``AsyncLoader.stats()``), summed over its DataLoader
+        workers, with ``waiting_on`` decided from the sums.
+
+        Each worker writes its figures to shared memory every ``FIGURES_EVERY_S`` seconds and at the end
+        of its epoch, so a live figure lags by at most that. The consumer figures (``steady_wait_s``,
+        ``step_s``) are the workers' own: a worker waits in the loader's ``next()`` when the pipeline is
+        slow, and between batches while DataLoader's prefetch is full, i.e. at the training loop's pace.
+        ``wait_s`` and ``step_s``, when given, are the training loop's own in this process (seconds
+        blocked on the DataLoader, seconds in training steps, the first batch left out; the Lightning
+        callback passes them) and replace the workers' in the verdict. With ``num_workers=0``: the
+        figures of the loader iterating here."""
+        st = summed(self._figures.numpy())
+        if st is None and self._here is not None:
+            st = self._here._stats
+        if st is None:
+            st = Stats()
+        if wait_s is not None:
+            st.steady_wait_s = wait_s
+        if step_s is not None:
+            st.step_s = step_s
+        snap = st.snapshot()
+        snap.update(rank=self.shard().rank, epoch=self.epoch)
+        return snap
 
     def close(self) -> None:
         """Stop the epoch this process is iterating, if any (``DataLoader(num_workers=0)`` iterates here;
@@ -330,17 +364,30 @@ class _WorkerEpoch(Epoch):
     pickle is dropped on the way and the epoch simply ends short. ``portable`` makes that impossible.
     """
 
-    def __init__(self, it: Epoch) -> None:
+    def __init__(self, it: Epoch, figures: Any, epoch: int) -> None:
         self._it = it
         self._progress = it.state()
         self._stats = it.stats()
+        self._figures = figures  # this worker's row of ``AsyncIterableDataset._figures`` (a NumPy view)
+        self._epoch = epoch
+        self._shown = 0.0  # when the row was last written (``perf_counter``)
+
+    def _show(self) -> None:
+        """Write this worker's figures to its row, for ``AsyncIterableDataset.stats()`` in the main process."""
+        self._figures[:] = row(self._stats, self._epoch)
+        self._shown = time.perf_counter()
 
     def __next__(self) -> Any:
         try:
-            return next(self._it)
+            batch = next(self._it)
+            if time.perf_counter() - self._shown >= FIGURES_EVERY_S:
+                self._show()
+            return batch
         except StopIteration:
+            self._show()
             raise
         except BaseException as exc:
+            self._show()
             carried = portable(exc)
             if carried is exc:
                 raise
@@ -351,6 +398,7 @@ class _WorkerEpoch(Epoch):
 
     def close(self) -> None:
         self._it.close()
+        self._show()
 
 
 class _NotStarted(Epoch):

@@ -48,6 +48,7 @@ import torch
 
 from .engine.progress import EpochProgress, with_progress
 from .engine.protocol import END, Failure, Sentinel
+from .engine.stats import verdict
 from .errors import ConfigError
 from .image.normalize import ModelReady
 from .runtime.loop import ExitOrder, on_exit, start_thread
@@ -242,16 +243,42 @@ def _progress_of(it: Iterator[Any]) -> EpochProgress | None:
     return progress.copy() if isinstance(progress, EpochProgress) else None
 
 
-def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff) -> None:
+class _Clock:
+    """Where the thread that feeds the device spends its time (the pin thread's, or the consumer's off
+    CUDA): waiting for the loader's next batch (``upstream_s``), staging and issuing the copies
+    (``copy_s``, host seconds: a copy on the side stream runs on after it is issued). Batches after the
+    first only: the first wait is the start-up."""
+
+    def __init__(self) -> None:
+        self.upstream_s = 0.0
+        self.copy_s = 0.0
+        self.batches = 0
+
+    def next(self, source: Iterator[Any]) -> Any:
+        t0 = time.perf_counter()
+        batch = next(source)
+        if self.batches:
+            self.upstream_s += time.perf_counter() - t0
+        self.batches += 1
+        return batch
+
+    def stage(self, stager: _Stager, batch: Any) -> tuple[Any, Any]:
+        t0 = time.perf_counter()
+        out = stager.stage(batch)
+        self.copy_s += time.perf_counter() - t0
+        return out
+
+
+def _pin_thread(source: Iterator[Any], stager: _Stager, handoff: _Handoff, clock: _Clock) -> None:
     """The pin thread's body. It holds no reference to the ``DeviceFeed``, so dropping the feed stops it."""
     try:
         while not handoff.stopped:
             try:
-                batch = next(source)
+                batch = clock.next(source)
             except StopIteration:
                 handoff.put(END)
                 return
-            if handoff.stopped or not handoff.put((*stager.stage(batch), _progress_of(source))):
+            if handoff.stopped or not handoff.put((*clock.stage(stager, batch), _progress_of(source))):
                 return
     except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there with its type
         handoff.put(Failure(exc))
@@ -356,6 +383,10 @@ class DeviceFeed(Iterator[Any]):
         self._closed = False
         self.wait_s = 0.0
         self.batches = 0
+        self._clock = _Clock()
+        self._steady_wait_s = 0.0  # ``wait_s`` without the first batch's
+        self._step_s = 0.0  # the consumer's time between ``next()`` calls
+        self._returned_at: float | None = None
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -375,10 +406,17 @@ class DeviceFeed(Iterator[Any]):
         if self._closed:
             raise StopIteration
         t0 = time.perf_counter()
+        if self._returned_at is not None:
+            self._step_s += t0 - self._returned_at
+            self._returned_at = None
         try:
             item = self._next_cuda() if self._handoff is not None else self._next_cpu()
         finally:
-            self.wait_s += time.perf_counter() - t0
+            now = time.perf_counter()
+            self.wait_s += now - t0
+            if self.batches:
+                self._steady_wait_s += now - t0
+        self._returned_at = now
         if item is END:
             self.close()
             raise StopIteration
@@ -388,8 +426,8 @@ class DeviceFeed(Iterator[Any]):
     def _next_cpu(self) -> Any:
         while not self._exhausted and len(self._ahead) <= self.depth:
             try:
-                batch = next(self._source)
-                self._ahead.append((self._stager.stage(batch)[0], _progress_of(self._source)))
+                batch = self._clock.next(self._source)
+                self._ahead.append((self._clock.stage(self._stager, batch)[0], _progress_of(self._source)))
             except StopIteration:
                 self._exhausted = True
         if not self._ahead:
@@ -401,7 +439,7 @@ class DeviceFeed(Iterator[Any]):
         assert self._handoff is not None
         if self._pin.thread is None:
             self._pin.thread = start_thread(
-                _pin_thread, self._source, self._stager, self._handoff, name="asyncload-pin"
+                _pin_thread, self._source, self._stager, self._handoff, self._clock, name="asyncload-pin"
             )
         item = self._handoff.get()
         if isinstance(item, Failure):
@@ -417,6 +455,26 @@ class DeviceFeed(Iterator[Any]):
             if t.device.type == "cuda":
                 t.record_stream(consumer)
         return batch
+
+    def stats(self) -> dict[str, Any]:
+        """The upstream loader's ``stats()`` (when it has one), seen from this feed's consumer, the training
+        loop: ``steady_wait_s``, ``step_s`` and ``consumer_wait_frac`` are the training loop's own in this
+        feed's ``next()`` (the loader's consumer is the feed's thread); ``copy_s`` the host seconds staging
+        and issuing the copies to the device; ``copy_wait_frac`` the share of the feed thread's busy time
+        spent waiting on the loader; ``waiting_on`` may be "copy" (``engine.stats.verdict``)."""
+        upstream = getattr(self._upstream, "stats", None)
+        snap: dict[str, Any] = dict(upstream()) if callable(upstream) else {}
+        clock = self._clock
+        step = self._step_s + (time.perf_counter() - self._returned_at if self._returned_at is not None else 0.0)
+        wait = self._steady_wait_s
+        feeding = clock.upstream_s + clock.copy_s
+        snap.update(
+            batches_yielded=self.batches, steady_wait_s=wait, step_s=step,
+            consumer_wait_frac=wait / (wait + step) if wait + step > 0 else None,
+            copy_s=clock.copy_s, copy_wait_frac=clock.upstream_s / feeding if feeding > 0 else None,
+        )  # fmt: skip
+        snap["waiting_on"], snap["waiting_on_why"] = verdict(snap)
+        return snap
 
     def state_dict(self) -> dict[str, Any]:
         """The upstream ``AsyncLoader``'s resume state as of the batches this feed handed out.

@@ -10,7 +10,12 @@ where the data stood, so a resumed run would start the epoch's data from its beg
   workers: the epoch lives in shared memory);
 - it saves, in each checkpoint, the epoch and the batches Lightning had trained of it, and on resume it
   puts the dataset there *before* Lightning creates its first iterator (``on_fit_start``), so the
-  resumed epoch yields exactly the batches Lightning has not trained, in order.
+  resumed epoch yields exactly the batches Lightning has not trained, in order;
+- with ``log_stats_every_n_steps=N``, every N training steps it logs where the data time goes
+  (``statslog.scalars`` of ``dataset.stats()``: per-stage seconds, the wait fraction, ``waiting_on``) through
+  the trainer's logger. The training loop's own wait for data (the time from one batch's end to the
+  next one's start) and its steps (start to end) are measured here and replace the DataLoader workers'
+  in the verdict.
 
 Usage::
 
@@ -25,6 +30,7 @@ Needs the ``lightning`` package (``pip install 'torch-asyncload[lightning]'``).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 try:
@@ -33,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - depends on what is installed
     raise ImportError("asyncload.lightning needs PyTorch Lightning: pip install 'torch-asyncload[lightning]'") from exc
 
 from .dataset import AsyncIterableDataset
+from .engine.statslog import scalars
 from .errors import ConfigError
 
 STATE_VERSION = 1
@@ -41,12 +48,20 @@ STATE_VERSION = 1
 class AsyncLoadCallback(pl.Callback):
     """Sets the epoch of ``datasets`` at each training epoch and records their position in checkpoints."""
 
-    def __init__(self, *datasets: AsyncIterableDataset) -> None:
+    def __init__(self, *datasets: AsyncIterableDataset, log_stats_every_n_steps: int | None = None) -> None:
         if not datasets or not all(isinstance(d, AsyncIterableDataset) for d in datasets):
             raise ConfigError(
                 f"datasets={datasets!r} is not allowed: pass the AsyncIterableDataset(s) of the training DataLoader(s)"
             )
+        n = log_stats_every_n_steps
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ConfigError(f"log_stats_every_n_steps={n!r} is not allowed: an int >= 1, or None (off)")
         self.datasets = datasets
+        self.log_stats_every_n_steps = n
+        self._wait_s = 0.0  # this epoch: the training loop waiting for data, after its first batch
+        self._step_s = 0.0  # ... in training steps
+        self._started: float | None = None  # the step in progress began
+        self._ended: float | None = None  # the last step ended (None at an epoch's start)
         self._trainer: pl.Trainer | None = None
         self._loaded: dict[str, Any] | None = None
 
@@ -94,6 +109,39 @@ class AsyncLoadCallback(pl.Callback):
         # For every epoch after the first, Lightning creates the epoch's iterator after this hook. A
         # resumed epoch keeps its position: set_epoch of the same epoch does not clear it.
         self._set_epoch(trainer.current_epoch)
+        self._wait_s = self._step_s = 0.0
+        self._started = self._ended = None
+
+    # -- where the data time goes (log_stats_every_n_steps) -----------------------------------------
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.log_stats_every_n_steps is None:
+            return
+        self._started = now = time.perf_counter()
+        if self._ended is not None:
+            self._wait_s += now - self._ended
+
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        n = self.log_stats_every_n_steps
+        if n is None or self._started is None:
+            return
+        self._ended = now = time.perf_counter()
+        self._step_s += now - self._started
+        if (batch_idx + 1) % n == 0 and trainer.logger is not None:
+            trainer.logger.log_metrics(self.figures(), step=trainer.global_step)
+
+    def figures(self) -> dict[str, float]:
+        """What ``log_stats_every_n_steps`` logs: ``scalars`` of each dataset's ``stats()``, with the
+        training loop's wait and steps as measured here (``asyncload/...``; ``asyncload<k>/...`` for the
+        k-th dataset after the first)."""
+        out: dict[str, float] = {}
+        for k, ds in enumerate(self.datasets):
+            stats = ds.stats(wait_s=self._wait_s, step_s=self._step_s)
+            out.update(scalars(stats, "asyncload" if k == 0 else f"asyncload{k}"))
+        return out
 
     def _set_epoch(self, epoch: int) -> None:
         for ds in self.datasets:

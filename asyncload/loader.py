@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -209,12 +210,14 @@ class AsyncLoader:
             # open draws its rows starts its reader once opened here, so that the reader reads those rows.
             if source.opens_alike:
                 self._isolated.start()
+        opening = time.perf_counter()
         try:
             self.source = source.open()
         except BaseException:
             if self._isolated is not None:
                 self._isolated.close()
             raise
+        self._open_s = time.perf_counter() - opening
         if self._isolated is not None:
             self._isolated.start()  # (started already, unless the open above drew the rows)
         if shard_from == PROCESS_GROUP:  # every rank builds it: they compare what they opened (``ranks``)
@@ -336,15 +339,31 @@ class AsyncLoader:
                 self._isolated.begin_epoch(it.stats())
         self._live = weakref.ref(it)
         self._stats = it.stats()
+        self._stats.open_s = self._open_s
         self._progress, self._cut = progress, sampler
         return it
 
     def stats(self) -> dict[str, Any]:
-        """Figures of the current (or last) epoch: throughput, reads in flight, latency percentiles,
-        skipped samples (with ``skipped_samples``: the first of them, index and cause)."""
+        """Figures of the current (or last) epoch, of this rank (``rank``): throughput, reads in flight,
+        latency percentiles, skipped samples (with ``skipped_samples``: the first of them, index and cause),
+        and where the time goes.
+
+        Where the time goes (wall seconds, summed over the epoch's batches; stages overlap, so they do
+        not add up to ``elapsed_s``): ``open_s`` (opening the source), ``read_s`` (store requests, node
+        store hits included: ``node_hits``), ``decode_s``, ``augment_s`` (``augment=``), ``transform_s``,
+        ``collate_s`` (the CPU pool, ``cpu_workers`` threads, busy ``cpu_busy_frac`` of the time),
+        ``queue_s`` (batches ready, waiting for the consumer), ``step_s`` (the consumer between
+        ``next()`` calls: the training step) and ``steady_wait_s`` (the consumer blocked in ``next()``,
+        the first batch left out); ``consumer_wait_frac`` = steady_wait_s / (steady_wait_s + step_s).
+        ``wait_on_<stage>_s`` splits that wait by what the batch waited for was doing (store, decode,
+        augment, transform, collate, other). ``waiting_on``: "training" when the consumer waited under
+        10 % of its time, else the stage it waited on most ("store", "decode", "augment", "transform",
+        "collate"; "start" before the first batch); ``waiting_on_why`` says it in a sentence. The rule is
+        ``engine.stats.verdict``'s."""
         snap = self._stats.snapshot()
         snap.update(
-            concurrency_setting=self.options.concurrency, read_mode=self.read_mode, epoch=self.epoch,
+            rank=self.shard.rank, concurrency_setting=self.options.concurrency, read_mode=self.read_mode,
+            epoch=self.epoch,
             retries=self._shard.source.retry_count(),
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip

@@ -33,10 +33,25 @@ class Assembled:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     decode_s: float = 0.0
     collate_s: float = 0.0
+    started: float = 0.0  # ``perf_counter`` when assembly began (``stats.Timeline``)
+    #: wall seconds decoding, augmenting, transforming, and the rest (collating)
+    wall: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
 
 
 def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
-    """``ordered``: ``(indices, columns read)`` parts in position order."""
+    """``ordered``: ``(indices, columns read)`` parts in position order. Timed by the wall clock too, by
+    stage (``Assembled.wall``): what the batch's consumer may have waited on (``stats.Stats.taken``)."""
+    started = time.perf_counter()
+    walls = [0.0, 0.0, 0.0]  # decode (augmentation included), augmentation, transform
+    done = _assemble(plan, ordered, walls)
+    total = time.perf_counter() - started
+    dec, aug, tr = walls
+    done.started = started
+    done.wall = (max(0.0, dec - aug), aug, tr, max(0.0, total - dec - tr))
+    return done
+
+
+def _assemble(plan: Plan, ordered: list[tuple[list[int], Any]], walls: list[float]) -> Assembled:
     t0 = time.thread_time()
     indices = plan.source.row_ids([i for idx, _ in ordered for i in idx])
     parts = [p for _, p in ordered]
@@ -54,7 +69,9 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
         batch = _batch(plan, cols, pack(plan.stage, cols, values, indices), values, keep, indices)
         return Assembled(len(indices), batch, [], 0.0, time.thread_time() - t0)
     if plan.stage is not None:
-        tensors, keep, skipped, decode_s = _decoded(plan, plan.stage, cols, values, indices)
+        w0 = time.perf_counter()
+        tensors, keep, skipped, decode_s = _decoded(plan, plan.stage, cols, values, indices, walls)
+        walls[0] += time.perf_counter() - w0
         indices = [indices[k] for k in keep]
         if not indices:
             return Assembled(0, EMPTY, skipped, decode_s, time.thread_time() - t0 - decode_s)
@@ -72,6 +89,7 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
     else:
         samples = rows(cols, parts, indices)
     if plan.transform is not None:
+        w0 = time.perf_counter()
         out = []
         for s in samples:
             try:
@@ -85,6 +103,7 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
                 t["index"] = s["index"]
             out.append(t)
         samples = out
+        walls[2] += time.perf_counter() - w0
     elif not plan.with_index:
         for s in samples:
             del s["index"]
@@ -96,17 +115,19 @@ def assemble(plan: Plan, ordered: list[tuple[list[int], Any]]) -> Assembled:
 
 
 def _decoded(
-    plan: Plan, stage: DecodeStage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int]
+    plan: Plan, stage: DecodeStage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int],
+    walls: list[float],
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]], float]:
     """The decode stage's tensors (image and mask columns), the positions of the samples that decoded,
-    the skipped ones, and the thread CPU seconds it took."""
+    the skipped ones, and the thread CPU seconds it took. ``walls[1]``: wall seconds of the augmentation
+    added (CPU decoder)."""
     t0 = time.thread_time()
     if stage.device is not None:
         from ..image.gpu import run as gpu_run
 
         tensors, keep, skipped = gpu_run(stage, cols, values, indices)
     else:
-        tensors, keep, skipped = decode_run(stage, cols, values, indices)
+        tensors, keep, skipped = decode_run(stage, cols, values, indices, walls)
     return tensors, keep, skipped, time.thread_time() - t0
 
 

@@ -87,7 +87,11 @@ class Epoch(Iterator[Any], abc.ABC):
     def _waiting(self) -> float:
         """The consumer starts waiting in ``next()`` (``Stats.waiting_since``, which a live ``stats()`` reads
         as wait so far); returns when."""
-        t0 = self._stats.waiting_since = time.perf_counter()
+        st = self._stats
+        t0 = st.waiting_since = time.perf_counter()
+        if st.returned_at is not None:  # the consumer's time since the last batch: its training step
+            st.step_s += t0 - st.returned_at
+            st.returned_at = None
         return t0
 
     def _waited(self, t0: float, samples: int | None = None) -> None:
@@ -98,7 +102,10 @@ class Epoch(Iterator[Any], abc.ABC):
         now = time.perf_counter()
         st.wait_s += now - t0
         st.waiting_since = None
+        if st.batches_yielded:
+            st.steady_wait_s += now - t0
         if samples is not None:
+            st.returned_at = now
             st.batches_yielded += 1
             st.samples_yielded += samples
             if st.first_batch_s is None:
@@ -206,7 +213,7 @@ class EpochIterator(Epoch):
         future = self._run.future
         assert future is not None
         st = self._stats
-        t0 = self._waiting()
+        t0 = since = self._waiting()
         while True:
             try:
                 item = self._out.get(timeout=1.0)
@@ -229,6 +236,9 @@ class EpochIterator(Epoch):
                 self.close()
                 raise item.exc
             self._run.lt.call_soon(self._pipeline.release_slot)
+            now = time.perf_counter()
+            st.taken(since, now)  # where the wait went (``Stats.taken``)
+            since = now
             seq, count, batch = item
             self._progress.mark(seq)
             if batch is not EMPTY:

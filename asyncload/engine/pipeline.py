@@ -54,7 +54,7 @@ from .budget import ByteBudget
 from .hedging import Hedger
 from .plan import Plan, ReadStage
 from .protocol import END, Failure, Ready
-from .stats import Stats
+from .stats import Stats, Timeline
 from .tuning import Observation
 
 log = logging.getLogger("asyncload")
@@ -111,6 +111,7 @@ class _Batch:
     held: int = 0  # bytes of ``parts``, counted in ``Stats.bytes_held`` until the batch is assembled
     skipped: list[tuple[int, str]] = field(default_factory=list)
     failed: bool = False
+    read_done: float = 0.0  # when its last read answered (``perf_counter``; ``stats.Timeline``)
 
 
 class Pipeline:
@@ -153,6 +154,7 @@ class Pipeline:
         self._gate = _RequestGate(first if self._held else plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
         self.stats.concurrency = plan.requests * plan.request_size
+        self.stats.cpu_workers = lt.cpu_workers
         self._stage: ReadStage | None = plan.stage
         # the decode stage's columns: the epoch's reads return them as stored bytes (``Source.read``'s ``raw``)
         self._raw: frozenset[str] = self._stage.encoded if self._stage is not None else frozenset()
@@ -393,6 +395,7 @@ class Pipeline:
                 self._gate.allow(self._held)
                 self._held = None
         stats.latencies.append(seconds)
+        stats.read_s += seconds
         return part
 
     async def _read(self, idx: list[int]) -> tuple[Any, int]:
@@ -430,6 +433,7 @@ class Pipeline:
                 await self._salvage(batch, start, idx, exc)
             batch.pending -= 1
             if batch.pending == 0 and not self.stopping:
+                batch.read_done = time.perf_counter()
                 task = asyncio.create_task(self._finish(batch))
                 self._assembling.add(task)
                 task.add_done_callback(self._assembling.discard)
@@ -466,9 +470,14 @@ class Pipeline:
         st = self.stats
         st.cpu_decode_s += done.decode_s
         st.cpu_collate_s += done.collate_s
+        dec, aug, tr, col = done.wall
+        st.decode_s += dec
+        st.augment_s += aug
+        st.transform_s += tr
+        st.collate_s += col
         self._budget.ready(done.batch, done.count)
         st.record_skipped(batch.skipped + done.skipped)
-        self._deliver(batch.pos, Ready(batch.seq, done.count, done.batch))
+        self._deliver(batch.pos, Ready(batch.seq, done.count, done.batch), (batch.read_done, done.started, done.wall))
 
     def _fail(self, batch: _Batch, exc: BaseException) -> None:
         if batch.failed:
@@ -476,12 +485,19 @@ class Pipeline:
         batch.failed = True
         self._deliver(batch.pos, Failure(exc))
 
-    def _deliver(self, pos: int, item: Any) -> None:
+    def _deliver(self, pos: int, item: Any, way: tuple[float, float, Any] | None = None) -> None:
+        """Put ``item`` on the ready queue in its turn; ``way``: a batch's read and assembly times, which
+        go on ``stats.timeline`` as it is put (the consumer charges its waits to them)."""
         self.stats.batches_ready += 1
         if not self.plan.in_order:
-            self.out.put(item)
+            self._put(item, way)
             return
-        self._reorder[pos] = item
+        self._reorder[pos] = (item, way)
         while self._next_pos in self._reorder:
-            self.out.put(self._reorder.pop(self._next_pos))
+            self._put(*self._reorder.pop(self._next_pos))
             self._next_pos += 1
+
+    def _put(self, item: Any, way: tuple[float, float, Any] | None) -> None:
+        if way is not None:  # before the batch: the consumer pops one entry per batch it takes
+            self.stats.timeline.append(Timeline(way[0], way[1], time.perf_counter(), way[2]))
+        self.out.put(item)

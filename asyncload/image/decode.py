@@ -22,6 +22,7 @@ A sample whose bytes do not decode is named (URL, column, row, the decoder's mes
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -165,11 +166,13 @@ def run(
     cols: Sequence[str],
     values: Mapping[str, Sequence[Any]],
     rows: Sequence[int],
+    walls: list[float] | None = None,
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]]]:
     """Decode and augment one batch. ``values[col][k]``: sample ``k``'s stored bytes (``encoded`` columns)
     or array. Returns, per image-like column, a batch tensor of the good samples or, where their sizes
     differ, a list of their arrays (for ``collate`` to stack, pad, list or refuse); the positions ``k`` of
-    the good samples; and the skipped samples (row, why)."""
+    the good samples; and the skipped samples (row, why). ``walls``, when given: the wall seconds of the
+    augmentation are added to ``walls[1]`` (two clock reads per augmented sample)."""
     n = len(rows)
     image_cols = [c for c in cols if c in stage.columns]
     heads: dict[str, list[Header | None]] = {}
@@ -220,6 +223,7 @@ def run(
     views = {c: t.numpy() for c, t in dest.items() if t is not None}
     lists: dict[str, list[np.ndarray]] = {c: [] for c, t in dest.items() if t is None}
     keep: list[int] = []
+    augmented = 0.0  # wall seconds applying the draws
     for k in good:  # sample by sample, every column: a sample that fails leaves no row behind
         r = len(keep)
         pending: dict[str, np.ndarray] = {}
@@ -231,9 +235,11 @@ def run(
                     fill = aug.fills[0] if col.role == "image" else aug.fills[1]
                     head = heads[c][k]
                     if head is not None:
-                        _decode_drawn(values[c][k], head, col, draws[k], target, fill, aug)
+                        augmented += _decode_drawn(values[c][k], head, col, draws[k], target, fill, aug)
                     else:
+                        t = time.perf_counter()
                         apply(_as_hw(values[c][k], col), target, draws[k], col.role, fill, aug.interpolation)
+                        augmented += time.perf_counter() - t
                     continue
                 if heads[c][k] is not None:
                     arr = decode_bytes(values[c][k], col.mode, target, head=heads[c][k])
@@ -243,7 +249,9 @@ def run(
                         target[...] = arr
                         arr = target
                 if draws is not None and draws[k].flip:
+                    t = time.perf_counter()
                     arr = arr[:, ::-1].copy() if target is None else _flip_in_place(target)
+                    augmented += time.perf_counter() - t
                 if target is None:
                     pending[c] = arr
         except DecodeError as exc:
@@ -259,6 +267,8 @@ def run(
             tensors[c] = t if len(keep) == len(t) else t[: len(keep)]
         else:  # samples of unequal sizes: collated (stacked, padded, listed or refused) with the other columns
             tensors[c] = lists[c]
+    if walls is not None:
+        walls[1] += augmented
     return tensors, keep, skipped
 
 
@@ -349,8 +359,11 @@ def _as_hw(arr: Any, col: ImageColumn) -> np.ndarray:
     return arr
 
 
-def _decode_drawn(data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.ndarray, fill: int, aug: Augment) -> None:
-    """Decode one sample (at reduced scale where the crop shrinks enough) and apply ``d`` into ``dst``."""
+def _decode_drawn(
+    data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.ndarray, fill: int, aug: Augment
+) -> float:
+    """Decode one sample (at reduced scale where the crop shrinks enough) and apply ``d`` into ``dst``;
+    returns the wall seconds of applying it."""
     reduce = 1
     if head.format == "jpeg":
         _, _, bh, bw = d.box
@@ -364,7 +377,9 @@ def _decode_drawn(data: Any, head: Header, col: ImageColumn, d: Draw, dst: np.nd
     img = decode_bytes(data, col.mode, scratch, reduce=reduce, head=head)
     if img.shape[:2] != (head.height, head.width):
         d = _scaled(d, img.shape[0] / head.height, img.shape[1] / head.width)
+    t = time.perf_counter()
     apply(img, dst, d, col.role, fill, aug.interpolation)
+    return time.perf_counter() - t
 
 
 def _scaled(d: Draw, sy: float, sx: float) -> Draw:

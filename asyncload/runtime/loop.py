@@ -259,6 +259,11 @@ class LoopThread:
         return run if run is not None and run.pid == os.getpid() else None
 
     @property
+    def cpu_workers(self) -> int:
+        """Threads of the CPU pool."""
+        return self._cpu_workers
+
+    @property
     def running(self) -> bool:
         """True when this process's loop thread is alive (False in a forked child)."""
         run = self._mine()

@@ -164,7 +164,9 @@ Terminal = (
 _SUMMED = (
     "requests", "samples_read", "bytes_read", "hedges", "hedges_won", "skipped", "concurrency", "memory_budget",
     "bytes_held_peak", "cpu_loop_s", "cpu_decode_s", "cpu_collate_s", "remote_bytes", "node_hits", "node_misses",
-    "node_not_kept", "node_corrupt", "node_read_bytes",
+    "node_not_kept", "node_corrupt", "node_read_bytes", "read_s", "decode_s", "augment_s", "transform_s", "collate_s",
+    "cpu_workers", "wait_on_store_s", "wait_on_decode_s", "wait_on_augment_s", "wait_on_transform_s",
+    "wait_on_collate_s", "wait_on_other_s",
 )  # fmt: skip
 
 
