@@ -49,6 +49,8 @@ def test_every_run_of_two_invocations_in_a_row_is_cold(remote_data, tmp_path, ca
     for r in runs:
         assert r["state"] == "cold" and r["node_hits"] == 0 and r["node_misses"] == remote_data.rows
         assert r["remote_bytes"] == pytest.approx(first, rel=0.05)  # each run fetched the dataset again
+        assert r["waiting_on"] in ("training", "store", "decode", "augment", "transform", "collate")
+        assert r["waiting_on_why"] and 0.0 <= r["consumer_wait_frac"] <= 1.0  # what the epoch waited on, and why
     assert not store.exists() or not any(store.iterdir())  # the user's store untouched
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("asyncload-cold-")] == []  # removed after
 

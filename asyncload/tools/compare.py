@@ -302,8 +302,11 @@ class Runs:
 
 #: What each asyncload run's JSON carries from ``stats()`` of its epoch, where it read through the node
 #: store: the bytes the read stage fetched from the source (none from the node store's disk), and the
-#: store's rows. (A verdict of what the epoch waited on, where ``stats()`` gives one, belongs here too.)
+#: store's rows.
 RUN_STATS = ("remote_bytes", "node_hits", "node_misses", "node_not_kept", "node_read_bytes")
+
+#: What every asyncload run's JSON carries from ``stats()`` of its epoch: what it waited on, and why.
+VERDICT = ("waiting_on", "waiting_on_why", "consumer_wait_frac")
 
 
 @dataclass(frozen=True)
@@ -388,7 +391,7 @@ def compare(
                 m = measure("asyncload", arun.epoch(e, last=e == epochs - 1), live_tree=before)
                 st = arun.loader.stats() if arun.loader is not None else {}
                 used = arun.loader is not None and arun.loader.options.wants_cache(arun.loader.source)
-                extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e)}
+                extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e), **{k: st.get(k) for k in VERDICT}}
                 # without the store the read stage may not count what it fetched (0): none, not 0
                 ours[min(e, 1)].add(m, extra | {k: st.get(k) if used else None for k in RUN_STATS})
             if arun.loader is not None:
@@ -519,6 +522,7 @@ def table(doc: Mapping[str, Any]) -> str:
         "epoch 1 of each run (the dataset opened inside the timing):",
         "",
         *_rows_of(doc["readers"], open_included=True),
+        *_verdicts(doc["readers"]),
     ]
     if "later_epochs" in doc:
         later = doc["later_epochs"]
@@ -535,6 +539,17 @@ def table(doc: Mapping[str, Any]) -> str:
             *_rows_of(later["readers"], open_included=False),
         ]
     return "\n".join(out)
+
+
+def _verdicts(readers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """What asyncload's first epochs waited on (``stats()["waiting_on"]``), one line, where they say."""
+    said = [
+        f"{e['waiting_on']} ({e['consumer_wait_frac']:.0%} of the loop's time waiting)"
+        for r in readers
+        for e in r.get("each", [])
+        if e.get("waiting_on") and e.get("consumer_wait_frac") is not None
+    ]
+    return ["", "asyncload's epochs waited on: " + "; ".join(said)] if said else []
 
 
 def print_report(doc: Mapping[str, Any], as_json: bool) -> None:
