@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local test test-slow docs soak bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
+.PHONY: install run run-local wheelhouse gpu-check test test-slow docs soak bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,19 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 run: install  ## a dataset on a local S3 server behind emulated WAN latency: synchronous vs asyncload, under a minute
 	-@$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/demo.py
+
+# The wheels a GPU node without internet needs (those it lacks of asyncload's runtime dependencies, and
+# asyncload's own), for the node's Python and platform, checked to install from the folder alone.
+WHEEL_PYTHON ?= 3.12
+WHEEL_PLATFORM ?= manylinux2014_x86_64
+WHEEL_HAS ?= configs/gpu_node_has.txt
+WHEEL_DIR ?= wheelhouse
+WHEEL_LIMIT_MIB ?= 60
+wheelhouse: install  ## the offline wheelhouse for a GPU node (WHEEL_PYTHON, WHEEL_PLATFORM, WHEEL_HAS, WHEEL_DIR, WHEEL_LIMIT_MIB)
+	$(PY) harness/wheelhouse.py --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) --has $(WHEEL_HAS) --out $(WHEEL_DIR) --limit-mib $(WHEEL_LIMIT_MIB)
+
+gpu-check:  ## the prepared GPU run (under 8 min): CUDA tests, decode="cuda" pairs/s, processes=4, U-Net step rate; CPU parts only without CUDA
+	$(or $(wildcard $(PY)),python3) benchmarks/suites/gpu_check.py
 
 run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo

@@ -227,6 +227,7 @@ def support_md() -> str:
         ("torch", spec("torch", deps), f"{pins.get('torch', '?')} (CPU build)", "installed by pip if absent: install your CUDA build first"),
         ("Deep Lake", spec("deeplake", deps), pins.get("deeplake", "?"), "4.7.4's traps are handled (Architecture); 4.8 is not yet allowed"),
         ("torchvision", spec("torchvision", extras["gpu"]) + " (`[gpu]` extra)", "not installed", "only for `decode=\"cuda\"` (nvJPEG); the build that matches your torch"),
+        ("imagecodecs", spec("imagecodecs", extras["png"]) + " (`[png]`)", "tested", "libspng for PNG; without it OpenCV's libpng decodes PNG (slower), said once"),
         ("torchdata", spec("torchdata", extras["stateful"]) + " (`[stateful]`)", "tested", "`StatefulDataLoader`"),
         ("Lightning", spec("lightning", extras["lightning"]) + " (`[lightning]`)", "tested", "`asyncload.lightning.AsyncLoadCallback`"),
         ("botocore, google-auth, azure-identity", "`[s3]`, `[gcs]`, `[azure]`", "tested (SeaweedFS, emulators)", "the clouds' credential chains"),

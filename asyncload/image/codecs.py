@@ -25,12 +25,14 @@ grey pixels.
 from __future__ import annotations
 
 import io
+import logging
 import struct
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 from ..errors import DecodeError
+from ..runtime.log import log_once
 
 #: ``rgb``: ``H×W×3`` uint8; ``gray``: ``H×W`` uint8 (class ids, palette indices or grey values).
 Mode = Literal["rgb", "gray"]
@@ -183,6 +185,11 @@ def _spng() -> Any:
             _SPNG = spng_decode
         except ImportError:
             _SPNG = None
+            log_once(
+                "asyncload: PNG is decoded by OpenCV's libpng: imagecodecs (libspng, faster) is not installed "
+                "(pip install 'torch-asyncload[png]')",
+                logging.INFO,
+            )
     return _SPNG
 
 

@@ -1,0 +1,123 @@
+"""``make wheelhouse``: the wheels a GPU node without internet needs to install asyncload, and nothing else.
+
+Why: GPU clusters where segmentation data is sensitive (medical, defence, industrial) are often cut off
+from any package index; such a node has Python, CUDA torch and torchvision, numpy, OpenCV and the like,
+but not Deep Lake. This folder carries the project's own wheel and every runtime dependency the node lacks,
+for the node's Python and platform (not this machine's), and is checked to install from itself alone.
+
+How: the project's wheel is built (``pip wheel --no-deps``); its runtime requirements are followed
+breadth-first, each downloaded alone (``pip download --no-deps --only-binary=:all:`` for the target
+Python and platform) and its own ``Requires-Dist`` read from the wheel (markers evaluated for the target
+Python), skipping what the node already has (``--has``: a file of distribution names, one per line); so
+nothing the node has is downloaded, and every requirement of every wheel is either in the folder or on
+the node. Then ``pip install --dry-run --no-index`` for the target checks that the wheels install there.
+It prints each wheel and the total, and fails past ``--limit-mib`` (60 by default).
+
+    python harness/wheelhouse.py --python 3.12 --platform manylinux2014_x86_64 --has configs/gpu_node_has.txt --out wheelhouse
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from collections import deque
+from pathlib import Path
+
+from packaging.markers import default_environment
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True, text=True)
+
+
+def requires(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of ``wheel``'s metadata."""
+    with zipfile.ZipFile(wheel) as z:
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        text = z.read(meta).decode()
+    return [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Requires-Dist:")]
+
+
+def wanted(req: str, python: str) -> Requirement | None:
+    """``req`` where it applies to a plain install on Linux with Python ``python`` (no extra), else None."""
+    r = Requirement(req)
+    if r.marker is None:
+        return r
+    env = default_environment() | {"python_version": python, "python_full_version": f"{python}.0",
+                                   "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix", "extra": ""}  # fmt: skip
+    return r if r.marker.evaluate(env) else None
+
+
+def name_of(wheel: Path) -> str:
+    return canonicalize_name(wheel.name.split("-")[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--python", default="3.12", help="the node's Python, X.Y (default 3.12)")
+    ap.add_argument("--platform", default="manylinux2014_x86_64", help="the node's platform tag")
+    ap.add_argument("--has", type=Path, default=ROOT / "configs" / "gpu_node_has.txt", help="what the node has")
+    ap.add_argument("--out", type=Path, default=ROOT / "wheelhouse")
+    ap.add_argument("--limit-mib", type=float, default=60.0)
+    a = ap.parse_args(argv)
+    has = {canonicalize_name(line.split("#")[0].strip()) for line in a.has.read_text().splitlines() if line.split("#")[0].strip()}
+    a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.glob("*.whl"):
+        old.unlink()
+    got = pip("wheel", "--no-deps", "-q", "-w", str(a.out), str(ROOT))
+    if got.returncode:
+        print(got.stdout + got.stderr)
+        return 1
+    ours = next(a.out.glob("torch_asyncload-*.whl"))
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    queue = deque(r for r in (wanted(x, a.python) for x in project["dependencies"]) if r is not None)
+    seen: set[str] = {canonicalize_name(project["name"])}
+    target = ["--only-binary=:all:", "--python-version", a.python, "--platform", a.platform, "--implementation", "cp"]
+    while queue:
+        req = queue.popleft()
+        name = canonicalize_name(req.name)
+        if name in seen or name in has:
+            continue
+        seen.add(name)
+        before = set(a.out.glob("*.whl"))
+        got = pip("download", "--no-deps", "-q", "-d", str(a.out), *target, str(req))
+        if got.returncode:
+            print(f"cannot download {req} for Python {a.python} on {a.platform}:\n{got.stderr[-2000:]}")
+            return 1
+        for wheel in set(a.out.glob("*.whl")) - before:
+            queue.extend(r for r in (wanted(x, a.python) for x in requires(wheel)) if r is not None)
+    wheels = sorted(a.out.glob("*.whl"))
+    missing = sorted(
+        {canonicalize_name(r.name) for w in wheels for r in (wanted(x, a.python) for x in requires(w)) if r is not None}
+        - {name_of(w) for w in wheels} - has
+    )  # fmt: skip
+    if missing:
+        print(f"offline install check: FAILED, required but neither in {a.out} nor on the node: {missing}")
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        got = pip("install", "--dry-run", "--no-index", "--no-deps", "--find-links", str(a.out), "--target", tmp,
+                  *target, *[str(w) for w in wheels])  # fmt: skip
+    if got.returncode:
+        print(f"offline install check: FAILED for Python {a.python} on {a.platform}:\n{got.stderr[-3000:]}")
+        return 1
+    total = sum(w.stat().st_size for w in wheels)
+    for w in wheels:
+        print(f"{w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
+    print(f"{total / 2**20:8.2f} MiB  total: {len(wheels)} wheels for Python {a.python} on {a.platform} in {a.out}")
+    print(f"offline install check: ok (pip install --no-index --find-links {a.out} {ours.name}, beside: {', '.join(sorted(has))})")
+    if total > a.limit_mib * 2**20:
+        print(f"the wheelhouse is {total / 2**20:.1f} MiB, over the limit of {a.limit_mib:g} MiB (--limit-mib)")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

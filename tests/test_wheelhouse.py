@@ -1,0 +1,110 @@
+"""What a GPU node without internet needs: ``import asyncload`` and a JPEG + lz4 epoch with neither
+``imagecodecs`` nor ``pyspng`` (PNG falls back to OpenCV's libpng, said once); and ``make wheelhouse``'s
+folder, built for this Python, installs offline into a fresh virtual environment that reads a dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WITHOUT_CODECS = """
+import sys
+sys.modules["imagecodecs"] = None  # not installed, as on a node given only the wheelhouse
+sys.modules["pyspng"] = None
+import json, logging
+records = []
+h = logging.Handler(); h.emit = lambda r: records.append(r.getMessage())
+logging.getLogger("asyncload").addHandler(h); logging.getLogger("asyncload").setLevel(logging.INFO)
+import numpy as np
+import deeplake
+import asyncload
+from asyncload import AsyncLoader, DeepLakeSource
+out = {}
+for fmt in sys.argv[2].split(","):
+    url = asyncload.make_dataset(sys.argv[1] + "/" + fmt, 40, height=24, width=32, image_format=fmt, progress=False)
+    ds = deeplake.open_read_only(url)
+    loader = AsyncLoader(DeepLakeSource(url), batch_size=8, shuffle=True, processes=0, cache=False)
+    rows = 0
+    for b in loader:
+        for k, i in enumerate(b["index"].tolist()):
+            if fmt == "png":  # lossless: the pixels are Deep Lake's own
+                assert np.array_equal(b["images"][k].numpy(), np.asarray(ds[i]["images"]))
+            assert np.array_equal(b["masks"][k].numpy(), np.asarray(ds[i]["masks"]))
+            rows += 1
+    loader.close()
+    out[fmt] = rows
+out["said"] = [m for m in records if "imagecodecs" in m]  # (said at the first PNG decoded)
+out["imported"] = "imagecodecs" in sys.modules and sys.modules["imagecodecs"] is not None
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_jpeg_and_png_epochs_need_no_optional_codec(tmp_path) -> None:
+    got = subprocess.run(
+        [sys.executable, "-c", WITHOUT_CODECS, str(tmp_path), "jpg,png"], capture_output=True, text=True, timeout=170,
+        cwd=ROOT,
+    )
+    assert got.returncode == 0, got.stderr[-3000:]
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert (out["jpg"], out["png"]) == (40, 40) and not out["imported"]
+    assert len(out["said"]) == 1 and "OpenCV's libpng" in out["said"][0] and "torch-asyncload[png]" in out["said"][0]
+
+
+@pytest.mark.timeout(420)
+def test_a_wheelhouse_for_this_python_installs_offline_and_reads(tmp_path) -> None:
+    """The folder ``make wheelhouse`` writes, for the running Python, with this environment's packages as
+    what the node already has (but imagecodecs, which the node lacks and the wheelhouse leaves out): a
+    fresh virtual environment that sees those packages installs asyncload from it with no index, and reads
+    a JPEG + lz4 epoch from a directory outside the checkout."""
+    house = tmp_path / "wheelhouse"
+    has = tmp_path / "has.txt"
+    site = sysconfig.get_paths()["purelib"]
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "list", "--format=freeze", "--exclude-editable"], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    names = [line.split("==")[0] for line in installed.splitlines() if "==" in line]
+    keep_out = {"imagecodecs", "torch-asyncload", "asyncload"}
+    has.write_text("\n".join(n for n in names if n.lower() not in keep_out) + "\n")
+    v = f"{sys.version_info.major}.{sys.version_info.minor}"
+    built = subprocess.run(
+        [sys.executable, str(ROOT / "harness" / "wheelhouse.py"), "--python", v, "--has", str(has), "--out", str(house)],
+        capture_output=True, text=True, timeout=400, cwd=ROOT,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheels = sorted(p.name for p in house.glob("*.whl"))
+    assert any(w.startswith("torch_asyncload-") for w in wheels), wheels
+    assert not any(w.startswith("imagecodecs") for w in wheels)
+    assert "total" in built.stdout and "offline install check: ok" in built.stdout
+    venv = tmp_path / "node"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    vsite = next((venv / "lib").glob("python3*/site-packages"))
+    # the node's own packages: this environment's, seen through a path file, imagecodecs hidden
+    (vsite / "node_has.pth").write_text(f"{site}\nimport sys; sys.modules['imagecodecs'] = None\n")
+    py = venv / "bin" / "python"
+    env = {k: val for k, val in os.environ.items() if not k.startswith("PIP_")} | {"PIP_NO_INDEX": "1"}
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-index", "--no-deps", "--find-links", str(house), "-q",
+         *[str(p) for p in house.glob("*.whl")]],
+        check=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    got = subprocess.run(
+        [str(py), "-c", WITHOUT_CODECS, str(tmp_path / "data"), "jpg"],
+        capture_output=True, text=True, timeout=200, cwd=tmp_path,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-3000:]
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert out["jpg"] == 40 and not out["said"]  # a JPEG + lz4 epoch asks for no PNG decoder
+    where = subprocess.run(
+        [str(py), "-c", "import asyncload; print(asyncload.__file__)"], capture_output=True, text=True, cwd=tmp_path
+    ).stdout
+    assert str(vsite) in where, where  # the wheel's copy, not the checkout's
