@@ -58,6 +58,10 @@ class AsyncLoader:
                     dataset, not under 1,024): a batch mixes about ``shuffle_window / shuffle_block``
                     blocks; the rows read ahead wait on the node block store's disk (or, without
                     it, in memory, within ``memory_budget``) (benchmarks/results/large/)
+      shuffle_scope "node" (default): under torchrun on several nodes, each node keeps the same part
+                    of the blocks every epoch and shuffles within it, so the cluster fetches the
+                    dataset about once (``engine.nodes``); "global": every rank draws from all blocks
+                    every epoch (each node then fetches and keeps nearly the whole dataset)
       drop_last     leave out a last batch shorter than ``batch_size`` (default False)
       rank, world_size  which rank's share of each epoch this loader serves; by default the rank of
                     the initialised ``torch.distributed`` process group (every rank of a torchrun job

@@ -44,6 +44,8 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from ..errors import ConfigError
 from .progress import EpochProgress
 from .sampler import EpochSampler, Ranges, Shard
@@ -121,12 +123,15 @@ def order_of(s: EpochSampler, dataset: dict[str, Any]) -> dict[str, Any]:
 
 
 def cut_of(s: EpochSampler) -> dict[str, Any]:
-    """How ``s`` cuts the epoch's order, as a state saves it (plain lists and numbers)."""
-    return {
+    """How ``s`` cuts the epoch's order, as a state saves it (plain lists and numbers); ``nodes`` where the
+    order was made for several (``engine.nodes``), so that a world on another number resumes the rest of
+    the epoch in the saver's order."""
+    cut = {
         "batch_size": s.batch_size, "drop_last": s.drop_last, "remainder": s.remainder, "start": s.start,
         "shard": [s.shard.rank, s.shard.world_size, s.shard.worker, s.shard.num_workers],
         "taken": [[a, b] for a, b in s.taken],
     }  # fmt: skip
+    return cut | {"nodes": s.nodes} if s.nodes != 1 else cut
 
 
 def resume_cut(base: EpochSampler, progress: EpochProgress, cut: dict[str, Any]) -> tuple[EpochProgress, EpochSampler]:
@@ -145,7 +150,7 @@ def resume_cut(base: EpochSampler, progress: EpochProgress, cut: dict[str, Any])
             return progress, same
         saved = dataclasses.replace(
             same, batch_size=int(cut["batch_size"]), drop_last=bool(cut["drop_last"]), remainder=cut["remainder"],
-            start=int(cut["start"]), shard=Shard(*map(int, cut["shard"])),
+            start=int(cut["start"]), shard=Shard(*map(int, cut["shard"])), nodes=int(cut.get("nodes", 1)),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"state's cut {cut!r} is not allowed ({type(exc).__name__}: {exc})") from None
@@ -157,7 +162,15 @@ def resume_cut(base: EpochSampler, progress: EpochProgress, cut: dict[str, Any])
         )
     if progress.total != len(saved):
         raise ConfigError(f"state has {progress.total} batches in epoch {progress.epoch}, its cut {len(saved)}")
-    rest = dataclasses.replace(base, taken=consumed(saved, progress))
+    taken = consumed(saved, progress)
+    if (saved.nodes > 1 or base.nodes > 1) and not np.array_equal(
+        mine := base.order(progress.epoch), saved.order(progress.epoch)
+    ):  # the saver's order was another world's (``engine.nodes``): the rows it consumed, where this one has them
+        rows = saved.order(progress.epoch)[np.concatenate([np.arange(a, b) for a, b in taken] or [np.empty(0, int)])]
+        here = np.flatnonzero(np.isin(mine, rows))
+        breaks = np.flatnonzero(np.diff(here) != 1) + 1
+        taken = tuple((int(r[0]), int(r[-1]) + 1) for r in np.split(here, breaks) if len(r))
+    rest = dataclasses.replace(base, taken=taken)
     return EpochProgress(progress.epoch, len(rest)), rest
 
 

@@ -30,6 +30,7 @@ from ..runtime.settings import setting, validate
 from ..runtime.sizes import parse_size
 from ..sources.base import Source
 from .collate import RAGGED, CollateFn, RaggedSpec, Transform
+from .nodes import node_count
 from .sampler import EpochOrder, EpochSampler, Remainder, Shard, one_mix
 
 ReadMode = Literal["auto", "row", "column"]
@@ -68,6 +69,7 @@ class LoaderOptions:
         "auto", "'auto' or an int >= 1 (1: a full shuffle)", lambda v: v == "auto" or v >= 1
     )
     shuffle_window: int = setting(4096, "an int >= 1 (rows)", lambda v: v >= 1)
+    shuffle_scope: Literal["node", "global"] = setting("node", "'node' or 'global'")
     seed: Any = setting(0, "an int", lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool))
     concurrency: int | Literal["auto"] = setting("auto", "'auto' or an int >= 1", lambda v: v == "auto" or v >= 1)
     max_concurrency: int = setting(512, "an int >= 1", lambda v: v >= 1)
@@ -203,10 +205,11 @@ class LoaderOptions:
         block = block_rows if self.shuffle_block == "auto" else int(self.shuffle_block)
         if self.shuffle_block == "auto" and one_mix(n, block, self.shuffle_window):
             block = 1
+        nodes = node_count(shard.world_size) if self.shuffle and mix is None and self.shuffle_scope == "node" else 1
         return EpochSampler(
             n, self.batch_size, shuffle=self.shuffle, seed=self.seed, drop_last=self.drop_last,
             remainder=self.remainder, shard=shard, start=self.start_batch, block=block,
-            window=self.shuffle_window, mix=mix,
+            window=self.shuffle_window, mix=mix, nodes=nodes,
         )  # fmt: skip
 
     @classmethod

@@ -43,6 +43,8 @@ from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from .nodes import node_parts
+
 Remainder = Literal["pad", "drop"]
 
 #: Positions of an epoch's global order, as sorted, disjoint, half-open ranges ``(start, stop)``.
@@ -179,6 +181,7 @@ class EpochSampler:
     window: int = 1  # rows whose order is mixed at once, in whole blocks (<= block: none)
     taken: Ranges = ()  # positions of the order consumed by an earlier run (a resumed world), left out
     mix: EpochOrder | None = None  # the source's own order of each epoch (``MixedSource``), else None
+    nodes: int = 1  # nodes the order is made for: each reads the same part of the blocks every epoch
 
     def __post_init__(self) -> None:
         if self.start < 0:
@@ -224,10 +227,33 @@ class EpochSampler:
             return self.mix.order(self.seed, epoch, self.shuffle, self.block, self.window)
         if not self.shuffle:
             return np.arange(self.n, dtype=np.int64)
+        if self.nodes > 1:
+            return self.node_order(epoch)
         rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch])
         if self.block <= 1:
             return rng.permutation(self.n).astype(np.int64)
         return block_order(self.n, self.block, self.window, rng)
+
+    def node_order(self, epoch: int) -> np.ndarray:
+        """The order of a world of ``nodes`` nodes (``engine.nodes``): node ``j``'s rows exactly fill the
+        positions its ranks take (ranks take contiguous ranges, a node's ranks one after another), the same
+        rows every epoch, in a block order of their own (``block_order``, as one node's). The rows are the
+        nodes' parts of the blocks one after another, cut at the nodes' ranges: a block at a boundary is
+        shared by two nodes, each keeping its own rows of it every epoch."""
+        block, n, w = max(self.block, 1), self.n, self.shard.world_size
+        per = -(-n // w) if self.remainder == "pad" else n // w  # a rank's positions (of all n: not ``left``)
+        span = per * max(1, w // self.nodes)
+        bounds = [min(n, j * span) for j in range(self.nodes)] + [n]  # the last node: the rest (dropped, or none)
+        parts = node_parts(n, block, self.seed, self.nodes)
+        seq = (np.concatenate(parts)[:, None] * block + np.arange(block)).reshape(-1)
+        seq = seq[seq < n]  # (the dataset's last block, the only short one)
+        out = []
+        for j in range(self.nodes):
+            rows = seq[bounds[j] : bounds[j + 1]]
+            rng = np.random.default_rng([self.seed & 0xFFFFFFFFFFFFFFFF, epoch, j])
+            perm = block_order(len(rows), block, self.window, rng) if block > 1 else rng.permutation(len(rows))
+            out.append(rows[perm])
+        return np.concatenate(out).astype(np.int64)
 
     def remaining(self) -> np.ndarray:
         """The positions of the order this world cuts among its ranks: those not ``taken``, in order, then
@@ -237,8 +263,10 @@ class EpochSampler:
             keep[a:b] = False
         left = np.flatnonzero(keep)
         pad = self.rank_samples * self.shard.world_size - len(left)
-        if pad > 0:
-            left = np.concatenate([left, np.arange(pad, dtype=np.int64) % self.n])
+        if pad > 0:  # (with several nodes: the last node's own first positions, rows it keeps)
+            w = self.shard.world_size
+            first = 0 if self.nodes == 1 else (self.nodes - 1) * max(1, w // self.nodes) * -(-self.n // w)
+            left = np.concatenate([left, (first + np.arange(pad, dtype=np.int64)) % self.n])
         return left
 
     def rank_positions(self) -> np.ndarray:
