@@ -48,44 +48,49 @@ for e in range({epochs}):
     n = sum(len(b["index"]) for b in loader)
     s = loader.stats()
     out.append({{"samples": n, "seconds": time.perf_counter() - t0, "node_hits": s["node_hits"],
-                "node_misses": s["node_misses"]}})
+                "node_misses": s["node_misses"], "remote_bytes": s["remote_bytes"], "nodes": loader.sampler.nodes}})
 loader.close()
 print(json.dumps(out))
 """
 
 
 def ranks(spec: dict[str, Any]) -> dict[str, Any]:
-    """In a fresh process: ``spec["ranks"]`` rank processes of one node, started together, sharing a fresh
-    node store, each reading ``spec["epochs"]`` epochs of its share; the bytes the node received over all
-    of them, and the store's size on disk against its limit (``cache_limit`` in ``spec["options"]``)."""
+    """In a fresh process: ``spec["ranks"]`` rank processes started together, on ``spec.get("nodes", 1)``
+    simulated nodes (a fresh node store each, and the variables torchrun gives a node's ranks), each reading
+    ``spec["epochs"]`` epochs of its share; the bytes received over all of them (every epoch, and per
+    epoch from the ranks' own counts), and the stores' size on disk against a limit (``cache_limit`` in
+    ``spec["options"]``)."""
     import subprocess
 
     from asyncload.tools.coldstore import dir_bytes, new_cold_dir
     from benchmarks.peers.harness import net_counters
 
-    store = new_cold_dir()
-    env = {**os.environ, "ASYNCLOAD_CACHE_DIR": store}
-    n = spec["ranks"]
+    n, nodes = spec["ranks"], spec.get("nodes", 1)
+    local = n // nodes
+    stores = [new_cold_dir() for _ in range(nodes)]
     t0, net0 = time.perf_counter(), net_counters()
-    procs = [
-        subprocess.Popen(
+    procs = []
+    for r in range(n):
+        env = {**os.environ, "ASYNCLOAD_CACHE_DIR": stores[r // local], "WORLD_SIZE": str(n),
+               "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(r // local), "RANK": str(r), "LOCAL_RANK": str(r % local)}  # fmt: skip
+        procs.append(subprocess.Popen(
             [sys.executable, "-c", RANK.format(
                 root=str(ROOT), url=spec["url"], creds=spec["creds"], rank=r, world=n, epochs=spec["epochs"],
                 options=spec["options"],
-            )],  # fmt: skip
+            )],
             stdout=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        for r in range(n)
-    ]
+        ))  # fmt: skip
     per_rank = [json.loads(p.communicate(timeout=3600)[0].strip().splitlines()[-1]) for p in procs]
     dt = time.perf_counter() - t0
     rx = net_counters()["rx_bytes"] - net0["rx_bytes"]
-    disk = dir_bytes(store)
-    index = sum(p.stat().st_size for p in Path(store).glob("index.sqlite3*"))
-    shutil.rmtree(store, ignore_errors=True)
+    disk = sum(dir_bytes(s) for s in stores)
+    index = sum(p.stat().st_size for s in stores for p in Path(s).glob("index.sqlite3*"))
+    for s in stores:
+        shutil.rmtree(s, ignore_errors=True)
     return {
-        "ranks": n, "epochs": spec["epochs"], "seconds": round(dt, 2), "rx_bytes": rx, "store_bytes": disk,
-        "index_bytes": index, "per_rank": per_rank, "load_1min": os.getloadavg()[0],
+        "ranks": n, "nodes": nodes, "epochs": spec["epochs"], "seconds": round(dt, 2), "rx_bytes": rx,
+        "store_bytes": disk, "index_bytes": index, "per_rank": per_rank, "load_1min": os.getloadavg()[0],
+        "remote_bytes_per_epoch": [sum(r[e]["remote_bytes"] for r in per_rank) for e in range(spec["epochs"])],
     }  # fmt: skip
 
 
@@ -154,7 +159,7 @@ def epochs(spec: dict[str, Any]) -> dict[str, Any]:
             out.append({
                 "epoch": e + 1, "samples": seen, "seconds": round(dt, 2), "samples_per_s": round(seen / dt, 1),
                 "rx_bytes": net["rx_bytes"] - net0["rx_bytes"], "first_batch_s": round(first or 0.0, 2),
-                **{k: s[k] for k in ("node_hits", "node_misses", "bytes_held_peak") if k in s},
+                **{k: s[k] for k in ("node_hits", "node_misses", "bytes_held_peak", "remote_bytes") if k in s},
             })  # fmt: skip
     finally:
         if w:
@@ -237,6 +242,7 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--readers", default=",".join(READERS))
     ap.add_argument("--node", action="store_true", help="the node section: rank processes sharing one store")
+    ap.add_argument("--cluster", action="store_true", help="1, 2 and 4 simulated nodes of 2 ranks, 3 epochs")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "nodestore")
     ap.add_argument("--timeout", type=float, default=1800)
     a = ap.parse_args()
@@ -245,6 +251,9 @@ def main() -> None:
         return
     if a.node:
         node_main(a)
+        return
+    if a.cluster:
+        cluster_main(a)
         return
     a.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"args": {k: str(v) for k, v in vars(a).items()}, "runs": []}
@@ -326,6 +335,54 @@ def node_main(a: argparse.Namespace) -> None:
         lines += ["", f"Warm epoch from the store: {ratio:.2f}x the same rows read from a local Deep Lake copy.",
                   f"The index, warm: {warm.get('lookup_us_per_row')} us per row to look up, "
                   f"{warm.get('read_us_per_row')} us per row to read and check (requests of 32 rows)."]  # fmt: skip
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def cluster_main(a: argparse.Namespace) -> None:
+    """Simulated nodes of 2 ranks each (a node store each, torchrun's variables), 3 epochs, against one
+    process's epoch without the store: what the cluster receives, with node-stable epochs (the default) and
+    a global shuffle."""
+    from benchmarks.peers.harness import Runner
+    from benchmarks.testbeds.world import DatasetSpec, world
+
+    spec = DatasetSpec(rows=a.rows, image_format="jpg", distinct=a.distinct)
+    rtt = float(a.rtts.split(",")[-1])
+    out = a.out / "cluster"
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, Any] = {}
+    with world(ROOT / "data" / "bench") as w:
+        w.add("large", spec)
+        stored = du(w.local["large"])
+        w.set_rtt(rtt)
+        run = Runner(a.timeout, enter=w.net.enter_client)
+        url, creds = w.url("large", False), w.reader_creds(False)
+        runs["one process, cache=False"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (
+            {"url": url, "creds": creds, "workers": 0, "epochs": 1, "options": {"cache": False}},))})  # fmt: skip
+        for nodes in (1, 2, 4):
+            for scope in ("node", "global") if nodes > 1 else ("node",):
+                name = f"{nodes} node(s) x 2 ranks, shuffle_scope={scope}"
+                runs[name] = run({"call": ("benchmarks.suites.nodestore", "ranks", (
+                    {"url": url, "creds": creds, "ranks": 2 * nodes, "nodes": nodes, "epochs": 3,
+                     "options": {"shuffle_scope": scope}},))})  # fmt: skip
+                print(name, json.dumps({k: v for k, v in runs[name].items() if k != "per_rank"}), flush=True)
+        desc = {"world": w.describe(), "dataset": spec.describe(), "stored_bytes": stored, "rtt_ms": rtt}
+    (out / "results.json").write_text(json.dumps({**desc, "runs": runs}, indent=1))
+    one = runs["one process, cache=False"]["epochs"][0]
+    lines = [
+        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {rtt:g} ms RTT.",
+        "Simulated nodes on one machine: a fresh node store each and torchrun's variables for their ranks;",
+        "bytes received by the client namespace (all nodes), against one process's epoch without the store;",
+        "per epoch: the bytes the ranks' read stages fetched from the source, against that process's.",
+        "",
+        "| run | 3 epochs received / one epoch | epoch 1 | epoch 2 | epoch 3 | stores on disk / dataset | seconds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in runs.items():
+        if "per_rank" in r:
+            per = " | ".join(f"{b / (one.get('remote_bytes') or 1):.3f}" for b in r["remote_bytes_per_epoch"])
+            lines.append(f"| {name} | {r['rx_bytes'] / one['rx_bytes']:.3f} | {per} | {r['store_bytes'] / stored:.2f} | "
+                         f"{r['seconds']:.0f} |")  # fmt: skip
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
