@@ -52,8 +52,21 @@ print(json.dumps(out))
 """
 
 
-def run_ranks(data, log: Path, world: int, *, workers: int = 0, epochs: int = 2, **opts) -> list[list[list[int]]]:
-    """``world`` rank processes started together; each one's rows per epoch."""
+def run_ranks(
+    data, log: Path, world: int, *, workers: int = 0, epochs: int = 2, nodes: Path | None = None, **opts
+) -> list[list[list[int]]]:
+    """``world`` rank processes started together; each one's rows per epoch. ``nodes``: a folder where
+    simulated nodes of 2 ranks each keep their stores (``nodes/<n>``), their ranks given the variables
+    torchrun gives them."""
+
+    def env(r: int) -> dict[str, str]:
+        if nodes is None:
+            return dict(os.environ)
+        return os.environ | {
+            "ASYNCLOAD_CACHE_DIR": str(nodes / str(r // 2)), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": "2",
+            "GROUP_RANK": str(r // 2), "RANK": str(r), "LOCAL_RANK": str(r % 2),
+        }  # fmt: skip
+
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", RANK.format(
@@ -63,6 +76,7 @@ def run_ranks(data, log: Path, world: int, *, workers: int = 0, epochs: int = 2,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env(r),
         )
         for r in range(world)
     ]
@@ -86,6 +100,24 @@ def test_four_ranks_over_two_epochs_fetch_each_row_once(remote_data, tmp_path) -
     every_row_once_per_epoch(outs, remote_data.rows, 2)
     fetched = Counter(i for r in RecordingSource(remote_data.deeplake_url, log).reads for i in r)
     assert fetched == Counter(range(remote_data.rows))  # one fetch per row for the node, over both epochs
+
+
+def test_two_simulated_nodes_fetch_each_row_once_for_the_cluster(remote_data, tmp_path) -> None:  # noqa: F811
+    """2 nodes × 2 ranks (a node store each, torchrun's variables): with node-stable epochs (the default)
+    each node keeps its part, so over 2 epochs every row is fetched once for the whole cluster; a global
+    shuffle fetches rows again on the other node."""
+    log = tmp_path / "reads.jsonl"
+    outs = run_ranks(remote_data, log, 4, epochs=2, nodes=tmp_path / "nodes")
+    every_row_once_per_epoch(outs, remote_data.rows, 2)
+    fetched = Counter(i for r in RecordingSource(remote_data.deeplake_url, log).reads for i in r)
+    assert fetched == Counter(range(remote_data.rows))
+    for node in (0, 1):  # a node's ranks read the same rows every epoch
+        ranks = outs[2 * node : 2 * node + 2]
+        assert {i for r in ranks for i in r[0]} == {i for r in ranks for i in r[1]}
+    glog = tmp_path / "global.jsonl"
+    run_ranks(remote_data, glog, 4, epochs=2, nodes=tmp_path / "global", shuffle_scope="global")
+    again = Counter(i for r in RecordingSource(remote_data.deeplake_url, glog).reads for i in r)
+    assert sum(again.values()) > 1.2 * remote_data.rows  # each node fetches much of the other's part too
 
 
 def disk_bytes(root: Path) -> int:
