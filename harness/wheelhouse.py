@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args], capture_output=True, text=True
+    )
 
 
 def requires(wheel: Path) -> list[str]:
@@ -68,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "wheelhouse")
     ap.add_argument("--limit-mib", type=float, default=60.0)
     a = ap.parse_args(argv)
-    has = {canonicalize_name(line.split("#")[0].strip()) for line in a.has.read_text().splitlines() if line.split("#")[0].strip()}
+    has = {
+        canonicalize_name(line.split("#")[0].strip())
+        for line in a.has.read_text().splitlines()
+        if line.split("#")[0].strip()
+    }
     a.out.mkdir(parents=True, exist_ok=True)
     for old in a.out.glob("*.whl"):
         old.unlink()
@@ -112,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in wheels:
         print(f"{w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
     print(f"{total / 2**20:8.2f} MiB  total: {len(wheels)} wheels for Python {a.python} on {a.platform} in {a.out}")
-    print(f"offline install check: ok (pip install --no-index --find-links {a.out} {ours.name}, beside: {', '.join(sorted(has))})")
+    print(
+        f"offline install check: ok (pip install --no-index --find-links {a.out} {ours.name}, beside: {', '.join(sorted(has))})"
+    )
     if total > a.limit_mib * 2**20:
         print(f"the wheelhouse is {total / 2**20:.1f} MiB, over the limit of {a.limit_mib:g} MiB (--limit-mib)")
         return 1

@@ -10,9 +10,11 @@ HEAD = "tests/test_x.py ..F\nFatal Python error: Segmentation fault\n\n"
 
 
 def thread(*frames: str) -> str:
-    return "Current thread 0x00007f53655ff6c0 (most recent call first):\n" + "".join(
-        f'  File "{f}\n' for f in frames
-    ) + "\nThread 0x00007f53615f76c0 (most recent call first):\n  File \"/x/threading.py\", line 331 in wait\n"
+    return (
+        "Current thread 0x00007f53655ff6c0 (most recent call first):\n"
+        + "".join(f'  File "{f}\n' for f in frames)
+        + '\nThread 0x00007f53615f76c0 (most recent call first):\n  File "/x/threading.py", line 331 in wait\n'
+    )
 
 
 def test_the_await_in_deeplake_source_read_is_recognised() -> None:
@@ -28,5 +30,6 @@ def test_any_other_crash_is_not() -> None:
     assert not known_deeplake_await_crash("1 failed, 600 passed\n")
     assert not known_deeplake_await_crash(HEAD + thread('/w/asyncload/engine/pipeline.py", line 3 in run'))
     assert not known_deeplake_await_crash(HEAD + thread('/w/asyncload/sources/deeplake.py", line 200 in _open'))
-    assert not known_deeplake_await_crash(HEAD.replace("Segmentation fault", "Aborted") + thread(
-        '/w/asyncload/sources/deeplake.py", line 387 in read'))
+    assert not known_deeplake_await_crash(
+        HEAD.replace("Segmentation fault", "Aborted") + thread('/w/asyncload/sources/deeplake.py", line 387 in read')
+    )

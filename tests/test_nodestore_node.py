@@ -69,10 +69,21 @@ def run_ranks(
 
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", RANK.format(
-                root=str(ROOT), rank=r, world=world, workers=workers, epochs=epochs, url=data.deeplake_url,
-                log=str(log), creds=data.creds(), opts={**OPTS, **opts},
-            )],  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                RANK.format(
+                    root=str(ROOT),
+                    rank=r,
+                    world=world,
+                    workers=workers,
+                    epochs=epochs,
+                    url=data.deeplake_url,
+                    log=str(log),
+                    creds=data.creds(),
+                    opts={**OPTS, **opts},
+                ),
+            ],  # fmt: skip
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

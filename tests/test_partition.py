@@ -20,7 +20,9 @@ pytestmark = pytest.mark.timeout(60)
 N, BLOCK, WINDOW, BATCH = 1000, 8, 64, 10
 
 
-def world(nodes: int, per_node: int, epoch: int, workers: int = 1, n: int = N) -> dict[tuple[int, int], list[list[int]]]:
+def world(
+    nodes: int, per_node: int, epoch: int, workers: int = 1, n: int = N
+) -> dict[tuple[int, int], list[list[int]]]:
     """Every shard's batches of ``epoch`` in a world of ``nodes`` × ``per_node`` ranks."""
     out = {}
     for rank in range(nodes * per_node):
@@ -46,7 +48,9 @@ def test_every_row_once_per_epoch_and_equal_batches_per_rank(nodes, per_node, wo
 
 def node_rows(nodes: int, per_node: int, epoch: int) -> list[set[int]]:
     shards = world(nodes, per_node, epoch)
-    return [{i for (r, _), b in shards.items() if r // per_node == j for batch in b for i in batch} for j in range(nodes)]
+    return [
+        {i for (r, _), b in shards.items() if r // per_node == j for batch in b for i in batch} for j in range(nodes)
+    ]
 
 
 def test_a_node_reads_the_same_part_every_epoch_and_every_batch_draws_from_every_part() -> None:
@@ -60,7 +64,9 @@ def test_a_node_reads_the_same_part_every_epoch_and_every_batch_draws_from_every
     for k in range(len(shards[(0, 0)])):  # the k-th global batch: one batch of every rank
         step = [i for (r, _), b in shards.items() for i in b[k]]
         assert all(any(i in part for i in step) for part in parts)
-    orders = [EpochSampler(N, BATCH, shuffle=True, seed=7, block=BLOCK, window=WINDOW, nodes=4).order(e) for e in (0, 1)]
+    orders = [
+        EpochSampler(N, BATCH, shuffle=True, seed=7, block=BLOCK, window=WINDOW, nodes=4).order(e) for e in (0, 1)
+    ]
     assert not np.array_equal(orders[0], orders[1])  # shuffled anew within each part
 
 
@@ -159,7 +165,10 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
     [
         ({"GROUP_RANK": "1"}, "LOCAL_WORLD_SIZE is not"),
         ({"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4"}, "a multiple of LOCAL_WORLD_SIZE"),
-        ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "LOCAL_RANK": "0", "RANK": "3"}, "numbered together"),
+        (
+            {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "LOCAL_RANK": "0", "RANK": "3"},
+            "numbered together",
+        ),
         ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "two"}, "must be integers"),
     ],
 )

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, DeviceFeed, Resize, StatsLogger

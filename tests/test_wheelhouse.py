@@ -50,7 +50,10 @@ print(json.dumps(out))
 @pytest.mark.timeout(180)
 def test_jpeg_and_png_epochs_need_no_optional_codec(tmp_path) -> None:
     got = subprocess.run(
-        [sys.executable, "-c", WITHOUT_CODECS, str(tmp_path), "jpg,png"], capture_output=True, text=True, timeout=170,
+        [sys.executable, "-c", WITHOUT_CODECS, str(tmp_path), "jpg,png"],
+        capture_output=True,
+        text=True,
+        timeout=170,
         cwd=ROOT,
     )
     assert got.returncode == 0, got.stderr[-3000:]

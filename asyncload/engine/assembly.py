@@ -115,7 +115,11 @@ def _assemble(plan: Plan, ordered: list[tuple[list[int], Any]], walls: list[floa
 
 
 def _decoded(
-    plan: Plan, stage: DecodeStage, cols: tuple[str, ...], values: dict[str, list[Any]], indices: list[int],
+    plan: Plan,
+    stage: DecodeStage,
+    cols: tuple[str, ...],
+    values: dict[str, list[Any]],
+    indices: list[int],
     walls: list[float],
 ) -> tuple[dict[str, Any], list[int], list[tuple[int, str]], float]:
     """The decode stage's tensors (image and mask columns), the positions of the samples that decoded,

@@ -54,18 +54,17 @@ from typing import Any
 
 import numpy as np
 
-from ..sources.base import Columns, Source
 from ..runtime.log import log_once
+from ..sources.base import Columns, Source
 from ..sources.nodestore import CorruptPart, Entry, Unkeepable
-from .keeping import Claim, Const, Keeping
 from .budget import part_bytes
+from .keeping import Claim, Const, Keeping
 from .stats import Stats
 
 #: The first part of a block read in parts reaches ``RAMP_BLOCKS * block`` positions (512 rows for Deep
 #: Lake's 64): about what the pipeline asks for at once when an epoch starts (``shard.TUNER_START``, 256),
 #: so the first batches wait for a few rows of each starting block, not for the blocks whole.
 RAMP_BLOCKS = 8
-
 
 
 class BlockReads:
@@ -298,9 +297,7 @@ class BlockReads:
             del self._reading[part]
             self._ahead -= ahead
 
-    async def _fill(
-        self, rows: list[int], raw: frozenset[str], *, keep: bool, lock: bool
-    ) -> dict[int, dict[str, Any]]:
+    async def _fill(self, rows: list[int], raw: frozenset[str], *, keep: bool, lock: bool) -> dict[int, dict[str, Any]]:
         """Fetch the rows of ``rows`` not on the node store (``raw`` as stored bytes) and write them there.
         ``lock``: once per node, under the node-wide claim of their bins, looking again at the index once it
         is held (a block read whole, whose rows every process asks for); else at once (rows only this

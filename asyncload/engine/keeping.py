@@ -135,9 +135,7 @@ class Keeping:
         kept = True
         for w, (ps, ids) in self._groups(positions).items():
             route = self.routes[w]
-            cols = {
-                self._key(route, c, raw): [got[c][at[p]] for p in ps] for c in route.names if c not in route.consts
-            }
+            cols = {self._key(route, c, raw): [got[c][at[p]] for p in ps] for c in route.names if c not in route.consts}
             kept = route.shelf.put(ids, cols) and kept
         return kept
 

@@ -94,7 +94,8 @@ class LoaderOptions:
         None, "None or a directory path", lambda v: v is None or isinstance(v, (str, os.PathLike))
     )
     cache_limit: int | str = setting(
-        "auto", "'auto' or a number of bytes >= 1 (an int, or a size such as '50GB' (10^9) or '50GiB' (2^30))",
+        "auto",
+        "'auto' or a number of bytes >= 1 (an int, or a size such as '50GB' (10^9) or '50GiB' (2^30))",
         _size_ok,
     )
     log_every: float | None = setting(None, "None or seconds > 0", lambda v: v is None or v > 0)
@@ -104,7 +105,8 @@ class LoaderOptions:
         None, "None or a list of Resize, RandomResizedCrop and RandomHorizontalFlip"
     )
     memory_budget: int | str = setting(
-        "auto", "'auto' or a number of bytes >= 1 (an int, or a size such as '500MB' (10^6) or '2GiB' (2^30))",
+        "auto",
+        "'auto' or a number of bytes >= 1 (an int, or a size such as '500MB' (10^6) or '2GiB' (2^30))",
         _size_ok,
     )
     processes: int | Literal["auto"] = setting(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
-
 
 #: The pipeline's stages as ``waiting_on`` names them, in pipeline order; each has a ``wait_on_<stage>_s``.
 STAGES = ("store", "decode", "augment", "transform", "collate")

@@ -45,8 +45,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import fcntl
+import itertools
 import json
 import logging
 import os
@@ -318,7 +318,9 @@ class NodeStore:
         db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?), ('used', 0)", (_FORMAT,))
         (fmt,) = db.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
         if fmt != _FORMAT:
-            raise OSError(errno.EINVAL, f"an index of format {fmt}, not {_FORMAT}: remove the directory", str(self.root))
+            raise OSError(
+                errno.EINVAL, f"an index of format {fmt}, not {_FORMAT}: remove the directory", str(self.root)
+            )
         return db
 
     @contextlib.contextmanager
@@ -387,7 +389,9 @@ class NodeStore:
                 return have
             try:
                 with self.transaction() as db:
-                    db.execute("INSERT OR IGNORE INTO shelves(key, label, used) VALUES (?, ?, ?)", (key, label, time.time()))
+                    db.execute(
+                        "INSERT OR IGNORE INTO shelves(key, label, used) VALUES (?, ?, ?)", (key, label, time.time())
+                    )
                     db.execute("UPDATE shelves SET used = ? WHERE key = ?", (time.time(), key))
                     (sid,) = db.execute("SELECT id FROM shelves WHERE key = ?", (key,)).fetchone()
                 fd = os.open(self.root / "in-use" / str(sid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -647,11 +651,15 @@ class Shelf:
         try:
             with self.store.transaction() as db:
                 for b in bins:
-                    row = db.execute("SELECT owner, since FROM claims WHERE shelf = ? AND bin = ?", (self.id, b)).fetchone()
+                    row = db.execute(
+                        "SELECT owner, since FROM claims WHERE shelf = ? AND bin = ?", (self.id, b)
+                    ).fetchone()
                     if row is not None and _alive(row[0]) is not False:
                         if now - row[1] < CLAIM_PATIENCE_S:  # (past it: a holder stuck, fetched regardless)
                             return None
-                db.executemany("INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", [(self.id, b, me, now) for b in bins])
+                db.executemany(
+                    "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", [(self.id, b, me, now) for b in bins]
+                )
         except sqlite3.Error as exc:
             self.store.failed(exc)
         return me

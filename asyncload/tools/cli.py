@@ -488,7 +488,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(ld)
     g = ld.add_argument_group("more loader settings")
     g.add_argument(
-        "--memory-budget", type=_bytes, metavar="BYTES", help="bytes the pipeline may hold: auto, 500MB (10^6), 512MiB or 512M (2^20)"
+        "--memory-budget",
+        type=_bytes,
+        metavar="BYTES",
+        help="bytes the pipeline may hold: auto, 500MB (10^6), 512MiB or 512M (2^20)",
     )
     g.add_argument("--cpu-workers", type=int, help="threads decoding and augmenting (default: one per core)")
     g.add_argument("--max-concurrency", type=int, help="the most samples in flight concurrency=auto may choose")

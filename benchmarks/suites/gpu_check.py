@@ -77,7 +77,9 @@ def main() -> int:
     ]
     res["parts"]["pairs"] = [one_epoch(name, url, feed=True, **opts) for name, opts in runs]
     device = torch.device("cuda" if gpu else "cpu")
-    res["parts"]["unet"] = training(url, gpu, 1 if a.quick or not gpu else 2, 256, device, decode="cuda", model_ready=True)
+    res["parts"]["unet"] = training(
+        url, gpu, 1 if a.quick or not gpu else 2, 256, device, decode="cuda", model_ready=True
+    )
     res["seconds"] = time.perf_counter() - t0
     (where / "results.json").write_text(json.dumps(res, indent=1, default=str))
     (where / "summary.md").write_text(summary(res, said))

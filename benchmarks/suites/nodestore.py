@@ -323,7 +323,9 @@ def node_main(a: argparse.Namespace) -> None:
     ]
     for name, r in runs.items():
         if "rx_bytes" in r:
-            lim = f"{r['store_bytes'] / r['limit']:.3f} (index {r['index_bytes'] / 1e6:.1f} MB)" if r.get("limit") else ""
+            lim = (
+                f"{r['store_bytes'] / r['limit']:.3f} (index {r['index_bytes'] / 1e6:.1f} MB)" if r.get("limit") else ""
+            )
             lines.append(f"| {name} | {r['epochs']} | {r['rx_bytes'] / one:.3f} | {lim} | {r['seconds']:.1f} |")
         elif "epochs" in r:
             rx = sum(e["rx_bytes"] for e in r["epochs"])

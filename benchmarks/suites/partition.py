@@ -46,8 +46,11 @@ def fetched(nodes: int, per_node: int, rows: int, epochs: int, scope_nodes: int)
             total += int((~have[node, blocks]).sum())
             have[node, blocks] = True
         if epoch == 0:
-            first = order[: per_rank]  # rank 0's rows: distinct blocks per batch
-            mix = [len(np.unique(first[i : i + BATCH] // BLOCK)) / min(BATCH, nb) for i in range(0, len(first) - BATCH, BATCH)]
+            first = order[:per_rank]  # rank 0's rows: distinct blocks per batch
+            mix = [
+                len(np.unique(first[i : i + BATCH] // BLOCK)) / min(BATCH, nb)
+                for i in range(0, len(first) - BATCH, BATCH)
+            ]
     return {"fetched_x": total / nb, "largest_node_share": float(have.sum(axis=1).max() / nb),
             "distinct_blocks_per_batch_of_full_shuffle": float(np.mean(mix))}  # fmt: skip
 
@@ -86,7 +89,9 @@ def main() -> None:
     ]
     for k in ("node", "global"):
         r = res[k]
-        lines.append(f"| {k} | {r['fetched_x']:.3f} | {r['largest_node_share']:.3f} | {r['distinct_blocks_per_batch_of_full_shuffle']:.3f} |")
+        lines.append(
+            f"| {k} | {r['fetched_x']:.3f} | {r['largest_node_share']:.3f} | {r['distinct_blocks_per_batch_of_full_shuffle']:.3f} |"
+        )
     lines += ["", "Blocks that change node when the node count changes (fraction of the dataset): "
               + ", ".join(f"{k}: {v:.3f}" for k, v in res["moved"].items())]  # fmt: skip
     (a.out / "table.md").write_text("\n".join(lines) + "\n")
