@@ -22,11 +22,13 @@ reports the tree's peak RSS (resident anonymous + file-backed pages of every pro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -281,23 +283,39 @@ def main() -> None:
     print(table(results))
 
 
-def node_main(a: argparse.Namespace) -> None:
-    """The node section: 4 ranks over 2 epochs and 8 ranks under a limit of half the dataset, sharing one
-    fresh store, against one process's epoch without the store; the index's cost per row, warm."""
+@contextlib.contextmanager
+def remote(a: argparse.Namespace, section: str) -> Iterator[tuple[Any, Any, str, Any, int, Path, dict[str, Any]]]:
+    """The photo dataset of ``a.rows`` on SeaweedFS behind ``a.rtts``' last delay (the packet-level testbed,
+    ``testbeds.world``), a runner of fresh processes in the client's namespace, and the section's folder:
+    ``(world, run, url, creds, stored bytes, out folder, description)``."""
     from benchmarks.peers.harness import Runner
     from benchmarks.testbeds.world import DatasetSpec, world
 
     spec = DatasetSpec(rows=a.rows, image_format="jpg", distinct=a.distinct)
     rtt = float(a.rtts.split(",")[-1])
-    out = a.out / "node"
+    out = a.out / section
     out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, Any] = {}
     with world(ROOT / "data" / "bench") as w:
         w.add("large", spec)
         stored = du(w.local["large"])
         w.set_rtt(rtt)
-        run = Runner(a.timeout, enter=w.net.enter_client)
-        url, creds = w.url("large", False), w.reader_creds(False)
+        desc = {"dataset": spec.describe(), "stored_bytes": stored, "rtt_ms": rtt}
+        yield (
+            w,
+            Runner(a.timeout, enter=w.net.enter_client),
+            w.url("large", False),
+            w.reader_creds(False),
+            stored,
+            out,
+            desc,
+        )
+
+
+def node_main(a: argparse.Namespace) -> None:
+    """The node section: 4 ranks over 2 epochs and 8 ranks under a limit of half the dataset, sharing one
+    fresh store, against one process's epoch without the store; the index's cost per row, warm."""
+    runs: dict[str, Any] = {}
+    with remote(a, "node") as (w, run, url, creds, stored, out, desc):
         base = {"url": url, "creds": creds, "workers": 0, "epochs": 1}
         runs["one process, cache=False"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (
             {**base, "options": {"cache": False}},))})  # fmt: skip
@@ -311,11 +329,11 @@ def node_main(a: argparse.Namespace) -> None:
                 {"url": url, "creds": creds, "ranks": n, "epochs": 2, "options": opts},))})  # fmt: skip
             runs[name]["limit"] = opts.get("cache_limit")
             print(name, json.dumps(runs[name])[:400], flush=True)
-        desc = {"world": w.describe(), "dataset": spec.describe(), "stored_bytes": stored, "rtt_ms": rtt}
+        desc |= {"world": w.describe()}
     (out / "results.json").write_text(json.dumps({**desc, "runs": runs}, indent=1))
     one = runs["one process, cache=False"]["epochs"][0]["rx_bytes"]
     lines = [
-        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {rtt:g} ms RTT. Every run",
+        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {desc['rtt_ms']:g} ms RTT. Every run",
         "starts from an empty store; bytes are those the client namespace received (every process of the node).",
         "",
         "| run | epochs | received / one epoch without the store | store on disk / limit | seconds |",
@@ -345,20 +363,8 @@ def cluster_main(a: argparse.Namespace) -> None:
     """Simulated nodes of 2 ranks each (a node store each, torchrun's variables), 3 epochs, against one
     process's epoch without the store: what the cluster receives, with node-stable epochs (the default) and
     a global shuffle."""
-    from benchmarks.peers.harness import Runner
-    from benchmarks.testbeds.world import DatasetSpec, world
-
-    spec = DatasetSpec(rows=a.rows, image_format="jpg", distinct=a.distinct)
-    rtt = float(a.rtts.split(",")[-1])
-    out = a.out / "cluster"
-    out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, Any] = {}
-    with world(ROOT / "data" / "bench") as w:
-        w.add("large", spec)
-        stored = du(w.local["large"])
-        w.set_rtt(rtt)
-        run = Runner(a.timeout, enter=w.net.enter_client)
-        url, creds = w.url("large", False), w.reader_creds(False)
+    with remote(a, "cluster") as (w, run, url, creds, stored, out, desc):
         runs["one process, cache=False"] = run({"call": ("benchmarks.suites.nodestore", "epochs", (
             {"url": url, "creds": creds, "workers": 0, "epochs": 1, "options": {"cache": False}},))})  # fmt: skip
         for nodes in (1, 2, 4):
@@ -368,11 +374,11 @@ def cluster_main(a: argparse.Namespace) -> None:
                     {"url": url, "creds": creds, "ranks": 2 * nodes, "nodes": nodes, "epochs": 3,
                      "options": {"shuffle_scope": scope}},))})  # fmt: skip
                 print(name, json.dumps({k: v for k, v in runs[name].items() if k != "per_rank"}), flush=True)
-        desc = {"world": w.describe(), "dataset": spec.describe(), "stored_bytes": stored, "rtt_ms": rtt}
+        desc |= {"world": w.describe()}
     (out / "results.json").write_text(json.dumps({**desc, "runs": runs}, indent=1))
     one = runs["one process, cache=False"]["epochs"][0]
     lines = [
-        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {rtt:g} ms RTT.",
+        f"{desc['dataset']}; stored {stored / 1e9:.2f} GB; {desc['world']['network']}, {desc['rtt_ms']:g} ms RTT.",
         "Simulated nodes on one machine: a fresh node store each and torchrun's variables for their ranks;",
         "bytes received by the client namespace (all nodes), against one process's epoch without the store;",
         "per epoch: the bytes the ranks' read stages fetched from the source, against that process's.",
