@@ -64,8 +64,9 @@ def known_deeplake_await_crash(log: str) -> bool:
     at = log.find("Fatal Python error: Segmentation fault")
     if at < 0:
         return False
-    block = log[at:].split("\n\n", 2)
-    current = block[1] if len(block) > 1 else ""
+    # faulthandler lists the other threads too, before or after the one that faulted ("Current thread")
+    cur = log.find("Current thread ", at)
+    current = log[cur:].split("\n\n", 1)[0] if cur >= 0 else ""
     frames = [line.strip() for line in current.splitlines() if line.strip().startswith("File ")]
     return bool(frames) and "asyncload/sources/deeplake.py" in frames[0] and frames[0].endswith(" in read")
 

@@ -26,6 +26,12 @@ def test_the_await_in_deeplake_source_read_is_recognised() -> None:
     assert known_deeplake_await_crash(log)
 
 
+def test_the_faulting_thread_is_found_among_the_others() -> None:
+    other = 'Thread 0x1 (most recent call first):\n  File "/x/concurrent/futures/thread.py", line 81 in _worker\n\n'
+    log = HEAD + other + thread('/w/asyncload/sources/deeplake.py", line 387 in read')
+    assert known_deeplake_await_crash(log)
+
+
 def test_any_other_crash_is_not() -> None:
     assert not known_deeplake_await_crash("1 failed, 600 passed\n")
     assert not known_deeplake_await_crash(HEAD + thread('/w/asyncload/engine/pipeline.py", line 3 in run'))
