@@ -141,8 +141,8 @@ def test_two_ranks_of_four_workers_keep_the_node_within_its_limit(remote_data, t
     every_row_once_per_epoch(probe, remote_data.rows, 1)
     whole = NodeStore(tmp_path / "whole", None).used()
     limit = whole // 2
-    outs = run_ranks(remote_data, tmp_path / "reads.jsonl", 2, workers=4, epochs=2, cache_limit=limit)
-    every_row_once_per_epoch(outs, remote_data.rows, 2)
+    outs = run_ranks(remote_data, tmp_path / "reads.jsonl", 2, workers=4, epochs=1, cache_limit=limit)
+    every_row_once_per_epoch(outs, remote_data.rows, 1)
     store = NodeStore(root, None)
     assert 0 < store.used() <= limit
     parts = sum(p.stat().st_size for p in root.glob("parts/*/*.rows"))
