@@ -323,6 +323,8 @@ class BlockReads:
                     self._unkeepable(exc)
                 else:
                     if kept:
+                        if keep:  # written for the node; this process's rows also stay in the heap where they fit
+                            self._hold_fitting(missing, got)
                         await self._look(missing, raw)
                     elif not shelf.off:
                         self._full = True  # the node's limit: what is on disk stays, the rest is read through
@@ -381,6 +383,20 @@ class BlockReads:
         )
 
     # -- the heap -------------------------------------------------------------------------------------
+    def _hold_fitting(self, rows: list[int], cols: Columns) -> None:
+        """Of ``rows`` just fetched and written to the node store, hold those this epoch asks of this process
+        in the heap too, as many as fit ``hold_limit``: their batches then take them from memory instead of
+        reading them back from disk (an index query, a read and a checksum per value: on local disk that
+        cost a first epoch with the store a third more time than one without, benchmarks/results/first_epoch/)."""
+        room = self.hold_limit - self.held_bytes - self._ahead
+        per_row = part_bytes(cols) / max(1, len(rows))
+        if room < per_row:
+            return
+        pos = {r: k for k, r in enumerate(rows)}
+        wanted = [r for r in rows if r in self._part and r not in self._held][: int(room // per_row)]
+        if wanted:
+            self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in cols.items()})
+
     def _hold(self, rows: list[int], cols: Columns) -> None:
         st = self.stats
         for k, i in enumerate(rows):

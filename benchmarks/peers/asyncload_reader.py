@@ -35,7 +35,11 @@ def batches(spec: dict[str, Any], order: list[int]) -> Iterator[Any]:
     """The loader's own shuffle (seed 0) for a shuffled spec: asyncload is told ``shuffle``, not the order."""
     from asyncload import AsyncLoader, DeepLakeSource
 
-    source_opts, loader_opts = build_options(spec.get("options", {}))
+    import os
+
+    options = dict(spec.get("options", {}))
+    os.environ.update(options.pop("env", {}))  # (A/B runs of a setting read from the environment)
+    source_opts, loader_opts = build_options(options)
     src = DeepLakeSource(spec["url"], creds=spec.get("creds"), **source_opts)
     loader = AsyncLoader(src, batch_size=BATCH, shuffle=spec["order"] != "sequential", seed=0, **loader_opts)
     harness.LIVE["stats"] = loader.stats
