@@ -369,6 +369,7 @@ class AsyncLoader:
             rank=self.shard.rank, concurrency_setting=self.options.concurrency, read_mode=self.read_mode,
             epoch=self.epoch,
             retries=self._shard.source.retry_count(),
+            reader_start_s=self._isolated.start_s() if self._isolated is not None else None,
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip
         return snap

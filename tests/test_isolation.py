@@ -46,9 +46,11 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
         assert loader._pool is None  # not the fan-out: only the reads cross, the batches are made here
         # The reader imports the source and Deep Lake, not torch (its start and memory are a fraction).
         assert "libtorch" not in Path(f"/proc/{reader}/maps").read_text()
+        assert 0 < loader.stats()["reader_start_s"] < 30  # its start, in the figures
     assert sorted(got) == list(range(ROWS)) and reader not in (None, os.getpid()) and pids_gone([reader])
     assert not set(reader_threads()) - earlier  # closing the loader ended its reader's receiver thread too
-    assert AsyncLoader(DeepLakeSource(seg_url), 16, processes=0).processes == 0  # the documented way out
+    plain = AsyncLoader(DeepLakeSource(seg_url), 16, processes=0)  # the documented way out
+    assert plain.processes == 0 and plain.stats()["reader_start_s"] is None
     assert AsyncLoader(RangeSource(DeepLakeSource(seg_url), 0, 10), 4, processes=3).processes == 3
 
 

@@ -57,16 +57,31 @@ def test_later_epochs_read_the_disk_and_nothing_from_the_store(seg_url, seg_arra
     assert fetched(src) == Counter(range(ROWS))  # each row once, whole blocks
     s = loader.stats()
     assert (s["node_misses"], s["node_hits"], s["node_hit_rate"]) == (ROWS, 0, 0.0)
+    # written for the node, and taken from memory by this epoch's batches: nothing read back from disk
+    assert s["node_read_bytes"] == 0 and s["store_write_s"] > 0
+    assert 0 < s["time_to_first_read_s"] <= s["time_to_first_batch_s"]
     src.forget()
     loader.set_epoch(1)
     second = list(loader)
     assert epoch_rows(second) == Counter(range(ROWS)) and not src.reads
     s = loader.stats()
-    assert (s["node_misses"], s["node_hits"], s["remote_bytes"]) == (0, ROWS, 0)
+    assert (s["node_misses"], s["node_hits"], s["remote_bytes"], s["store_write_s"]) == (0, ROWS, 0, 0.0)
+    assert s["node_read_bytes"] > 0
     for b in second:  # the same pixels as Deep Lake's own decode
         for k, i in enumerate(b["index"].tolist()):
             assert np.array_equal(b["images"][k].numpy(), seg_arrays["images"][i])
             assert np.array_equal(b["masks"][k].numpy(), seg_arrays["masks"][i])
+
+
+def test_rows_fetched_past_the_hold_limit_are_read_back_from_disk(seg_url, tmp_path) -> None:
+    """A budget whose hold limit (a quarter) is a few rows: the rows written for the node that do not fit
+    are read back from the disk by their batches, and the epoch is whole."""
+    src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
+    loader = AsyncLoader(src, memory_budget=100_000, **OPTS)
+    assert epoch_rows(loader) == Counter(range(ROWS))
+    s = loader.stats()
+    assert s["node_misses"] == ROWS and s["node_read_bytes"] > 0
+    assert fetched(src) == Counter(range(ROWS))
 
 
 def test_two_dataloader_workers_fetch_each_row_once(seg_url, tmp_path) -> None:

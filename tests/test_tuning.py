@@ -97,3 +97,23 @@ def test_a_flat_latency_keeps_the_climb_going_through_noisy_throughput() -> None
     for _ in range(60):
         t.observe(observe(t.samples))
     assert t.samples >= 512  # within 10% of the best throughput (knee at 600)
+
+
+def test_littles_law_floor_goes_to_what_covers_the_latency_in_one_step() -> None:
+    """Decoders that could assemble 3,000 samples/s behind a 100 ms round trip need ~450 in flight
+    (headroom 1.5): the tuner goes there at once, and neither a step that did not pay nor a hold takes
+    it below."""
+    t = ConcurrencyTuner(start=16, low=8, high=4096)
+    assert t.observe(Observation(150.0, latency_s=0.1, assemble_rate=3000.0)) == 450
+    assert t.history[-1][2].startswith("Little's law")
+    for _ in range(20):  # throughput flat whatever is in flight: steps do not pay
+        assert t.observe(Observation(2000.0, latency_s=0.1, assemble_rate=3000.0)) >= 450
+    assert t.observe(Observation(2000.0, latency_s=0.02, assemble_rate=3000.0)) >= 90  # a shorter trip: lower
+    assert t.little(Observation(10.0)) == 8  # nothing measured: the lower bound
+
+
+def test_littles_law_floor_stays_below_where_a_store_throttled() -> None:
+    t = ConcurrencyTuner(start=400, low=1, high=4096)
+    assert t.observe(Observation(500.0, throttled=2, latency_s=0.1, assemble_rate=3000.0)) == 200
+    for _ in range(10):
+        assert t.observe(Observation(500.0, latency_s=0.1, assemble_rate=3000.0)) <= 250  # probes at most +25%

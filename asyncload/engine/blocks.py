@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Iterable
 from itertools import pairwise
 from typing import Any
@@ -317,11 +318,13 @@ class BlockReads:
                 self._check_room(shelf, part_bytes(got) / len(missing))
             kept = False
             if not self._full and self.shelf is not None:
+                began = time.perf_counter()
                 try:
                     kept = await asyncio.to_thread(shelf.put, missing, got, raw)
                 except Unkeepable as exc:
                     self._unkeepable(exc)
                 else:
+                    self.stats.store_write_s += time.perf_counter() - began
                     if kept:
                         if keep:  # written for the node; this process's rows also stay in the heap where they fit
                             self._hold_fitting(missing, got)

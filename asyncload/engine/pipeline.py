@@ -144,6 +144,7 @@ class Pipeline:
         self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
         self._stall_warned = False  # the silence in progress was warned about (the watchdog's)
         self._abandoned = False
+        self._assembled = 0  # samples assembled (what ``cpu_decode_s`` and ``cpu_collate_s`` were spent on)
         # Created here, not in run(): stop() may be scheduled before run()'s first step. (Since Python
         # 3.10 asyncio primitives bind to the running loop on first use, not at construction.)
         self._slots = asyncio.Semaphore(plan.slots(plan.requests))
@@ -243,11 +244,23 @@ class Pipeline:
             # batch has been issued the tail drains, so throughput falls whatever is in flight.
             if throttled or (st.batches_yielded > 0 and not self._issued_all):  # throttling: back off always
                 obs = Observation(
-                    done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50
+                    done / (now - t0), consumer_bound=waited < 0.02 * (now - t0), throttled=throttled, latency_s=p50,
+                    assemble_rate=self._assemble_rate(),
                 )  # fmt: skip
                 samples = tuner.observe(obs)
                 self.allow(max(1, samples // plan.request_size))
             t0, n0, w0, thr0 = now, st.samples_read, st.consumer_wait(now), thr0 + throttled
+
+    def _assemble_rate(self) -> float | None:
+        """Samples/s the CPU pool could assemble at: its threads (at most the cores this process may use)
+        over the thread CPU seconds a sample's assembly took so far. None until a batch was assembled."""
+        from ..runtime.loop import cores_available
+
+        st = self.stats
+        cpu = st.cpu_decode_s + st.cpu_collate_s
+        if cpu <= 0.0 or self._assembled <= 0:
+            return None
+        return min(self.lt.cpu_workers, cores_available()) * self._assembled / cpu
 
     # -- scheduled by the consumer ---------------------------------------------------------------
     def release_slot(self) -> None:
@@ -396,6 +409,8 @@ class Pipeline:
                 self._held = None
         stats.latencies.append(seconds)
         stats.read_s += seconds
+        if stats.first_read_s is None:
+            stats.first_read_s = time.perf_counter() - stats.started
         return part
 
     async def _read(self, idx: list[int]) -> tuple[Any, int]:
@@ -470,6 +485,7 @@ class Pipeline:
         st = self.stats
         st.cpu_decode_s += done.decode_s
         st.cpu_collate_s += done.collate_s
+        self._assembled += done.count
         dec, aug, tr, col = done.wall
         st.decode_s += dec
         st.augment_s += aug

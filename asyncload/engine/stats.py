@@ -47,6 +47,7 @@ class Stats:
     samples_yielded: int = 0
     wait_s: float = 0.0
     first_batch_s: float | None = None
+    first_read_s: float | None = None  # from the epoch's start to the first read's answer
     finished: float | None = None
     bytes_read: int = 0
     concurrency: int = 0  # samples allowed in flight now (moves with concurrency="auto")
@@ -72,6 +73,7 @@ class Stats:
     node_not_kept: int = 0  # rows fetched that the node store did not keep (over its limit, or failed)
     node_corrupt: int = 0  # parts on disk that failed their checksum (deleted, rows fetched again)
     node_read_bytes: int = 0  # bytes read from the node store's disk
+    store_write_s: float = 0.0  # writing fetched rows to the node store (off the loop, summed over writes)
     # Where the time goes (``waiting_on``): wall seconds per stage, summed over the batches (stages overlap)
     open_s: float = 0.0  # opening the source (``AsyncLoader``'s constructor)
     read_s: float = 0.0  # store requests, answer to answer (node store hits included), summed over requests
@@ -156,6 +158,7 @@ class Stats:
             "hedges": self.hedges,
             "hedges_won": self.hedges_won,
             "time_to_first_batch_s": self.first_batch_s,
+            "time_to_first_read_s": self.first_read_s,
             "memory_budget": self.memory_budget,
             "bytes_held": self.bytes_held,
             "bytes_held_peak": self.bytes_held_peak,
@@ -171,6 +174,7 @@ class Stats:
             "node_not_kept": self.node_not_kept,
             "node_corrupt": self.node_corrupt,
             "node_read_bytes": self.node_read_bytes,
+            "store_write_s": self.store_write_s,
             **pct,
             **self.where_time_goes(elapsed),
         }
@@ -216,7 +220,7 @@ class Stats:
 SHARED = (
     "requests", "samples_read", "batches_yielded", "samples_yielded", "bytes_read", "wait_s", "skipped", "stalls",
     "stall_wait_s", "hedges", "hedges_won", "worker_restarts", "remote_bytes", "node_hits", "node_misses",
-    "node_not_kept", "node_corrupt", "node_read_bytes", "cpu_decode_s", "cpu_collate_s", "open_s", "read_s",
+    "node_not_kept", "node_corrupt", "node_read_bytes", "store_write_s", "cpu_decode_s", "cpu_collate_s", "open_s", "read_s",
     "decode_s", "augment_s", "transform_s", "collate_s", "cpu_workers", "queue_s", "step_s", "steady_wait_s",
     *(f"wait_on_{k}_s" for k in (*STAGES, "other")),
 )  # fmt: skip

@@ -17,6 +17,13 @@ tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
   on reads), more concurrency cannot help: hold.
 - **Back-off:** a throttling answer (503 SlowDown, 429) halves the samples in flight at once (multiplicative
   decrease), and the climb restarts from there more carefully.
+- **Little's law floor:** the pipeline also reports the rate its CPU pool could assemble at (threads over
+  CPU seconds per sample, measured) and the read latency. Samples in flight below ``headroom`` × that rate
+  × the latency cannot keep the decoders busy whatever the store does, so the tuner goes there in one step
+  rather than by doublings, and never probes or backs off below it. A throttling store still halves it,
+  and the floor stays below half of where the store last throttled (the climb may probe past it). At
+  100 ms and 3,000 samples/s of decode the floor is 450 in flight, where doublings from 16 would take five
+  intervals to get.
 
 The decisions are a pure function of the observations, so they are tested without timing.
 """
@@ -35,18 +42,28 @@ class Observation:
     consumer_bound: bool = False
     throttled: int = 0
     latency_s: float | None = None  # median read latency over the interval
+    assemble_rate: float | None = None  # samples/s the CPU pool could assemble at (None: not measured yet)
 
 
 class ConcurrencyTuner:
     """Chooses the number of samples in flight between ``low`` and ``high``."""
 
     def __init__(
-        self, start: int = 16, low: int = 1, high: int = 512, gain: float = 0.08, probe_every: int = 8
+        self,
+        start: int = 16,
+        low: int = 1,
+        high: int = 512,
+        gain: float = 0.08,
+        probe_every: int = 8,
+        headroom: float = 1.5,
     ) -> None:
         self.low, self.high = max(1, low), max(1, high)
         self.samples = min(max(start, self.low), self.high)
         self.gain = gain
         self.probe_every = probe_every
+        self.headroom = headroom
+        self.floor = self.low  # Little's law: the samples in flight the last observation said are needed
+        self._throttled_at = self.high  # the floor never returns to where a store throttled (half of it)
         self.slow_start = True
         self._prev_samples: int | None = None  # the level before the last step up
         self._prev_rate = 0.0  # its throughput
@@ -56,7 +73,16 @@ class ConcurrencyTuner:
         self._floor_samples = 0  # the samples in flight it was seen at
         self.history: list[tuple[int, float, str]] = []
 
+    def little(self, obs: Observation) -> int:
+        """Samples in flight that cover ``obs``'s read latency at its assembly rate (``headroom`` over), within
+        the bounds; ``low`` where either is not measured."""
+        if not obs.assemble_rate or not obs.latency_s:
+            return self.low
+        return min(max(math.ceil(self.headroom * obs.assemble_rate * obs.latency_s), self.low), self.high)
+
     def _set(self, samples: int, why: str, rate: float) -> int:
+        if samples < self.floor and not why.startswith("throttled"):
+            samples, why = self.floor, f"{why} (Little's law floor)"
         self.samples = min(max(int(samples), self.low), self.high)
         self.history.append((self.samples, rate, why))
         return self.samples
@@ -76,6 +102,12 @@ class ConcurrencyTuner:
             # Evidence only once the samples in flight have grown past where the floor was seen without latency
             # following: starting high on a saturated store, the first latency is no floor at all.
             unloaded = samples > self._floor_samples and obs.latency_s <= 1.5 * self._floor
+        if obs.throttled:
+            self._throttled_at = samples // 2
+        self.floor = 0 if obs.throttled else min(self.little(obs), self._throttled_at)
+        if self.floor > samples and not obs.throttled:
+            self._prev_samples, self._held = None, 0
+            return self._set(self.floor, "Little's law: cover the latency at the assembly rate", rate)
         if obs.throttled:
             self.slow_start = False
             self._prev_samples, self._held = None, 0

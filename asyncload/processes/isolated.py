@@ -250,6 +250,12 @@ class IsolatedSource(Source[Any]):
     def retry_count(self) -> int:
         return self._counts[0]
 
+    def start_s(self) -> float | None:
+        """Seconds the live reader took from its start to ready (its imports; the store not yet asked), or
+        None while it starts or when none is running."""
+        r = self._holder[0]
+        return None if r is None or r.ready_at is None else r.ready_at - r.started
+
     def throttle_count(self) -> int:
         return self._counts[1]
 

@@ -38,6 +38,13 @@ ASYNCLOAD_STATS = (
     "remote_bytes", "node_hits", "node_misses",  # the node store: a run's first epoch is cold (no hits)
 )  # fmt: skip
 
+#: Where a reader's time goes (wall seconds; the keys of asyncload's ``stats()``, which the hand-written
+#: reader reports too): recorded as ``stage_wall_s`` for the side-by-side table.
+WALL_STATS = (
+    "open_s", "reader_start_s", "first_read_at_s", "requests", "read_s", "remote_bytes", "decode_s", "store_write_s",
+    "collate_s", "queue_s",
+)  # fmt: skip
+
 #: The live reader's extra figures (an AsyncLoader's ``stats``), read before the iterator is closed.
 LIVE: dict[str, Any] = {}
 
@@ -207,6 +214,9 @@ def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
         **net,
         **{f"asyncload_{k}": stats[k] for k in ASYNCLOAD_STATS if k in stats},
     }
+    wall = {k: stats[k] for k in WALL_STATS if stats.get(k) is not None}
+    if wall:
+        out["stage_wall_s"] = wall
     if spec["reader"] == "asyncload":
         children = max((c1 - c0) - (own1 - own0), 0.0)
         parts = stages(c1 - c0, children, threads, stats, threads.get("peak-rss", 0.0))

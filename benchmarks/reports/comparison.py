@@ -153,6 +153,37 @@ def _stages(med: dict[Key, dict[str, Any]], key: tuple[int, int | None, str], re
     return out
 
 
+def _walls(med: dict[Key, dict[str, Any]], key: tuple[int, int | None, str], readers: list[str]) -> list[str]:
+    """Where each reader's time went (``peers.harness.WALL_STATS``), for the readers that report it."""
+    si, place, order = key
+    rows = [(n, med[(si, place, order, n)]) for n in readers if "stage_wall_s" in med.get((si, place, order, n), {})]
+    if not rows:
+        return []
+    out = [
+        "",
+        "Where the time goes (wall seconds of the median run): open, the reader process's start (imports), the first "
+        "answer of the store and the first batch from the reader's creation; requests and their wait summed over "
+        "requests (they overlap), with the mean per request; decode, store write (the node block store), collate "
+        "and queue (batches ready, waiting for the consumer) summed over batches.",
+        "",
+        "| reader | open | reader start | first answer | first batch | requests | request wait (mean ms) | MB fetched "
+        "| decode | store write | collate | queue | whole run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in rows:
+        w = m["stage_wall_s"]
+        reqs = w.get("requests")
+        mean = f" ({w['read_s'] / reqs * 1e3:.0f})" if reqs and w.get("read_s") is not None else ""
+        mb = _f(w["remote_bytes"] / 1e6, 1) if w.get("remote_bytes") else "-"
+        out.append(
+            f"| {name} | {_f(w.get('open_s'), 2)} | {_f(w.get('reader_start_s'), 2)} | {_f(w.get('first_read_at_s'), 2)} "
+            f"| {_f(m.get('first_batch_s'), 2)} | {_f(reqs)} | {_f(w.get('read_s'), 1)}{mean} | {mb} "
+            f"| {_f(w.get('decode_s'), 2)} | {_f(w.get('store_write_s'), 2)} | {_f(w.get('collate_s'), 2)} "
+            f"| {_f(w.get('queue_s'), 2)} | {_f(m.get('seconds'), 2)} |"
+        )
+    return out
+
+
 def _threads(med: dict[Key, dict[str, Any]], key: tuple[int, int | None, str], readers: list[str]) -> list[str]:
     si, place, order = key
     out = [
@@ -214,6 +245,7 @@ def tables(data: dict[str, Any]) -> str:
                 out += ["", f"### {_where(place)}, {order}", ""]
                 out += _table(med, (si, place, order), readers, base, rows)
                 out += _stages(med, (si, place, order), readers)
+                out += _walls(med, (si, place, order), readers)
                 out += _threads(med, (si, place, order), readers)
         if len(s["latencies_ms"]) > 1:
             for order in s["orders"]:
