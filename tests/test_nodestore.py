@@ -279,21 +279,15 @@ import time
 from pathlib import Path
 import asyncload.sources.nodestore as ns
 
-class Slow:  # a file whose writes take a second each: the parent kills the writer between two of them
-    def __init__(self, f):
-        self.f = f
-    def __enter__(self):
-        return self
-    def __exit__(self, *exc):
-        self.f.close()
-    def write(self, data):
-        n = self.f.write(data)
-        self.f.flush()
-        print("wrote", flush=True)
-        time.sleep(1.0)
-        return n
+def slow_write_all(path, bufs):  # a part whose values take a second each: the parent kills the writer between two
+    with open(path, "wb") as f:
+        for b in bufs:
+            f.write(b)
+            f.flush()
+            print("wrote", flush=True)
+            time.sleep(1.0)
 
-ns.open = lambda *a, **k: Slow(open(*a, **k))
+ns._write_all = slow_write_all
 store = ns.NodeStore(Path({dir!r}), None)
 shelf = store.shelf("test|v1", "test")
 shelf.put(list(range(8)), {{"images@b": [bytes([i]) * 4096 for i in range(8)]}})

@@ -117,3 +117,12 @@ def test_littles_law_floor_stays_below_where_a_store_throttled() -> None:
     assert t.observe(Observation(500.0, throttled=2, latency_s=0.1, assemble_rate=3000.0)) == 200
     for _ in range(10):
         assert t.observe(Observation(500.0, latency_s=0.1, assemble_rate=3000.0)) <= 250  # probes at most +25%
+
+
+def test_littles_law_uses_the_round_trip_not_the_queueing_and_not_when_consumer_bound() -> None:
+    t = ConcurrencyTuner(start=64, low=1, high=4096)
+    assert t.observe(Observation(1000.0, latency_s=0.05, assemble_rate=2000.0)) == 150
+    # a saturated store: latency 0.4 s from queueing; the floor stays at the 50 ms round trip's
+    assert t.little(Observation(1000.0, latency_s=0.4, assemble_rate=2000.0)) == 150
+    held = t.samples
+    assert t.observe(Observation(1000.0, consumer_bound=True, latency_s=0.05, assemble_rate=20000.0)) == held

@@ -19,7 +19,7 @@ tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
   decrease), and the climb restarts from there more carefully.
 - **Little's law floor:** the pipeline also reports the rate its CPU pool could assemble at (threads over
   CPU seconds per sample, measured) and the read latency. Samples in flight below ``headroom`` × that rate
-  × the latency cannot keep the decoders busy whatever the store does, so the tuner goes there in one step
+  × the round trip (the lowest latency seen: not queueing) cannot keep the decoders busy whatever the store does, so the tuner goes there in one step
   rather than by doublings, and never probes or backs off below it. A throttling store still halves it,
   and the floor stays below half of where the store last throttled (the climb may probe past it). At
   100 ms and 3,000 samples/s of decode the floor is 450 in flight, where doublings from 16 would take five
@@ -74,11 +74,14 @@ class ConcurrencyTuner:
         self.history: list[tuple[int, float, str]] = []
 
     def little(self, obs: Observation) -> int:
-        """Samples in flight that cover ``obs``'s read latency at its assembly rate (``headroom`` over), within
-        the bounds; ``low`` where either is not measured."""
+        """Samples in flight that cover the round trip at ``obs``'s assembly rate (``headroom`` over), within
+        the bounds; ``low`` where either is not measured. The round trip is the lowest read latency seen, not
+        this interval's: latency that grew with queueing at a saturated store would otherwise ask for more
+        in flight, which would queue more."""
         if not obs.assemble_rate or not obs.latency_s:
             return self.low
-        return min(max(math.ceil(self.headroom * obs.assemble_rate * obs.latency_s), self.low), self.high)
+        trip = min(obs.latency_s, self._floor or obs.latency_s)
+        return min(max(math.ceil(self.headroom * obs.assemble_rate * trip), self.low), self.high)
 
     def _set(self, samples: int, why: str, rate: float) -> int:
         if samples < self.floor and not why.startswith("throttled"):
@@ -104,7 +107,8 @@ class ConcurrencyTuner:
             unloaded = samples > self._floor_samples and obs.latency_s <= 1.5 * self._floor
         if obs.throttled:
             self._throttled_at = samples // 2
-        self.floor = 0 if obs.throttled else min(self.little(obs), self._throttled_at)
+        # (a consumer slower than the reads gains nothing from more in flight: no floor then)
+        self.floor = 0 if obs.throttled or obs.consumer_bound else min(self.little(obs), self._throttled_at)
         if self.floor > samples and not obs.throttled:
             self._prev_samples, self._held = None, 0
             return self._set(self.floor, "Little's law: cover the latency at the assembly rate", rate)

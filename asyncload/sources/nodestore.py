@@ -194,6 +194,27 @@ def _alive(owner: str) -> bool | None:
     return True
 
 
+def _write_all(path: Path, bufs: list[bytes | memoryview]) -> None:
+    """``bufs`` as a new file at ``path``, a few gather writes for them all rather than one call per value: a
+    part of 64 photo rows is 128 values, and a write call each cost more than the copy (17 µs a row of
+    ``put``'s ~32 µs)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        todo = [memoryview(b).cast("B") for b in bufs]
+        while todo:
+            n = os.writev(fd, todo[:IOV_MAX])
+            while todo and n >= todo[0].nbytes:  # a short write leaves the rest of a buffer for the next call
+                n -= todo.pop(0).nbytes
+            if todo and n:
+                todo[0] = todo[0][n:]
+    finally:
+        os.close(fd)
+
+
+#: Buffers per gather write (``writev``): Linux's IOV_MAX.
+IOV_MAX = 1024
+
+
 # -- values ----------------------------------------------------------------------------------------------
 class Unkeepable(Exception):
     """A value the store cannot give back exactly (it cannot be pickled): its column is read through."""
@@ -613,9 +634,7 @@ class Shelf:
         path = store.part_path(part)
         try:
             path.parent.mkdir(exist_ok=True)
-            with open(path, "wb") as f:
-                for b in bufs:
-                    f.write(b)
+            _write_all(path, bufs)
         except OSError as exc:
             store.drop(part)
             store.failed(exc)
