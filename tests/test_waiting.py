@@ -100,7 +100,8 @@ def test_dataloader_workers_report_stats_summed_over_them(seg_url: str) -> None:
     assert ds.stats()["waiting_on"] == "start"  # no worker has written yet
     assert consume(dl) == BATCHES
     s = ds.stats()
-    assert (s["batches_yielded"], s["samples_yielded"], s["requests"]) == (BATCHES, ROWS, BATCHES)
+    # (each worker's first batch in two requests: its first sample alone, then the rest)
+    assert (s["batches_yielded"], s["samples_yielded"], s["requests"]) == (BATCHES, ROWS, BATCHES + 2)
     assert s["read_s"] >= BATCHES * 0.1  # both workers' reads
     assert s["cpu_workers"] == 2 * 2
     assert s["waiting_on"] == "store", s["waiting_on_why"]

@@ -151,8 +151,9 @@ class BlockReads:
             await self._look(indices, raw)
         ready = self._ready(indices)
         todo = [i for i in indices if i not in ready]
-        if todo and self.block is not None:
-            await self._wait_parts(todo, raw)
+        # Again while it waited: a part that could not start (no room, or no row's size known yet) may have
+        # been started by another request meanwhile, and a row read alone now would be read twice.
+        while todo and self.block is not None and await self._wait_parts(todo, raw):
             ready = self._ready(indices)
             todo = [i for i in indices if i not in ready]
         fetched: dict[int, dict[str, Any]] = {}
@@ -241,13 +242,13 @@ class BlockReads:
                 due.remove(i)
 
     # -- block reads ----------------------------------------------------------------------------------
-    async def _wait_parts(self, todo: list[int], raw: frozenset[str]) -> None:
-        """Start (or join) the reads of the parts of ``todo`` and wait for them; a failed or cancelled one
-        leaves its rows to be read alone."""
+    async def _wait_parts(self, todo: list[int], raw: frozenset[str]) -> bool:
+        """Start (or join) the reads of the parts of ``todo`` and wait for them (False: there was none to
+        wait for); a failed or cancelled one leaves its rows to be read alone."""
         parts = {self._part.get(i) for i in todo}
         waits = [t for t in (self._start(p, raw) for p in parts) if t is not None]
         if not waits:
-            return
+            return False
         try:
             await asyncio.wait(waits)  # not gather: a cancelled waiter must not cancel a block's read...
         except asyncio.CancelledError:
@@ -258,6 +259,7 @@ class BlockReads:
         for t in waits:
             if not t.cancelled():
                 t.exception()  # retrieved: its rows' own reads raise what is wrong
+        return True
 
     def _start(self, part: int | None, raw: frozenset[str]) -> asyncio.Task[None] | None:
         """The read of ``part``'s rows: the one in flight, a new one (reading ``raw`` as stored bytes), or
