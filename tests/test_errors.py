@@ -99,9 +99,7 @@ def test_a_missing_chunk_raises_a_typed_read_error_naming_url_column_indices(cop
     assert got["is_key_error"]  # the type Deep Lake's .result() gives, not await's RuntimeError
     # the failed request's rows: the epoch's first request is its first sample alone
     assert got["column"] == "images" and got["source"] == url and got["indices"] == [0]
-    assert got["message"].startswith(
-        f"reading column 'images' of {url} at indices [0] failed: KeyError:"
-    )
+    assert got["message"].startswith(f"reading column 'images' of {url} at indices [0] failed: KeyError:")
     assert got["threads"] == 0  # the loop thread was stopped by the error
 
 

@@ -1,0 +1,91 @@
+"""What Deep Lake's reads alone can do on the bench's path: stored bytes (``get_bytes_async``) of images and
+masks, shuffled or in storage order, ``req`` indices a request and ``inflight`` requests at once, no decode.
+
+    python benchmarks/results/first_epoch/probes/raw_reads.py '[["shuffled", 64, 4, 64], ["sequential", 256, 4, 64]]' jpeg
+
+Each case: ``[order, req, inflight, pool]``, order ``shuffled``, ``sequential`` or ``shuffled+warm`` (one row
+of every 1/40 of the set read first); run as root for the packet-level 50 ms testbed (else the TCP proxy).
+"""
+
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from benchmarks.testbeds import netem
+from benchmarks.testbeds import world as W
+
+
+def measure(url, creds, mode, req, inflight, pool):
+    import deeplake
+
+    deeplake.storage.set_concurrency(pool)
+    t0 = time.perf_counter()
+    ds = deeplake.open_read_only(url, creds=creds)
+    t_open = time.perf_counter() - t0
+    n = len(ds)
+    order = list(range(n))
+    if mode.startswith("shuffled"):
+        random.Random(0).shuffle(order)
+    groups = [order[i : i + req] for i in range(0, n, req)]
+    im, mk = ds["images"], ds["masks"]
+    first = [None]
+    warm_s = None
+    if mode.endswith("+warm"):
+
+        async def warm():
+            step = max(1, n // 40)
+            await asyncio.gather(*(c.get_bytes_async([i]) for i in range(0, n, step) for c in (im, mk)))
+
+        asyncio.run(warm())
+        warm_s = round(time.perf_counter() - t0, 3)
+
+    async def main():
+        sem = asyncio.Semaphore(inflight)
+
+        async def one(g):
+            async with sem:
+                a, b = await asyncio.gather(im.get_bytes_async(g), mk.get_bytes_async(g))
+                if first[0] is None:
+                    first[0] = time.perf_counter() - t0
+                return sum(len(x) for x in a) + sum(len(x) for x in b)
+
+        return sum(await asyncio.gather(*(one(g) for g in groups)))
+
+    nbytes = asyncio.run(main())
+    total = time.perf_counter() - t0
+    return {
+        "mode": mode,
+        "req": req,
+        "inflight": inflight,
+        "pool": pool,
+        "open_s": round(t_open, 3),
+        "warm_s": warm_s,
+        "first_s": round(first[0], 3),
+        "total_s": round(total, 3),
+        "rows_s": round(n / total),
+        "MB": round(nbytes / 1e6, 1),
+    }
+
+
+def each_case(call, spread: bool) -> None:
+    """``call(url, creds, *case)`` (``spread``: the case's items as arguments, else the case whole) for each
+    case of ``argv[1]`` (JSON), in a child forked in the client's namespace, on the dataset ``argv[2]``
+    names (``jpeg``: 4,000 rows, ``png``: 1,000) at 50 ms; one JSON line each."""
+    cases = json.loads(sys.argv[1])
+    name = sys.argv[2] if len(sys.argv) > 2 else "jpeg"
+    with W.world(Path(__file__).resolve().parents[4] / "data" / "bench") as w:
+        fmt, rows = ("jpg", 4000) if name == "jpeg" else ("png", 1000)
+        w.add(name, W.DatasetSpec(rows=rows, image_format=fmt, size=256))
+        w.set_rtt(50)
+        for c in cases:
+            args = c if spread else [c]
+            r = netem.fork_call(w.net.enter_client, call, w.url(name, False), w.creds, *args, timeout=120)
+            print(json.dumps(r), flush=True)
+
+
+if __name__ == "__main__":
+    each_case(measure, spread=True)
