@@ -44,7 +44,6 @@ import asyncio
 import collections
 import functools
 import logging
-import math
 import queue
 import time
 from collections.abc import Awaitable, Callable
@@ -52,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError, ReadError, StallError, WorkerError, read_error
-from ..runtime.loop import LoopThread
+from ..runtime.loop import LoopThread, cores_available
 from .assembly import assemble
 from .budget import ByteBudget
 from .hedging import Hedger
@@ -162,7 +161,7 @@ class Pipeline:
         self._slots = asyncio.Semaphore(plan.slots(plan.requests))
         self._slot_count = plan.slots(plan.requests)
         self._slot_debt = 0  # slots to swallow on release after the requests allowed went down
-        first = math.ceil(plan.batch_size / plan.request_size) + 1  # the first batch's requests
+        first = len(_requests(plan.batch_size, plan.request_size, probe=True))  # the first batch's requests
         self._held: int | None = plan.requests if plan.requests > first else None  # the rest, until a read answers
         self._gate = _RequestGate(first if self._held else plan.requests)
         self._work: asyncio.Queue[tuple[_Batch, int, int] | None] = asyncio.Queue()
@@ -266,8 +265,6 @@ class Pipeline:
     def _assemble_rate(self) -> float | None:
         """Samples/s the CPU pool could assemble at: its threads (at most the cores this process may use)
         over the thread CPU seconds a sample's assembly took so far. None until a batch was assembled."""
-        from ..runtime.loop import cores_available
-
         st = self.stats
         cpu = st.cpu_decode_s + st.cpu_collate_s
         if cpu <= 0.0 or self._assembled <= 0:

@@ -220,8 +220,8 @@ class Stats:
 SHARED = (
     "requests", "samples_read", "batches_yielded", "samples_yielded", "bytes_read", "wait_s", "skipped", "stalls",
     "stall_wait_s", "hedges", "hedges_won", "worker_restarts", "remote_bytes", "node_hits", "node_misses",
-    "node_not_kept", "node_corrupt", "node_read_bytes", "store_write_s", "cpu_decode_s", "cpu_collate_s", "open_s", "read_s",
-    "decode_s", "augment_s", "transform_s", "collate_s", "cpu_workers", "queue_s", "step_s", "steady_wait_s",
+    "node_not_kept", "node_corrupt", "node_read_bytes", "store_write_s", "cpu_decode_s", "cpu_collate_s", "open_s",
+    "read_s", "decode_s", "augment_s", "transform_s", "collate_s", "cpu_workers", "queue_s", "step_s", "steady_wait_s",
     *(f"wait_on_{k}_s" for k in (*STAGES, "other")),
 )  # fmt: skip
 #: A row: the ``SHARED`` fields, then the process's elapsed seconds, its epoch, and 1.0 once written.

@@ -19,8 +19,9 @@ tf.data's AUTOTUNE, fed once per interval with what the pipeline saw:
   decrease), and the climb restarts from there more carefully.
 - **Little's law floor:** the pipeline also reports the rate its CPU pool could assemble at (threads over
   CPU seconds per sample, measured) and the read latency. Samples in flight below ``headroom`` × that rate
-  × the round trip (the lowest latency seen: not queueing) cannot keep the decoders busy whatever the store does, so the tuner goes there in one step
-  rather than by doublings, and never probes or backs off below it. A throttling store still halves it,
+  × the round trip (the lowest latency seen: not queueing) cannot keep the decoders busy whatever the store
+  does, so the tuner goes there in one step rather than by doublings, and never probes or backs off below
+  it. A throttling store still halves it,
   and the floor stays below half of where the store last throttled (the climb may probe past it). At
   100 ms and 3,000 samples/s of decode the floor is 450 in flight, where doublings from 16 would take five
   intervals to get.
@@ -84,7 +85,7 @@ class ConcurrencyTuner:
         return min(max(math.ceil(self.headroom * obs.assemble_rate * trip), self.low), self.high)
 
     def _set(self, samples: int, why: str, rate: float) -> int:
-        if samples < self.floor and not why.startswith("throttled"):
+        if samples < self.floor:  # (no floor in an interval that throttled: ``observe`` sets it to 0)
             samples, why = self.floor, f"{why} (Little's law floor)"
         self.samples = min(max(int(samples), self.low), self.high)
         self.history.append((self.samples, rate, why))
@@ -105,14 +106,13 @@ class ConcurrencyTuner:
             # Evidence only once the samples in flight have grown past where the floor was seen without latency
             # following: starting high on a saturated store, the first latency is no floor at all.
             unloaded = samples > self._floor_samples and obs.latency_s <= 1.5 * self._floor
-        if obs.throttled:
-            self._throttled_at = samples // 2
         # (a consumer slower than the reads gains nothing from more in flight: no floor then)
         self.floor = 0 if obs.throttled or obs.consumer_bound else min(self.little(obs), self._throttled_at)
-        if self.floor > samples and not obs.throttled:
+        if self.floor > samples:
             self._prev_samples, self._held = None, 0
             return self._set(self.floor, "Little's law: cover the latency at the assembly rate", rate)
         if obs.throttled:
+            self._throttled_at = samples // 2
             self.slow_start = False
             self._prev_samples, self._held = None, 0
             return self._set(samples // 2, "throttled: halve", rate)

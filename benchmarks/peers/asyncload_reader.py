@@ -9,6 +9,7 @@ Options come as data (YAML configs, a pickled spec) and are built here, in the m
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,9 +38,6 @@ def batches(spec: dict[str, Any], order: list[int]) -> Iterator[Any]:
     from asyncload import AsyncLoader, DeepLakeSource
 
     began = time.perf_counter()
-
-    import os
-
     options = dict(spec.get("options", {}))
     os.environ.update(options.pop("env", {}))  # (A/B runs of a setting read from the environment)
     source_opts, loader_opts = build_options(options)
