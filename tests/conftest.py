@@ -50,6 +50,22 @@ def seg_arrays(seg_url: str) -> dict[str, np.ndarray]:
     return {c: np.stack([np.array(ds[i][c]) for i in range(len(ds))]) for c in ("images", "masks")}
 
 
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test():
+    """Fail the test that leaves a process of its own running once it and its fixtures are done (its
+    loaders dropped and collected), instead of every later test in that pytest worker that counts the
+    processes: a reader leaked once showed as nineteen failures elsewhere, and none where it leaked."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    yield
+    if all(p.pid in before for p in multiprocessing.active_children()):
+        return  # (most tests: no garbage collection needed to know)
+    deadline = time.monotonic() + 5  # a reader stopped by its loader's collection is joined in that time
+    while left := [p for p in live_children() if p.pid not in before]:
+        if time.monotonic() > deadline:
+            pytest.fail(f"processes this test started are still running after it: {left}", pytrace=False)
+        time.sleep(0.05)
+
+
 def loop_threads() -> list[threading.Thread]:
     """An epoch's threads (its loop, its CPU pool). Not a Deep Lake reader process's receiver thread,
     which lives with the reader, across epochs, until the loader is closed (``reader_threads``)."""

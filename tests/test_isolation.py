@@ -22,12 +22,13 @@ from asyncload import (
     AsyncLoader,
     DeepLakeSource,
     ReaderCrashError,
+    ReadError,
     WorkerError,
 )
 from asyncload.sources.subset import RangeSource
 
 from .conftest import ROWS, no_children_left, pids_gone, reader_threads
-from .sources import CrashingSource, ExpiringSource
+from .sources import CrashingSource, ExpiringSource, FailingSource
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(180)
@@ -379,3 +380,52 @@ def test_a_reader_that_dies_as_close_is_called_is_not_started_again_after_close(
     assert sorted(_indices(loader)) == list(range(ROWS))
     loader.close()
     assert no_children_left()
+
+
+@pytest.mark.timeout(60)
+def test_a_source_dropped_after_a_failed_read_stops_its_reader(seg_url) -> None:
+    """A failed read's exception, raised where it was awaited, holds that caller's frames (``self`` among
+    their locals) in its traceback. The receiver thread kept the last answer it settled while it waited for
+    the next one, so when a failure was a reader's last answer, a loader dropped afterwards kept its reader
+    process alive until the interpreter exited (every later test in that pytest worker saw it)."""
+    import asyncio
+    import gc
+    import time
+    import weakref
+
+    from asyncload.processes.isolated import IsolatedSource
+
+    iso = IsolatedSource(FailingSource(seg_url, bad={3}), needs_main=False)
+    iso.start()
+
+    async def fail(src: IsolatedSource) -> None:
+        with pytest.raises(OSError, match="unreadable object for sample 3"):
+            await src.read([3])  # the reader's last answer: nothing is read after it
+
+    asyncio.run(fail(iso))
+    pid, ref = iso.pid, weakref.ref(iso)
+    assert pid is not None
+    del iso
+    deadline = time.monotonic() + 5  # (its receiver thread holds it for a moment each tick)
+    while gc.collect() is not None and ref() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ref() is None
+    assert no_children_left() and not reader_threads() and pids_gone([pid])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_loader_dropped_after_a_failed_read_stops_its_reader(seg_url, on_error) -> None:
+    """The same through a loader, dropped (neither ``close()`` nor ``with``) after a failed or skipped read."""
+    bad = 37
+    opts = {"shuffle_block": 8, "shuffle_window": 32}  # blocks: the failed request is a block's part
+    loader = AsyncLoader(FailingSource(seg_url, bad={bad}), batch_size=16, seed=2, on_error=on_error, **opts)
+    if on_error == "raise":
+        with pytest.raises(ReadError, match=f"unreadable object for sample {bad}"):
+            list(loader)
+    else:
+        assert sorted(_indices(loader)) == [i for i in range(ROWS) if i != bad]
+    pid = loader._isolated.pid
+    assert pid is not None
+    del loader  # what stops the reader is the loader's collection
+    assert no_children_left() and not reader_threads() and pids_gone([pid])

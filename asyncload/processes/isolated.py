@@ -372,7 +372,7 @@ class IsolatedSource(Source[Any]):
         """How often the receiver thread looks for a stuck reader while it waits for answers."""
         return beat_interval(self._stall_timeout)
 
-    def _answered(self, r: _Reader, rid: int, kind: str, payload: Any, counts: tuple[int, int]) -> None:
+    def _answered(self, r: _Reader, kind: str, rid: int, payload: Any, counts: tuple[int, int]) -> None:
         now = time.monotonic()
         if kind == "ready":
             r.ready_at = now
@@ -635,14 +635,17 @@ def _receive(ref: weakref.ref[IsolatedSource], r: _Reader) -> None:
         if not readable:
             continue
         try:
-            kind, rid, payload, counts = _read_frame(fd)
+            answer = _read_frame(fd)
         except (EOFError, OSError):
             break
         src = ref()
         if src is None:
             return
-        src._answered(r, rid, kind, payload, counts)
-        del src
+        src._answered(r, *answer)
+        # Neither may stay in this frame while it waits: a failed read's exception, once raised in the epoch,
+        # holds the epoch's frames in its traceback, and through them the source, which would then outlive
+        # its loader and keep its reader running.
+        del src, answer
     src = ref()
     if src is not None and not r.stopping:
         src._died(r)
