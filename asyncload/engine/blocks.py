@@ -329,20 +329,18 @@ class BlockReads:
                     self.stats.store_write_s += time.perf_counter() - began
                     if kept:
                         if keep:  # written for the node; this process's rows also stay in the heap where they fit
-                            self._hold_fitting(missing, got)
+                            self._hold_fetched(missing, got, bounded=True)
                         await self._look(missing, raw)
                     elif not shelf.off:
                         self._full = True  # the node's limit: what is on disk stays, the rest is read through
         finally:
             if claim:
                 await asyncio.to_thread(shelf.unclaim, claim)
-        pos = {r: k for k, r in enumerate(missing)}
         if not kept:
             self.stats.node_not_kept += len(missing)
             if keep:
-                wanted = [r for r in missing if r in self._part]
-                self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in got.items()})
-        return {r: {c: v[k] for c, v in got.items()} for r, k in pos.items()}
+                self._hold_fetched(missing, got, bounded=False)
+        return {r: {c: v[k] for c, v in got.items()} for k, r in enumerate(missing)}
 
     async def _claim(self, shelf: Keeping, rows: list[int], raw: frozenset[str]) -> Claim | None:
         """The node-wide claim of the bins of ``rows`` before their fetch: held (the index looked at again:
@@ -388,18 +386,20 @@ class BlockReads:
         )
 
     # -- the heap -------------------------------------------------------------------------------------
-    def _hold_fitting(self, rows: list[int], cols: Columns) -> None:
-        """Of ``rows`` just fetched and written to the node store, hold those this epoch asks of this process
-        in the heap too, as many as fit ``hold_limit``: their batches then take them from memory instead of
-        reading them back from disk (an index query, a read and a checksum per value: on local disk that
-        cost a first epoch with the store a third more time than one without, benchmarks/results/first_epoch/)."""
-        room = self.hold_limit - self.held_bytes - self._ahead
-        per_row = part_bytes(cols) / max(1, len(rows))
-        if room < per_row:
-            return
-        pos = {r: k for k, r in enumerate(rows)}
-        wanted = [r for r in rows if r in self._part and r not in self._held][: int(room // per_row)]
+    def _hold_fetched(self, rows: list[int], cols: Columns, *, bounded: bool) -> None:
+        """Of ``rows`` just fetched, hold those this epoch asks of this process (and not held already) in the
+        heap. ``bounded``: the store kept them, so only as many as fit ``hold_limit``; their batches then take
+        them from memory instead of reading them back from disk (an index query, a read and a checksum per
+        value: on local disk that cost a first epoch with the store a third more time than one without,
+        benchmarks/results/first_epoch/). Otherwise all of them: the store did not keep them, and a row let
+        go here would be fetched again."""
+        wanted = [r for r in rows if r in self._part and r not in self._held]
+        if bounded and wanted:
+            room = self.hold_limit - self.held_bytes - self._ahead
+            per_row = max(1.0, part_bytes(cols) / len(rows))  # (rows of empty values take no room)
+            wanted = wanted[: max(0, int(room // per_row))]
         if wanted:
+            pos = {r: k for k, r in enumerate(rows)}
             self._hold(wanted, {c: [v[pos[r]] for r in wanted] for c, v in cols.items()})
 
     def _hold(self, rows: list[int], cols: Columns) -> None:
