@@ -59,7 +59,7 @@ def _no_process_outlives_its_test():
     yield
     if all(p.pid in before for p in multiprocessing.active_children()):
         return  # (most tests: no garbage collection needed to know)
-    deadline = time.monotonic() + 5  # a reader stopped by its loader's collection is joined in that time
+    deadline = time.monotonic() + 15  # a reader stopped by its loader's collection is joined well within it
     while left := [p for p in live_children() if p.pid not in before]:
         if time.monotonic() > deadline:
             pytest.fail(f"processes this test started are still running after it: {left}", pytrace=False)
