@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ..engine.protocol import Failure
 from ..engine.stats import Stats
 from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerError
+from ..runtime.gather import write_all
 from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source
@@ -574,20 +575,7 @@ def _write_frame(fd: int, msg: tuple[Any, ...]) -> None:
     head = pickle.dumps((kind, rid, payload, counts), protocol=5, buffer_callback=buffers.append)
     parts = [memoryview(head), *(b.raw() for b in buffers)]
     sizes = struct.pack(f"<I{len(parts)}Q", len(parts), *(p.nbytes for p in parts))
-    _write_all(fd, [memoryview(sizes), *parts])
-
-
-def _write_all(fd: int, parts: list[memoryview]) -> None:
-    """``os.writev`` until every byte of ``parts`` is written (a socket takes what its buffer holds)."""
-    while parts:
-        n = os.writev(fd, parts[:512])  # under IOV_MAX
-        while n:
-            if n >= parts[0].nbytes:
-                n -= parts.pop(0).nbytes
-            else:
-                parts[0], n = parts[0][n:], 0
-        while parts and not parts[0].nbytes:
-            parts.pop(0)
+    write_all(fd, [sizes, *parts])
 
 
 def _read_exact(fd: int, n: int) -> bytearray:

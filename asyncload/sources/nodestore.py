@@ -63,6 +63,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.gather import write_all
 from ..runtime.log import log_once
 
 log = logging.getLogger("asyncload")
@@ -195,24 +196,14 @@ def _alive(owner: str) -> bool | None:
 
 
 def _write_all(path: Path, bufs: list[bytes | memoryview]) -> None:
-    """``bufs`` as a new file at ``path``, a few gather writes for them all rather than one call per value: a
-    part of 64 photo rows is 128 values, and a write call each cost more than the copy (17 µs a row of
-    ``put``'s ~32 µs)."""
+    """``bufs`` as a new file at ``path``, in gather writes rather than one call per value: a part of 64
+    photo rows is 128 values, and a write call each cost more than the copy (17 µs a row of ``put``'s
+    ~32 µs)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     try:
-        todo = [memoryview(b).cast("B") for b in bufs]
-        while todo:
-            n = os.writev(fd, todo[:IOV_MAX])
-            while todo and n >= todo[0].nbytes:  # a short write leaves the rest of a buffer for the next call
-                n -= todo.pop(0).nbytes
-            if todo and n:
-                todo[0] = todo[0][n:]
+        write_all(fd, bufs)
     finally:
         os.close(fd)
-
-
-#: Buffers per gather write (``writev``): Linux's IOV_MAX.
-IOV_MAX = 1024
 
 
 # -- values ----------------------------------------------------------------------------------------------
