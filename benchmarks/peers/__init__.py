@@ -2,7 +2,8 @@
 
 Every reader takes the same ``spec`` (dataset URL, credentials, index order, options) and yields batches
 of images and masks as torch tensors (``{"images": [B, H, W, 3], "masks": [B, H, W] or [B, H, W, 1]}``),
-written the way a user would write it, so that a row of a table is a reader a user could have instead:
+written the way a user would write it, so that a row of a table is a reader a user could have instead
+(``column`` and ``bytes`` take a ``pool`` option: Deep Lake's storage pool, 64 without it):
 
 =================  ====================================================================================
 ``column``         plain Deep Lake reader: column ``get_async`` of 64 indices, 4 in flight, pool 64

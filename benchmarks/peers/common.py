@@ -11,9 +11,11 @@ from typing import Any
 
 def open_dataset(spec: dict[str, Any], pool: int | None = 64) -> Any:
     """The spec's dataset, read-only, with Deep Lake's storage pool set to ``pool`` first (the pool is
-    process-wide and sized when a dataset opens; 64 is what the plain readers were tuned to on the WAN)."""
+    process-wide and sized when a dataset opens; 64 is what the plain readers were tuned to on the WAN), or
+    to the reader's ``pool`` option where it has one."""
     import deeplake
 
+    pool = (spec.get("options") or {}).get("pool", pool)
     if pool is not None:
         deeplake.storage.set_concurrency(pool)
     creds = spec.get("creds")

@@ -3,12 +3,14 @@ masks, shuffled or in storage order, ``req`` indices a request and ``inflight`` 
 
     python benchmarks/results/first_epoch/probes/raw_reads.py '[["shuffled", 64, 4, 64], ["sequential", 256, 4, 64]]' jpeg
 
-Each case: ``[order, req, inflight, pool]``, order ``shuffled``, ``sequential`` or ``shuffled+warm`` (one row
-of every 1/40 of the set read first); run as root for the packet-level 50 ms testbed (else the TCP proxy).
+Each case: ``[order, req, inflight, pool]``, order ``shuffled``, ``sequential``, ``blocks`` (runs of ``req``
+rows in storage order, the runs shuffled), ``shuffled+warm`` (one row of every 1/40 of the set read first) or
+``plain`` (shuffled, decoded by Deep Lake: ``get_async``, the plain column reader); run as root for the packet-level 50 ms testbed (else the TCP proxy).
 """
 
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -23,14 +25,17 @@ def measure(url, creds, mode, req, inflight, pool):
     import deeplake
 
     deeplake.storage.set_concurrency(pool)
+    c0 = time.process_time()  # after the import
     t0 = time.perf_counter()
     ds = deeplake.open_read_only(url, creds=creds)
     t_open = time.perf_counter() - t0
     n = len(ds)
     order = list(range(n))
-    if mode.startswith("shuffled"):
+    if mode.startswith("shuffled") or mode == "plain":
         random.Random(0).shuffle(order)
     groups = [order[i : i + req] for i in range(0, n, req)]
+    if mode == "blocks":
+        random.Random(0).shuffle(groups)
     im, mk = ds["images"], ds["masks"]
     first = [None]
     warm_s = None
@@ -48,10 +53,15 @@ def measure(url, creds, mode, req, inflight, pool):
 
         async def one(g):
             async with sem:
-                a, b = await asyncio.gather(im.get_bytes_async(g), mk.get_bytes_async(g))
+                if mode == "plain":
+                    a, b = await asyncio.gather(im.get_async(g), mk.get_async(g))
+                    nb = a.nbytes + b.nbytes
+                else:
+                    a, b = await asyncio.gather(im.get_bytes_async(g), mk.get_bytes_async(g))
+                    nb = sum(len(x) for x in a) + sum(len(x) for x in b)
                 if first[0] is None:
                     first[0] = time.perf_counter() - t0
-                return sum(len(x) for x in a) + sum(len(x) for x in b)
+                return nb
 
         return sum(await asyncio.gather(*(one(g) for g in groups)))
 
@@ -68,22 +78,28 @@ def measure(url, creds, mode, req, inflight, pool):
         "total_s": round(total, 3),
         "rows_s": round(n / total),
         "MB": round(nbytes / 1e6, 1),
+        "cpu_ms": round((time.process_time() - c0) / n * 1e3, 3),
     }
 
 
 def each_case(call, spread: bool) -> None:
     """``call(url, creds, *case)`` (``spread``: the case's items as arguments, else the case whole) for each
     case of ``argv[1]`` (JSON), in a child forked in the client's namespace, on the dataset ``argv[2]``
-    names (``jpeg``: 4,000 rows, ``png``: 1,000) at 50 ms; one JSON line each."""
+    names (``jpeg``: 4,000 rows, ``png``: 1,000; ``ROWS``, ``DISTINCT`` in the environment for others) at 50 ms
+(``RTT``), or from local disk (``LOCAL=1``); one JSON line each."""
     cases = json.loads(sys.argv[1])
     name = sys.argv[2] if len(sys.argv) > 2 else "jpeg"
     with W.world(Path(__file__).resolve().parents[4] / "data" / "bench") as w:
         fmt, rows = ("jpg", 4000) if name == "jpeg" else ("png", 1000)
-        w.add(name, W.DatasetSpec(rows=rows, image_format=fmt, size=256))
-        w.set_rtt(50)
+        rows = int(os.environ.get("ROWS", rows))  # a larger set: ROWS, and DISTINCT photos among them
+        distinct = int(os.environ["DISTINCT"]) if os.environ.get("DISTINCT") else None
+        w.add(name, W.DatasetSpec(rows=rows, image_format=fmt, size=256, distinct=distinct))
+        w.set_rtt(float(os.environ.get("RTT", 50)))
         for c in cases:
             args = c if spread else [c]
-            r = netem.fork_call(w.net.enter_client, call, w.url(name, False), w.creds, *args, timeout=120)
+            local = bool(os.environ.get("LOCAL"))  # the dataset's local copy instead
+            url, creds = w.url(name, local), w.reader_creds(local)
+            r = netem.fork_call(w.net.enter_client, call, url, creds, *args, timeout=120)
             print(json.dumps(r), flush=True)
 
 

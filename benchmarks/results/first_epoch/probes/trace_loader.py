@@ -4,7 +4,8 @@ samples yielded, concurrency, bytes fetched).
 
     python benchmarks/results/first_epoch/probes/trace_loader.py '[{}, {"OPTS": "{\"processes\": 0}"}]' png
 
-A case is environment variables for the child: ``OPTS`` (the loader's options as JSON), ``BS`` (batch size),
+A case is environment variables for the child: ``OPTS`` (the loader's options as JSON), ``SRC`` (the
+source's), ``BS`` (batch size),
 ``TRACE``, ``SWITCH`` (``sys.setswitchinterval``); anything else is set as it is.
 """
 
@@ -29,7 +30,7 @@ def run(url, creds, env):
     c0 = tree_cpu_s(os.getpid())
     t0 = time.perf_counter()
     L = AsyncLoader(
-        DeepLakeSource(url, creds=creds),
+        DeepLakeSource(url, creds=creds, **json.loads(os.environ.get("SRC", "{}"))),
         int(env.get("BS", 32)),
         shuffle=True,
         seed=0,
