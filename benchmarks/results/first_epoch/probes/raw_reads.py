@@ -84,9 +84,9 @@ def measure(url, creds, mode, req, inflight, pool):
 
 def each_case(call, spread: bool) -> None:
     """``call(url, creds, *case)`` (``spread``: the case's items as arguments, else the case whole) for each
-    case of ``argv[1]`` (JSON), in a child forked in the client's namespace, on the dataset ``argv[2]``
-    names (``jpeg``: 4,000 rows, ``png``: 1,000; ``ROWS``, ``DISTINCT`` in the environment for others) at 50 ms
-(``RTT``), or from local disk (``LOCAL=1``); one JSON line each."""
+        case of ``argv[1]`` (JSON), in a child forked in the client's namespace, on the dataset ``argv[2]``
+        names (``jpeg``: 4,000 rows, ``png``: 1,000; ``ROWS``, ``DISTINCT`` in the environment for others) at 50 ms
+    (``RTT``), or from local disk (``LOCAL=1``); one JSON line each."""
     cases = json.loads(sys.argv[1])
     name = sys.argv[2] if len(sys.argv) > 2 else "jpeg"
     with W.world(Path(__file__).resolve().parents[4] / "data" / "bench") as w:
