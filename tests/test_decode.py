@@ -261,3 +261,49 @@ def test_auto_decodes_deep_lake_jpeg_png_and_lz4_columns_itself_with_column_read
 
     assert read(auto) == pytest.approx(read(cpu)) and read(auto) < read(store) / 2  # stored bytes: JPEG, lz4
     assert DeepLakeSource(jpeg_url).open().preferred_read_mode == "column"
+
+
+_NO_OPENCV_CHILD = """
+import sys
+from asyncload import AsyncLoader, DeepLakeSource, RandomResizedCrop
+for url in sys.argv[1:]:
+    rows = sum(len(b["index"]) for b in AsyncLoader(DeepLakeSource(url), 16, shuffle=True, processes=0))
+    print(url.rsplit("/", 1)[-1], rows, "cv2" in sys.modules)
+next(iter(AsyncLoader(DeepLakeSource(sys.argv[1]), 4, processes=0, augment=RandomResizedCrop(32))))
+print("augment", "cv2" in sys.modules)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_without_augmentation_never_imports_opencv(jpeg_url: str, png_url: str) -> None:
+    """OpenCV's import costs ~0.1-0.2 s of CPU (its OpenBLAS threads spin): a JPEG or PNG epoch decoded by
+    libjpeg-turbo, libspng and lz4 does without it, and a crop brings it in (a fresh interpreter each)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_OPENCV_CHILD, jpeg_url, png_url], capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == [f"jpg {ROWS} False", f"png {ROWS} False", "augment True"], out.stdout
+
+
+def test_without_opencv_auto_lets_the_store_decode(jpeg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """decode="auto" where OpenCV is not installed: the store decodes (its arrays are read, not stored bytes),
+    every row once, the same pixels, and the log says what is missing once."""
+    import importlib.util
+
+    from asyncload.image import decode as decode_module
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cv2" else real(name, *a))
+    assert decode_module.decoders_available() == "cv2"
+    logged: list[str] = []
+    monkeypatch.setattr(decode_module, "log_once", lambda msg, *a: logged.append(msg))
+    ref = reference(jpeg_url)
+    loader = AsyncLoader(DeepLakeSource(jpeg_url), 16, processes=0)
+    got = {i: b["images"][j].numpy() for b in loader for j, i in enumerate(b["index"].tolist())}
+    assert sorted(got) == list(range(ROWS))
+    assert all(np.array_equal(got[i], ref["images"][i]) for i in got)
+    assert loader.stats()["bytes_per_s"] * loader.stats()["elapsed_s"] == pytest.approx(ROWS * (64 * 64 * 3 + 64 * 64))
+    assert logged == ["asyncload: cv2 not importable; the store decodes images (decode='store')"]

@@ -21,6 +21,7 @@ A sample whose bytes do not decode is named (URL, column, row, the decoder's mes
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -419,14 +420,21 @@ def apply(src: np.ndarray, dst: np.ndarray, d: Draw, role: Role, fill: int, inte
 
 
 def decoders_available() -> str | None:
-    """None when the native decoders import, else what is missing (``decode="auto"`` then lets the
-    store decode). imagecodecs (libspng) is optional: OpenCV's libpng decodes PNG without it."""
+    """None when the native decoders are installed, else what is missing (``decode="auto"`` then lets the
+    store decode). imagecodecs (libspng) is optional: OpenCV's libpng decodes PNG without it.
+
+    OpenCV is looked up, not imported: it is needed only for crops, resizes, flips, the CPU normalize and
+    PNGs libspng does not take, and its import costs ~0.1-0.2 s of CPU (its own OpenBLAS starts a thread
+    per core that spins), a tenth of a 1,000-row PNG epoch's client CPU on 2 cores. Where it is used, it
+    is imported then."""
     missing = []
-    for mod in ("simplejpeg", "cv2", "lz4.block"):
+    for mod in ("simplejpeg", "lz4.block"):
         try:
             __import__(mod)
         except ImportError:
             missing.append(mod.split(".")[0])
+    if importlib.util.find_spec("cv2") is None:
+        missing.append("cv2")
     return ", ".join(missing) or None
 
 
