@@ -333,3 +333,29 @@ def test_either_spelling_of_a_cloud_names_the_same_dataset_in_both_sources(typed
     assert normalize_url(typed) == deeplake_url
     files = ObjectStoreSource(typed)
     assert files.url == files_url and (files._bucket, files._prefix) == (files_url[5:].split("/")[0], "seg")
+
+
+_POOL_CHILD = """
+import sys, deeplake
+from asyncload import DeepLakeSource
+before = deeplake.storage.concurrency()
+arg = {"auto": "auto", "none": None}.get(sys.argv[2], sys.argv[2])
+src = DeepLakeSource(sys.argv[1], storage_concurrency=arg if arg in ("auto", None) else int(arg)).open()
+print(before, deeplake.storage.concurrency(), len(src))
+"""
+
+
+@pytest.mark.parametrize(("setting", "pool"), [("auto", 128), ("24", 24), ("none", None)])
+def test_the_storage_pool_is_sized_before_the_dataset_opens(setting: str, pool: int | None, seg_url: str) -> None:
+    """``storage_concurrency``: "auto" raises Deep Lake's process-wide pool to 128 (the connections a dataset
+    gets are fixed when it opens: benchmarks/results/wan/deeplake.md), an int sets it, None leaves Deep
+    Lake's own (a fresh interpreter each: the pool is process-wide)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _POOL_CHILD, seg_url, setting], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, after, rows = map(int, out.stdout.split())
+    assert rows > 0 and after == (before if pool is None else pool), out.stdout
