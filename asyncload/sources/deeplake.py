@@ -28,7 +28,7 @@ from .schemes import DEEPLAKE_SCHEMES, respell
 
 StorageConcurrency = int | Literal["auto"] | None
 #: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``: 128
-#: read a whole cold epoch 5-15% faster than 64 at 0, 50 and 100 ms, on 1,000 to 20,000 rows, for the same
+#: read a whole cold epoch 7-15% faster than 64 at 0, 50 and 100 ms, on 1,000 to 20,000 rows, for the same
 #: CPU per sample (benchmarks/results/wan/deeplake.md).
 AUTO_STORAGE_THREADS = 128
 

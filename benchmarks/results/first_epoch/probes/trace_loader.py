@@ -5,8 +5,8 @@ samples yielded, concurrency, bytes fetched).
     python benchmarks/results/first_epoch/probes/trace_loader.py '[{}, {"OPTS": "{\"processes\": 0}"}]' png
 
 A case is environment variables for the child: ``OPTS`` (the loader's options as JSON), ``SRC`` (the
-source's), ``BS`` (batch size),
-``TRACE``, ``SWITCH`` (``sys.setswitchinterval``); anything else is set as it is.
+source's), ``BS`` (batch size), ``TRACE``, ``SWITCH`` (``sys.setswitchinterval``); anything else is set as
+it is.
 """
 
 import json
