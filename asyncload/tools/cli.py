@@ -20,6 +20,15 @@ from ..runtime.sizes import SIZE_FORMS, parse_size
 
 DEFAULT_DATA = os.path.join("data", "synthetic-seg")
 USAGE_ERROR, DATA_ERROR, INTERRUPTED = 2, 1, 130
+#: What ``asyncload --help`` says above the commands: plain text for a terminal (the module docstring is
+#: reStructuredText for the API pages, and its ``double backquotes`` would show as they are).
+DESCRIPTION = """\
+Feed PyTorch training from remote tensor stores. This command measures a dataset against a synchronous
+loop, makes a synthetic one, shows what one holds, and trains the example U-Net.
+
+Bad input is one line on stderr, "asyncload <command>: <what is wrong>", with exit status 2 for a bad
+argument or setting, 1 for a missing dataset, column or file or a failed read, and 130 for Ctrl-C.
+--debug (before or after the command) or ASYNCLOAD_DEBUG=1 prints the traceback too."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,7 +71,7 @@ def _processes(text: str) -> int | str:
 
 def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--columns", default="images,masks", help="comma-separated columns (default: images,masks)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     p.add_argument("--concurrency", type=_concurrency, default="auto", help="samples read at once, or 'auto' (default)")
     p.add_argument("--prefetch", type=int, default=4, help="ready batches kept ahead")
     p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto")
@@ -74,8 +83,8 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
         "--processes", type=_processes, default=None,
         help="reader processes: an int (0: read in this process) or 'auto'; default: the loader's",
     )  # fmt: skip
-    p.add_argument("--shuffle", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shuffle", action="store_true", help="a new order each epoch, in blocks (default: in order)")
+    p.add_argument("--seed", type=int, default=0, help="the shuffle's and the augmentation's seed (default 0)")
 
 
 def _mix(text: str) -> tuple[str, float]:
@@ -148,8 +157,11 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
                    help="images of many sizes without a resize: lists of tensors, or padded with a <column>_mask")  # fmt: skip
     g.add_argument("--normalize", type=_normalize, metavar="imagenet|half|MEAN/STD",
                    help="model-ready images: scaled to 0..1 then (x - mean) / std")  # fmt: skip
-    g.add_argument("--layout", choices=("NHWC", "NCHW"), default=None)
-    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    g.add_argument("--layout", choices=("NHWC", "NCHW"), default=None,
+                   help="image tensors as [B, H, W, C] (NHWC, the default) or [B, C, H, W] (NCHW, what a conv net takes)")  # fmt: skip
+    g.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+                   help="image tensors as this float type, scaled to 0..1 (and normalized with --normalize; default uint8, "
+                   "or float32 with --normalize)")  # fmt: skip
 
 
 def loader_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -267,7 +279,8 @@ def _cmd_load(args: argparse.Namespace) -> int:
 
     from ..engine.options import LoaderOptions
     from ..errors import CollateError, ConfigError
-    from .compare import choose_source, compare, machine, mix_of, print_report, report
+    from .compare import choose_source, compare, mix_of, store_used
+    from .report import machine, print_report, report
 
     if args.repeat < 1:
         raise ConfigError(f"--repeat={args.repeat} is not allowed: an int >= 1")
@@ -297,7 +310,7 @@ def _cmd_load(args: argparse.Namespace) -> int:
         print(
             f"asyncload load: {rows} rows of {where.url} ({where.why}), {where.network}; "
             f"{args.repeat} run(s) of each reader, {args.epochs} epoch(s) each; asyncload's node store: "
-            f"{store.describe(None)}",
+            f"{store.describe(store_used(where, store))}",
             file=sys.stderr, flush=True,
         )  # fmt: skip
     host = machine()  # the load average before our own runs add to it
@@ -364,8 +377,8 @@ def _source(args: argparse.Namespace, columns: tuple[str, ...]) -> Any:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    import numpy as np
-
+    """Rows, and per column its type, the numpy dtype and shapes of the first ``--sample`` rows and their
+    stored (compressed) bytes: what a read of a row costs on the wire before Deep Lake's chunking."""
     src = _source(args, ("*",))
     ds = src.dataset()
     rows = src._run_query(ds).tolist() if src.query is not None else list(range(len(ds)))
@@ -375,21 +388,32 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         print(f"  query {args.query!r}: {len(rows)} rows")
     sample = rows[: args.sample]
     for col in ds.schema.columns:
-        shapes, dtypes = set(), set()
-        for i in sample:
-            a = np.asarray(ds[i][col.name])
-            shapes.add(a.shape)
-            dtypes.add(str(a.dtype))
-        shown = ", ".join(map(str, sorted(shapes)[:4])) + (" ..." if len(shapes) > 4 else "")
-        print(
-            f"  {col.name:<12} {col.dtype}  numpy {'/'.join(sorted(dtypes)) or '-'}  shapes (first {len(sample)} rows) {shown or '-'}"
-        )
+        print(f"  {col.name:<12} {col.dtype}")
+        print(f"    {_column_sample(ds, col.name, sample)}")
         meta = ds[col.name].metadata  # e.g. a mask column's class_names, which asyncload train reads
         if meta.keys():
             print("    metadata: " + ", ".join(f"{k}={meta[k]!r}" for k in meta.keys()))
     if ds.metadata.keys():
         print("  metadata: " + ", ".join(f"{k}={ds.metadata[k]!r}" for k in ds.metadata.keys()))
     return 0
+
+
+def _column_sample(ds: Any, name: str, sample: list[int]) -> str:
+    """``first 16 rows: numpy uint8, shapes (32, 32, 3), stored 1,704 B per sample (mean)``."""
+    import numpy as np
+
+    shapes, dtypes, stored = set(), set(), []
+    for i in sample:
+        a = np.asarray(ds[i][name])
+        shapes.add(a.shape)
+        dtypes.add(str(a.dtype))
+        try:
+            stored.append(len(ds[name].get_bytes(i)))
+        except Exception:  # noqa: BLE001 - a column without stored bytes of its own (a link, a scalar)
+            pass
+    shown = ", ".join(map(str, sorted(shapes)[:4])) + (" ..." if len(shapes) > 4 else "")
+    size = f", stored {sum(stored) / len(stored):,.0f} B per sample (mean)" if stored else ""
+    return f"first {len(sample)} rows: numpy {'/'.join(sorted(dtypes)) or '-'}, shapes {shown or '-'}{size}"
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -445,7 +469,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
-    p = _Parser(prog="asyncload", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="asyncload", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"asyncload {__version__}")
     _add_debug(p, False)
     sub = p.add_subparsers(dest="command", required=True)
@@ -524,7 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "~/.cache/asyncload/blocks), as a later job on this machine does")  # fmt: skip
     ld.set_defaults(func=_cmd_load)
 
-    i = sub.add_parser("inspect", help="rows, columns, dtypes, shapes and chunk sizes of a Deep Lake dataset")
+    i = sub.add_parser(
+        "inspect", help="rows, columns, dtypes, shapes and stored bytes per sample of a Deep Lake dataset"
+    )
     i.add_argument("url")
     _add_source_options(i)
     i.add_argument("--sample", type=int, default=16, help="rows whose shapes are read (default 16)")

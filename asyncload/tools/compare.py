@@ -17,6 +17,9 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
   "epoch samples/s (open included)", leads; the steady rate (first batch to last) is beside it,
   labelled. The synchronous baseline is timed the same way: open included, to its last row. ``--repeat
   N`` runs both N times, alternating, and reports the median and the range.
+- **The same work per sample.** The baseline (``baseline.SyncRun``) decodes each row and then crops,
+  resizes, flips and normalizes it as the loader's settings do, so the ratio compares reading strategies,
+  not different work. The report is made in ``report``.
 - **Cold against cold.** asyncload keeps what it fetched in the node block store on local disk
   (``sources.nodestore``), for every later epoch and run on the machine: a run after the first would
   read the dataset from there. So each asyncload run reads through a private, empty store
@@ -39,17 +42,15 @@ but each run opens the dataset anew, and its epoch 1 read at the same rate in ev
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import json
 import os
 import statistics
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConfigError
+from .baseline import SyncRun
 from .measure import Measurement, measure
 
 #: URL schemes whose prefixes ``ObjectStoreSource`` reads (Deep Lake names GCS ``gcs://``, not ``gs://``).
@@ -172,57 +173,6 @@ def _rows(source: Any) -> int:
         source.close()
 
 
-class SyncRun:
-    """The synchronous baseline as a training loop runs it: the dataset opened once, inside the first
-    epoch's timing, then each epoch read one row at a time. On Deep Lake ``ds[i][col]`` for each row and
-    column, each copied to an array; on object-store files (or a mixture's rows) ``read([i])``: the row's
-    GETs and decodes, each row finished before the next is asked for."""
-
-    def __init__(self, where: Where, columns: Sequence[str], limit: int) -> None:
-        self.where, self.columns, self.limit = where, tuple(columns), limit
-        self.source: Any = None
-        self.ds: Any = None
-        self.ids: list[int] = []
-        self.loop: asyncio.AbstractEventLoop | None = None
-
-    def _open(self) -> None:
-        self.source = self.where.make()
-        if self.where.kind == "deeplake":
-            self.ds = self.source.handle()  # one open: its version and creds, the rows of its query
-            self.ids = self.source.row_ids(list(range(min(self.limit, len(self.source)))))
-        else:
-            self.loop = asyncio.new_event_loop()
-            self.source.open()
-            self.ids = list(range(min(self.limit, len(self.source))))
-
-    def epoch(self) -> Iterator[int]:
-        """One epoch (the first opens the dataset: this is a generator, so inside the timing)."""
-        import numpy as np
-
-        if self.source is None:
-            self._open()
-        for i in self.ids:
-            if self.ds is not None:
-                row = self.ds[i]
-                for c in self.columns:
-                    np.array(row[c])
-            else:
-                assert self.loop is not None
-                self.loop.run_until_complete(self.source.read([i]))
-            yield 1
-
-    def close(self) -> None:
-        if self.source is None:
-            return
-        self.source.close()  # files: asks this loop to close the source's session: let it
-        if self.loop is not None:
-            left = asyncio.all_tasks(self.loop)
-            if left:  # (gather of nothing makes its future on another loop: a mixture of Deep Lake leaves none)
-                self.loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
-            self.loop.close()
-        self.source = self.ds = self.loop = None
-
-
 class AsyncRun:
     """asyncload as a training loop runs it: one ``AsyncLoader`` on a new source, made and opened (and
     its reader started) inside the first epoch's timing, then ``set_epoch(e)`` and an epoch each."""
@@ -305,8 +255,12 @@ class Runs:
 #: store's rows.
 RUN_STATS = ("remote_bytes", "node_hits", "node_misses", "node_not_kept", "node_read_bytes")
 
-#: What every asyncload run's JSON carries from ``stats()`` of its epoch: what it waited on, and why.
-VERDICT = ("waiting_on", "waiting_on_why", "consumer_wait_frac")
+#: What every asyncload run's JSON carries from ``stats()`` of its epoch: what it waited on, why, and the
+#: wait split by stage (``report.waited_on`` words it for a run without training).
+VERDICT = (
+    "waiting_on", "waiting_on_why", "consumer_wait_frac", "cpu_workers",
+    *(f"wait_on_{k}_s" for k in ("store", "decode", "augment", "transform", "collate", "other")),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -322,13 +276,27 @@ class Store:
     cache: bool | str = "auto"  # the loader's cache setting
     cache_dir: str | None = None  # "yours": the directory
 
-    def describe(self, used: bool | None) -> str:
-        if self.mode == "off" or used is False:
-            why = "cache=False" if self.mode == "off" else "cache='auto' leaves local datasets out"
-            return f"no node store ({why}): every epoch reads the source"
+    def describe(self, used: bool) -> str:
+        """The one thing the report says about the store (``used``: whether asyncload reads through one,
+        ``store_used``)."""
+        if not used and self.mode == "off":
+            return "none (--cache off): every epoch reads the source"
+        if not used:
+            return (
+                "none: a local dataset is read from its files every epoch (cache='auto' keeps remote sources "
+                "only; --cache on keeps this one too)"
+            )
         if self.mode == "yours":
             return f"the node store at {self.cache_dir}, shared by the runs and kept: runs find what earlier ones left"
         return "a private, empty node store per run (removed after): every run's epoch 1 is cold"
+
+
+def store_used(where: Where, store: Store) -> bool:
+    """Whether asyncload's runs read through the node store: not with ``--cache off``; with ``--cache
+    auto`` (the loader's default) only for a source that is not on this machine (``Source.local``)."""
+    if store.mode == "off":
+        return False
+    return store.cache is True or not where.make().local
 
 
 def state_of(stats: Mapping[str, Any] | None, epoch: int) -> str:
@@ -350,7 +318,8 @@ class Result:
     first: tuple[Runs | None, Runs]
     later: tuple[Runs | None, Runs] | None
     store: Store
-    store_used: bool | None  # whether asyncload read through the node store (None: not known)
+    store_used: bool  # whether asyncload read through the node store (``store_used``)
+    work: str = "decodes each row"  # what the baseline does to each sample (``Shaper.work``)
 
 
 def compare(
@@ -367,14 +336,16 @@ def compare(
     base_runs = [Runs("sync"), Runs("sync")] if baseline else None
     ours = [Runs("asyncload"), Runs("asyncload")]
     before = descendants()  # processes that are not this comparison's (a test's server): left out of CPU
-    used: bool | None = None
+    used = store_used(where, store)
+    work = "decodes each row"
     for r in range(repeat):
         if base_runs is not None:
-            run = SyncRun(where, columns, baseline_rows)
+            run = SyncRun(where, columns, baseline_rows, settings)
             try:
                 for e in range(epochs):
-                    m = measure("sync", run.epoch(), count=lambda _: 1, live_tree=before)
+                    m = measure("sync", run.epoch(e), count=lambda _: 1, live_tree=before)
                     base_runs[min(e, 1)].add(m, {"run": r + 1, "epoch": e + 1, "state": state_of(None, e)})
+                work = run.shaper.work if run.shaper is not None else work
             finally:
                 run.close()
         with contextlib.ExitStack() as stack:
@@ -390,10 +361,13 @@ def compare(
             for e in range(epochs):
                 m = measure("asyncload", arun.epoch(e, last=e == epochs - 1), live_tree=before)
                 st = arun.loader.stats() if arun.loader is not None else {}
-                used = arun.loader is not None and arun.loader.options.wants_cache(arun.loader.source)
                 extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e), **{k: st.get(k) for k in VERDICT}}
-                # without the store the read stage may not count what it fetched (0): none, not 0
-                ours[min(e, 1)].add(m, extra | {k: st.get(k) if used else None for k in RUN_STATS})
+                # the node store's rows only where there is one; the bytes received where they are counted
+                # without it too (an object store's GETs: ``stats()["remote_bytes"]``)
+                counted = used or where.kind == "files"
+                ours[min(e, 1)].add(
+                    m, extra | {k: st.get(k) if (used or (counted and k == "remote_bytes")) else None for k in RUN_STATS}
+                )
             if arun.loader is not None:
                 ours[0].name = ours[1].name = describe_loader(arun.loader, settings)
     if base_runs is not None:
@@ -404,7 +378,7 @@ def compare(
         base_runs[0].name = base_runs[1].name = f"sequential {what} ({n} rows)"
     first = (base_runs[0] if base_runs else None, ours[0])
     later = (base_runs[1] if base_runs else None, ours[1]) if epochs > 1 else None
-    return Result(first, later, store, used)
+    return Result(first, later, store, used, work)
 
 
 def describe_loader(loader: Any, settings: Mapping[str, Any]) -> str:
@@ -432,132 +406,4 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-def machine() -> dict[str, Any]:
-    """The CPUs this process may use and the load average (taken before the runs, by ``asyncload load``):
-    figures taken while other jobs share the cores are lower, and the report says so."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"cpus": cpus, "load_average_1min": load}
-
-
-def _pair(base: Runs | None, ours: Runs) -> dict[str, Any]:
-    """The readers' summaries and asyncload's speed-up over the baseline on the same kind of epoch."""
-    out: dict[str, Any] = {"readers": [r.summary() for r in (base, ours) if r is not None]}
-    if base is not None:
-        b, a = out["readers"]
-        out["speedup_epoch"] = a["epoch_samples_per_s"] / b["epoch_samples_per_s"] if b["epoch_samples_per_s"] else None
-    return out
-
-
-def report(
-    where: Where, columns: Sequence[str], rows: int, result: Result, settings: Mapping[str, Any], repeat: int,
-    host: Mapping[str, Any] | None = None, epochs: int = 1,
-) -> dict[str, Any]:  # fmt: skip
-    """Everything ``--json`` prints; the table is made from it. ``readers`` and ``speedup_epoch`` are of
-    each run's first epoch; ``later_epochs`` (with ``--epochs`` 2 or more) the same of epochs 2..N; every
-    run in ``each`` names its run, epoch and state, and asyncload's its bytes fetched from the store."""
-    store = result.store
-    doc: dict[str, Any] = {
-        "url": where.url,
-        "source": {"deeplake": "DeepLakeSource", "mixed": "MixedSource"}.get(where.kind, "ObjectStoreSource"),
-        "source_chosen_because": where.why,
-        "rows": rows,
-        "columns": list(columns),
-        "network": where.network,
-        "latency_emulated": False,
-        "repeat": repeat,
-        "epochs": epochs,
-        "node_store": {
-            "mode": store.mode if result.store_used is not False else "not used",
-            "cache_dir": store.cache_dir,
-            "describe": store.describe(result.store_used),
-        },
-        "machine": dict(host) if host is not None else machine(),
-        "settings": {k: _short(v) for k, v in settings.items()},
-        **_pair(*result.first),
-    }
-    if result.later is not None:
-        doc["later_epochs"] = {"epochs": f"2-{epochs}" if epochs > 2 else "2", **_pair(*result.later)}
-    return doc
-
-
-def _rows_of(readers: Sequence[Mapping[str, Any]], open_included: bool) -> list[str]:
-    """One table: a row per reader, × sync against the first (the baseline) where there are two."""
-    head = "epoch samples/s (open included)" if open_included else "epoch samples/s"
-    out = [
-        f"| reader | samples | {head} | range | × sync | steady samples/s | first batch s | CPU ms/sample "
-        "| peak RSS MB | state | MB from the store |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    base = readers[0]["epoch_samples_per_s"] if len(readers) == 2 else None
-    for r in readers:
-        lo, hi = r["epoch_samples_per_s_range"]
-        ratio = f"{r['epoch_samples_per_s'] / base:.2f}" if base else "-"
-        steady = f"{r['steady_samples_per_s']:,.0f}" if r["steady_samples_per_s"] is not None else "-"
-        fetched = f"{r['remote_bytes'] / 1e6:,.1f}" if r.get("remote_bytes") is not None else "-"
-        out.append(
-            f"| {r['name']} | {r['samples']} | {r['epoch_samples_per_s']:,.0f} | {lo:,.0f}–{hi:,.0f} | {ratio} "
-            f"| {steady} | {r['first_batch_s']:.2f} | {r['cpu_ms_per_sample']:.2f} | {r['peak_rss_mb']:,.0f} "
-            f"| {r['state']} | {fetched} |"
-        )
-    return out
-
-
-def table(doc: Mapping[str, Any]) -> str:
-    """The human report: what was read, where, how; a table of the first epochs, one of the later ones."""
-    epochs = doc.get("epochs", 1)
-    out = [
-        f"{doc['rows']} rows, columns {tuple(doc['columns'])}, from {doc['url']}",
-        f"source: {doc['source']} ({doc['source_chosen_because']})",
-        f"network: {doc['network']}; asyncload load emulates no latency",
-        f"machine: {doc['machine']['cpus']} CPUs, load average {doc['machine']['load_average_1min']:.1f} "
-        "before the runs (1 min)"
-        if doc["machine"]["load_average_1min"] is not None
-        else f"machine: {doc['machine']['cpus']} CPUs",
-        f"asyncload's node store: {doc['node_store']['describe']}",
-        f"each figure: median of {doc['repeat']} run(s), alternating, {epochs} epoch(s) each on one open dataset; "
-        "steady = first batch to last; CPU and peak RSS of the whole process tree; MB from the store: fetched "
-        "from the source (not the node store's disk)",
-        "",
-        "epoch 1 of each run (the dataset opened inside the timing):",
-        "",
-        *_rows_of(doc["readers"], open_included=True),
-        *_verdicts(doc["readers"]),
-    ]
-    if "later_epochs" in doc:
-        later = doc["later_epochs"]
-        ours = (
-            "asyncload reads what epoch 1 left in its node store"
-            if doc["node_store"]["mode"] in ("cold", "yours")
-            else "asyncload reads the source again, no node store"
-        )
-        out += [
-            "",
-            f"epochs {later['epochs']} of each run (the same open dataset; warm: {ours}, the baseline what its "
-            "own caches hold):",
-            "",
-            *_rows_of(later["readers"], open_included=False),
-        ]
-    return "\n".join(out)
-
-
-def _verdicts(readers: Sequence[Mapping[str, Any]]) -> list[str]:
-    """What asyncload's first epochs waited on (``stats()["waiting_on"]``), one line, where they say."""
-    said = [
-        f"{e['waiting_on']} ({e['consumer_wait_frac']:.0%} of the loop's time waiting)"
-        for r in readers
-        for e in r.get("each", [])
-        if e.get("waiting_on") and e.get("consumer_wait_frac") is not None
-    ]
-    return ["", "asyncload's epochs waited on: " + "; ".join(said)] if said else []
-
-
-def print_report(doc: Mapping[str, Any], as_json: bool) -> None:
-    if as_json:
-        json.dump(doc, sys.stdout, indent=1, default=str)
-        sys.stdout.write("\n")
-    else:
-        print("\n" + table(doc))
-
-
-__all__ = ["NORMALIZE", "Result", "Runs", "Store", "Where", "choose_source", "compare", "report", "table"]
+__all__ = ["NORMALIZE", "RUN_STATS", "VERDICT", "Result", "Runs", "Store", "Where", "choose_source", "compare", "store_used"]
