@@ -13,6 +13,7 @@ Every method that touches the index or the disk blocks: the read stage calls the
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,19 +55,20 @@ class Keeping:
         self.composition = composition
 
     @classmethod
-    def open(cls, source: Source[Any], root: str | None, limit: int | None) -> Keeping | None:
+    def open(cls, source: Source[Any], root: str | None, limit: int | None, *, asked: bool = False) -> Keeping | None:
         """``source``'s shelves, held in use (``release``); None where its rows are not kept (a version
-        unknown, for a mixture any of its sources', or a store that cannot be used here)."""
+        unknown, for a mixture any of its sources', or a store that cannot be used here). ``asked``: the
+        user set ``cache=True``, so a source that cannot be kept is a warning, not a note."""
         comp = composition_of(source)
         mixed = getattr(source, "inner", source)  # (a reader process's stand-in holds the mixture)
         if comp is None or not hasattr(mixed, "sources"):
-            shelf = open_shelf(source.store_key, source.url, root, limit)
+            shelf = _shelf(source, root, limit, asked)
             if shelf is None:
                 return None
             return cls([Route(shelf, source, {c: c for c in source.columns}, {})])
         routes: list[Route] = []
         for i, (name, inner) in enumerate(mixed.sources.items()):
-            shelf = open_shelf(inner.store_key, inner.url, root, limit)
+            shelf = _shelf(inner, root, limit, asked)
             if shelf is None:
                 for r in routes:
                     r.shelf.release()
@@ -174,6 +176,11 @@ class Keeping:
         return all(r.shelf.store.full(r.shelf.id) for r in self.routes)
 
     @property
+    def quiet(self) -> None:
+        """These rows are read through (the limit too small): no line says they are kept."""
+        for r in self.routes:
+            r.shelf.quiet()
+
     def where(self) -> str:
         return str(self.routes[0].shelf.store.root)
 
@@ -183,3 +190,18 @@ class Keeping:
 
 
 __all__ = ["Claim", "Const", "Keeping", "Route"]
+def _shelf(source: Source[Any], root: str | None, limit: int | None, asked: bool) -> Shelf | None:
+    """``source``'s shelf, or None where it is not kept, said once with the source's own reason
+    (``unkept_reason``: a manifest gives no ETags) at WARNING where the user asked for the store."""
+    key = source.store_key
+    if key is None:
+        why = getattr(source, "unkept_reason", None) or "its version is unknown"
+        log_once(
+            f"asyncload: {source.url} is not kept on the node block store: {why}; every epoch reads it from the store",
+            logging.WARNING if asked else logging.INFO,
+            key=f"not kept {source.url} {asked}",  # (a loader that asks for the store warns after one that did not)
+        )
+        return None
+    return open_shelf(key, source.url, root, limit)
+
+

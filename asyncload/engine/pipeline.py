@@ -53,11 +53,11 @@ from typing import Any
 from ..errors import ConfigError, ReadError, StallError, WorkerError, read_error
 from ..runtime.loop import LoopThread, cores_available
 from .assembly import assemble
-from .budget import ByteBudget
+from .budget import ByteBudget, part_bytes
 from .hedging import Hedger
 from .plan import Plan, ReadStage
 from .protocol import END, Failure, Ready
-from .stats import Stats, Timeline
+from .stats import Stats, Timeline, wire_counter
 from .tuning import Observation
 
 log = logging.getLogger("asyncload")
@@ -150,6 +150,10 @@ class Pipeline:
         if not self._cancel_safe:
             read, again = functools.partial(self._shielded, read), functools.partial(self._shielded, again)
         self._hedger = Hedger(read, stats, plan.hedge, plan.hedge_min_s, again=again)
+        # ``remote_bytes``: the source's own count of bytes received where it keeps one (the wire), else the
+        # read stage's count of rows fetched (``BlockReads``), else the answers' bytes (``_count_remote``)
+        self._wire = wire_counter(plan.source)
+        self._wire_at_start = self._wire() if self._wire is not None else 0
         self._fetchers: list[asyncio.Task[None]] = []
         self._reading: dict[int, list[int]] = {}  # the rows of each request in flight (for a stall's message)
         self._last_answer = time.perf_counter()  # when a read last answered (success or failure)
@@ -410,6 +414,8 @@ class Pipeline:
             raise read_error(self.plan.source.url, None, idx, exc) from None
         finally:
             self._last_answer = time.perf_counter()  # (cancelled: no answer, but nothing waits any more)
+            if self._wire is not None:
+                stats.remote_bytes = self._wire() - self._wire_at_start
             del self._reading[key]
             stats.in_flight -= len(idx)
             self._gate.release()
@@ -418,6 +424,8 @@ class Pipeline:
                 self._held = None
         stats.latencies.append(seconds)
         stats.read_s += seconds
+        if self._wire is None and self.plan.reads is None:  # no read stage to count the rows fetched
+            stats.remote_bytes += part_bytes(part)
         if stats.first_read_s is None:
             stats.first_read_s = time.perf_counter() - stats.started
         return part

@@ -58,7 +58,7 @@ class ShardEpochs:
         first call after ``close``."""
         o = self.options
         if not self._shelf and o.wants_cache(self.source):
-            got = Keeping.open(self.source, o.cache_dir, o.cache_bytes)
+            got = Keeping.open(self.source, o.cache_dir, o.cache_bytes, asked=o.cache is True)
             if got is not None:
                 self._shelf.append(got)
         return self._shelf[0] if self._shelf else None

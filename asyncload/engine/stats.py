@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -67,7 +67,9 @@ class Stats:
     cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
     cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
     # The read stage (``blocks.BlockReads``) and the node block store (``sources.nodestore``):
-    remote_bytes: int = 0  # bytes the read stage fetched from the source (the remote store, or a local path)
+    # bytes received from the source: the wire bytes where it counts them (``wire_counter``), else the
+    # stored bytes of the rows the read stage fetched (Deep Lake, whose chunk reads are its own)
+    remote_bytes: int = 0
     node_hits: int = 0  # rows served from the node store's disk
     node_misses: int = 0  # rows the node store did not have, fetched from the remote (0 without the store)
     node_not_kept: int = 0  # rows fetched that the node store did not keep (over its limit, or failed)
@@ -214,6 +216,15 @@ class Stats:
             + (f", no answer for {s['stalled_s']:.0f}s (deadline {s['stall_timeout']:.0f}s)" if s["stalled_s"] else "")
             + (f", stalls {s['stalls']} ({s['stall_wait_s']:.0f}s)" if s["stalls"] else "")
         )
+
+
+def wire_counter(source: Any) -> Callable[[], int] | None:
+    """The source's running count of bytes received from the store in this process (``received_bytes``:
+    an object store counts its GETs' bodies), or None where it keeps none. Where there is one,
+    ``remote_bytes`` is its growth over the epoch: the bytes as they crossed the wire, whatever the read
+    stage or the decoding made of them."""
+    counter = getattr(source, "received_bytes", None)
+    return counter if callable(counter) else None
 
 
 #: ``Stats`` fields a process shares with the one that sums them (``row``/``summed``: DataLoader workers).

@@ -80,6 +80,7 @@ def code_tag(cls: type) -> str:
     tag = _CODE_TAGS.get(cls)
     if tag is None:
         h = hashlib.sha256()
+        foreign = False  # asyncload's own classes: the name alone (a digest of no code is no information)
         for k in cls.__mro__:
             if k.__module__.split(".")[0] in ("asyncload", "builtins", "abc", "typing"):
                 continue
@@ -88,10 +89,11 @@ def code_tag(cls: type) -> str:
                 fn = getattr(fn, "__asyncload_without_raw__", fn)  # (an old ``read``, wrapped: its own code)
                 code = getattr(fn, "__code__", None)
                 if code is not None:
+                    foreign = True
                     h.update(f"{k.__qualname__}.{name}".encode())
                     h.update(code.co_code)
                     h.update(repr(code.co_consts).encode())
-        tag = _CODE_TAGS[cls] = f"{cls.__qualname__}:{h.hexdigest()[:12]}"
+        tag = _CODE_TAGS[cls] = f"{cls.__qualname__}:{h.hexdigest()[:12]}" if foreign else cls.__qualname__
     return tag
 
 

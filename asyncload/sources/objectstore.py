@@ -235,6 +235,7 @@ class ObjectStoreSource(Source[_Index]):
         self._store: Store | None = None  # resolved at open, in this process (a live credential chain)
         self._budget: RetryBudget = self.retry.new_budget()
         self._stats = RetryStats()
+        self._received = 0  # bytes of the objects' bodies received in this process (``received_bytes``)
         # (a little past the deadline: the loader's watchdog, which names every row in flight, ends it first)
         self._breaker = Breaker(self.url, self.retry, self._stats, self._stall_timeout + 5.0)
         self._loops: LoopLocal[_LoopState] = LoopLocal(
@@ -248,7 +249,7 @@ class ObjectStoreSource(Source[_Index]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for k in ("_budget", "_stats", "_loops", "_state_pid", "_store", "_breaker"):
+        for k in ("_budget", "_stats", "_loops", "_state_pid", "_store", "_breaker", "_received"):
             state.pop(k, None)
         return state
 
@@ -268,6 +269,14 @@ class ObjectStoreSource(Source[_Index]):
 
     def retry_count(self) -> int:
         return int(self.retry_stats()["retries"])
+
+    def received_bytes(self) -> int:
+        """Bytes of the objects' bodies this process has received from the store, as they crossed the wire
+        (the files' stored bytes, whatever ``decode=`` makes of them; hedged and retried GETs that answered
+        count each time). The read stage reports its epoch's part as ``stats()["remote_bytes"]``. Listing
+        and the manifest, read once per open, are not counted."""
+        self._process_state()
+        return self._received
 
     # -- Source contract -----------------------------------------------------------------------------
     @property
@@ -304,6 +313,19 @@ class ObjectStoreSource(Source[_Index]):
         if contents is None or version is None:
             return None
         return f"{code_tag(type(self))} {self.url}|{version}+{contents}"
+
+    @property
+    def unkept_reason(self) -> str | None:
+        """Why ``store_key`` is None, as it is: the node store keeps an object's bytes under its ETag, so that
+        a rewritten object is fetched again, and a manifest names keys only."""
+        if self.handle().contents is not None:
+            return None
+        if self._manifest is not None:
+            return (
+                "a manifest names the objects' keys but gives no ETags, so an object rewritten under its key "
+                "could not be told from the copy kept (without a manifest, the listing gives them)"
+            )
+        return "the store's listing gave no ETags, so an object rewritten under its key could not be told from the copy kept"
 
     def value_tag(self, column: str) -> str:
         """How ``read`` decodes ``column``'s files (``decode=``): loaders that decode it otherwise keep their
@@ -551,6 +573,7 @@ class ObjectStoreSource(Source[_Index]):
                     waited_s=g.outage_s,
                 ) from g.last
             raise read_error(self.url, col, [i], g.as_builtin())  # noqa: B904 - read_error sets __cause__
+        self._received += len(data)
         if raw:  # the loader's decode stage decodes it, into the batch
             return data
         try:
