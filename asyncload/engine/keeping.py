@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.log import log_once
 from ..sources.base import Columns, Source
 from ..sources.mixed import SOURCE_COLUMN, Composition, composition_of
 from ..sources.nodestore import BIN, Entry, Shelf, open_shelf
@@ -189,7 +190,6 @@ class Keeping:
             r.shelf.release()
 
 
-__all__ = ["Claim", "Const", "Keeping", "Route"]
 def _shelf(source: Source[Any], root: str | None, limit: int | None, asked: bool) -> Shelf | None:
     """``source``'s shelf, or None where it is not kept, said once with the source's own reason
     (``unkept_reason``: a manifest gives no ETags) at WARNING where the user asked for the store."""
@@ -205,3 +205,4 @@ def _shelf(source: Source[Any], root: str | None, limit: int | None, asked: bool
     return open_shelf(key, source.url, root, limit)
 
 
+__all__ = ["Claim", "Const", "Keeping", "Route"]
