@@ -177,11 +177,6 @@ class Keeping:
         return all(r.shelf.store.full(r.shelf.id) for r in self.routes)
 
     @property
-    def quiet(self) -> None:
-        """These rows are read through (the limit too small): no line says they are kept."""
-        for r in self.routes:
-            r.shelf.quiet()
-
     def where(self) -> str:
         return str(self.routes[0].shelf.store.root)
 
