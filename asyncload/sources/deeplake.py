@@ -3,10 +3,12 @@
 Why it reads the way it does (Deep Lake 4.7.4; the figures are in benchmarks/results/wan/deeplake.md):
 - Index lists, never slices: a slice of a compressed column decodes whole chunks.
 - Reads are read-only zero-copy views: the loader copies each sample once, into its batch.
-- ``await`` turns every error into ``RuntimeError`` with ``.result()``'s text: the type is read off the
-  text (``_typed_cause``), never by reading again, since each failing read can crash the process.
-- A Deep Lake future is never cancelled (it then hangs forever) and never left unawaited: a request's
-  reads are all issued, then each is awaited in turn, failures included.
+- A Deep Lake future is never awaited: its ``__await__`` races with its own completion and segfaults under
+  garbage collection. Completions are polled (``runtime.polled.completion``: ``is_completed()``, then
+  ``.result()``, which also keeps the error's type). Where an error still arrives as ``RuntimeError``, the
+  type is read off its text (``_typed_cause``), never by reading again: each failing read can crash.
+- A Deep Lake future is never cancelled (it then hangs forever) and never left unwaited: a request's
+  reads are all issued, then each is waited for in turn, failures included.
 - A dataset's connections are fixed when it opens: the storage pool is sized before (``_size_storage_pool``).
 """
 
@@ -23,6 +25,7 @@ import deeplake
 import numpy as np
 
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
+from ..runtime.polled import completion
 from .base import Columns, Source, code_tag
 from .schemes import DEEPLAKE_SCHEMES, respell
 
@@ -380,13 +383,13 @@ class DeepLakeSource(Source[Any]):
         else:
             views = {c: ds[c] for c in cols}
             makers = [lambda c=c: (views[c].get_bytes_async if c in raw else views[c].get_async)(indices) for c in cols]
-        # all issued first (they run at once), then each awaited in turn: no task per future
+        # all issued first (they run at once), then each waited for in turn: no task per future
         futures = [m() for m in makers]
         out: Columns = {}
         failed: tuple[int, BaseException] | None = None
         for k, fut in enumerate(futures):
             try:
-                res = await fut
+                res = await completion(fut)
             except Exception as exc:  # noqa: BLE001 - raised once every read has ended
                 failed = failed or (k, exc)
                 continue

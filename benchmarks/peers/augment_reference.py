@@ -22,6 +22,8 @@ import numpy as np
 import simplejpeg
 import torch
 
+from asyncload.runtime.polled import completions  # Deep Lake's Future.__await__ segfaults under GC
+
 from .common import in_order, open_dataset
 from .transforms import RandomResizedCropFlip
 
@@ -58,7 +60,7 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
         return {"images": torch.from_numpy(images), "masks": torch.from_numpy(labels)}
 
     async def fetch(idx: list[int]) -> dict[str, torch.Tensor]:
-        blobs, masks = await asyncio.gather(ds["images"].get_bytes_async(idx), ds["masks"].get_bytes_async(idx))
+        blobs, masks = await completions(ds["images"].get_bytes_async(idx), ds["masks"].get_bytes_async(idx))
         return await asyncio.get_running_loop().run_in_executor(pool, assemble, blobs, masks)
 
     yield from in_order(fetch, order, request, inflight)

@@ -26,6 +26,8 @@ import numpy as np
 import simplejpeg
 import torch
 
+from asyncload.runtime.polled import completions  # Deep Lake's Future.__await__ segfaults under GC
+
 from .common import in_order, open_dataset
 
 
@@ -99,11 +101,11 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
         loop = asyncio.get_running_loop()
         began = time.perf_counter()
         if mask_bytes:
-            blobs, mblobs = await asyncio.gather(ds["images"].get_bytes_async(idx), ds["masks"].get_bytes_async(idx))
+            blobs, mblobs = await completions(ds["images"].get_bytes_async(idx), ds["masks"].get_bytes_async(idx))
             answered(began)
             images, masks = await loop.run_in_executor(decoders, timed, decode_both, blobs, mblobs)
             return {"images": torch.from_numpy(images), "masks": torch.from_numpy(masks)}
-        blobs, masks = await asyncio.gather(ds["images"].get_bytes_async(idx), ds["masks"].get_async(idx))
+        blobs, masks = await completions(ds["images"].get_bytes_async(idx), ds["masks"].get_async(idx))
         answered(began)
         images = await loop.run_in_executor(decoders, timed, decode_into, blobs, png)
         return {"images": torch.from_numpy(images), "masks": torch.from_numpy(np.stack(masks))}

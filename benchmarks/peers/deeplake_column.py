@@ -7,12 +7,13 @@ same reader on a local copy. Every table's ratios are against this reader in the
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+
+from asyncload.runtime.polled import completions  # Deep Lake's Future.__await__ segfaults under GC
 
 from .common import in_order, open_dataset
 
@@ -21,7 +22,7 @@ def batches(spec: dict[str, Any], order: list[int], request: int = 64, inflight:
     ds = open_dataset(spec)
 
     async def fetch(idx: list[int]) -> dict[str, torch.Tensor]:
-        images, masks = await asyncio.gather(ds["images"].get_async(idx), ds["masks"].get_async(idx))
+        images, masks = await completions(ds["images"].get_async(idx), ds["masks"].get_async(idx))
         return {"images": torch.from_numpy(np.stack(images)), "masks": torch.from_numpy(np.stack(masks))}
 
     yield from in_order(fetch, order, request, inflight)

@@ -3,12 +3,13 @@ pool 64; Deep Lake decodes), batches of 32, a collate stage, 2 threads: SPDL's d
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+
+from asyncload.runtime.polled import completions  # Deep Lake's Future.__await__ segfaults under GC
 
 from .common import open_dataset
 
@@ -22,7 +23,7 @@ def batches(spec: dict[str, Any], order: list[int], concurrency: int = 64) -> It
 
     async def fetch(i: int) -> tuple[Any, Any]:
         row = ds[i]
-        return tuple(await asyncio.gather(row.get_async("images"), row.get_async("masks")))
+        return tuple(await completions(row.get_async("images"), row.get_async("masks")))
 
     def collate(rows: list[tuple[Any, Any]]) -> dict[str, torch.Tensor]:
         return {

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from asyncload.runtime.polled import completion  # Deep Lake's Future.__await__ segfaults under GC
+
 
 def _best_ms(fn: Callable[[Any], Any], items: list[Any], passes: int) -> float:
     """Median over ``passes`` of the mean ms per item, on this thread (one warm-up pass first)."""
@@ -40,7 +42,7 @@ def _deeplake_ms(ds: Any, col: str, n: int, passes: int) -> float:
     its decode runs on several threads at once, so wall time would flatter it against one thread)."""
 
     async def once() -> None:
-        await ds[col].get_async(list(range(n)))
+        await completion(ds[col].get_async(list(range(n))))
 
     asyncio.run(once())
     per = []

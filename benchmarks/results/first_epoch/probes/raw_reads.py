@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[4]))
+from asyncload.runtime.polled import completions  # Deep Lake's Future.__await__ segfaults under GC
 from benchmarks.testbeds import netem
 from benchmarks.testbeds import world as W
 
@@ -43,7 +44,7 @@ def measure(url, creds, mode, req, inflight, pool):
 
         async def warm():
             step = max(1, n // 40)
-            await asyncio.gather(*(c.get_bytes_async([i]) for i in range(0, n, step) for c in (im, mk)))
+            await completions(*(c.get_bytes_async([i]) for i in range(0, n, step) for c in (im, mk)))
 
         asyncio.run(warm())
         warm_s = round(time.perf_counter() - t0, 3)
@@ -54,10 +55,10 @@ def measure(url, creds, mode, req, inflight, pool):
         async def one(g):
             async with sem:
                 if mode == "plain":
-                    a, b = await asyncio.gather(im.get_async(g), mk.get_async(g))
+                    a, b = await completions(im.get_async(g), mk.get_async(g))
                     nb = a.nbytes + b.nbytes
                 else:
-                    a, b = await asyncio.gather(im.get_bytes_async(g), mk.get_bytes_async(g))
+                    a, b = await completions(im.get_bytes_async(g), mk.get_bytes_async(g))
                     nb = sum(len(x) for x in a) + sum(len(x) for x in b)
                 if first[0] is None:
                     first[0] = time.perf_counter() - t0
