@@ -74,7 +74,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("asyncload.errors", "asyncload._version"),
     ("asyncload.runtime",),
     ("asyncload.image",),
-    ("asyncload.sources",),
+    ("asyncload.sources", "asyncload.nodestore"),
     ("asyncload.engine",),
     ("asyncload.processes",),
     ("asyncload.loader", "asyncload.dataset", "asyncload.device", "asyncload.lightning"),

@@ -1,4 +1,4 @@
-"""The node block store (``sources.nodestore`` behind ``engine.blocks``): each row fetched once per node,
+"""The node block store (``nodestore`` behind ``engine.blocks``): each row fetched once per node,
 across DataLoader workers, fan-out processes and new processes; later epochs from disk; never stale,
 verified, crash-safe, bounded; and without it, rows read ahead held within the byte budget.
 
@@ -22,7 +22,8 @@ import pytest
 from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
-from asyncload.sources.nodestore import NodeStore
+from asyncload.nodestore import NodeStore
+from asyncload.nodestore.index import LOG_ROOM
 
 from .conftest import ROWS, WORKER_START
 from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
@@ -47,6 +48,13 @@ def store_bytes(root: Path | None = None) -> int:
     """Bytes of the parts on disk."""
     root = root or Path(os.environ["ASYNCLOAD_CACHE_DIR"])
     return sum(p.stat().st_size for p in root.glob("parts/*/*.rows"))
+
+
+def on_disk(root: Path | None = None, parts: bool = True) -> int:
+    """What the store takes on disk, as its limit counts it: the parts' allocated blocks, the index and its log."""
+    root = root or Path(os.environ["ASYNCLOAD_CACHE_DIR"])
+    files = [*(root.glob("parts/*/*.rows") if parts else []), *root.glob("index.sqlite3*")]
+    return sum(p.stat().st_blocks * 512 for p in files)
 
 
 def test_later_epochs_read_the_disk_and_nothing_from_the_store(seg_url, seg_arrays, tmp_path) -> None:
@@ -277,17 +285,17 @@ import sys
 sys.path.insert(0, {root!r})
 import time
 from pathlib import Path
-import asyncload.sources.nodestore as ns
+import os
+import asyncload.nodestore as ns
+import asyncload.nodestore.parts as parts
 
-def slow_write_all(path, bufs):  # a part whose values take a second each: the parent kills the writer between two
-    with open(path, "wb") as f:
-        for b in bufs:
-            f.write(b)
-            f.flush()
-            print("wrote", flush=True)
-            time.sleep(1.0)
+def slow_write_all(fd, bufs):  # a part whose values take a second each: the parent kills the writer between two
+    for b in bufs:
+        os.write(fd, b)
+        print("wrote", flush=True)
+        time.sleep(1.0)
 
-ns._write_all = slow_write_all
+parts.write_all = slow_write_all
 store = ns.NodeStore(Path({dir!r}), None)
 shelf = store.shelf("test|v1", "test")
 shelf.put(list(range(8)), {{"images@b": [bytes([i]) * 4096 for i in range(8)]}})
@@ -318,13 +326,15 @@ def test_the_limit_holds_with_a_dataset_twice_its_size(seg_url, tmp_path) -> Non
     src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
     probe = AsyncLoader(src, **{**OPTS, "cache_dir": str(tmp_path / "probe")})
     list(probe)
-    whole = store_bytes(tmp_path / "probe")
-    limit = whole // 2
+    probe.close()
+    parts = on_disk(tmp_path / "probe") - on_disk(tmp_path / "probe", parts=False)
+    index = on_disk(tmp_path / "probe", parts=False) + 32768 + LOG_ROOM  # (the index, its shared memory and log)
+    limit = parts // 2 + index
     loader = AsyncLoader(src, **{**OPTS, "cache_limit": limit})
     for epoch in range(3):
         loader.set_epoch(epoch)
         assert epoch_rows(loader) == Counter(range(ROWS))
-        assert store_bytes() <= limit
+        assert on_disk() <= limit
     s = loader.stats()
     assert s["node_not_kept"] > 0
     assert 0.3 <= s["node_hit_rate"] <= 0.6, s["node_hit_rate"]  # about the half that is resident

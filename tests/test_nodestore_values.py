@@ -15,7 +15,7 @@ import torch
 
 from asyncload import AsyncLoader, DeepLakeSource
 from asyncload.sources.base import Columns, Source
-from asyncload.sources.nodestore import decode, encode
+from asyncload.nodestore import decode, encode
 
 pytestmark = pytest.mark.timeout(120)
 

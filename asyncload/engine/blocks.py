@@ -10,7 +10,7 @@ network about once.
 
 Where the rows wait for their turn:
 
-- **On the node block store** (``sources.nodestore``, remote sources by default): a block is fetched by the
+- **On the node block store** (``nodestore``, remote sources by default): a block is fetched by the
   first process of the node that needs it (a DataLoader worker, a fan-out process, a rank), whole, written
   to disk, and every process reads its rows from there when they come due, in this epoch and the later
   ones. The heap holds none of them.
@@ -55,9 +55,9 @@ from typing import Any
 
 import numpy as np
 
+from ..nodestore import CorruptPart, Entry, Unkeepable, size
 from ..runtime.log import log_once
 from ..sources.base import Columns, Source
-from ..sources.nodestore import CorruptPart, Entry, Unkeepable
 from .budget import part_bytes
 from .keeping import Claim, Const, Keeping
 from .stats import Stats, wire_counter
@@ -167,7 +167,9 @@ class BlockReads:
         try:
             return await self._gather(indices, raw, todo, fetched)
         except CorruptPart as bad:  # dropped: its rows are fetched again (or, a second time, read alone)
-            self._found = {r: e for r, e in self._found.items() if all(x.part != bad.part for x in e.values())}
+            self._found = {
+                r: e for r, e in self._found.items() if all(getattr(x, "part", None) != bad.part for x in e.values())
+            }
             if self.shelf is not None:
                 await asyncio.to_thread(self.shelf.forget, bad.part)
             self.stats.node_corrupt += 1
@@ -201,16 +203,22 @@ class BlockReads:
         fetched: dict[int, dict[str, Any]],
     ) -> Columns:
         """Assemble the answer: ``alone`` read now, ``fetched`` as it came, the rest from the heap or the disk
-        (``CorruptPart`` before any held row is taken)."""
+        (``CorruptPart`` before any held row is taken). Where the disk's rows lie is taken before any wait: a
+        request running beside this one that finds a part corrupt drops that part's rows from ``_found``
+        meanwhile (a row of it is then read back from the dropped file, which fails as corrupt and sends this
+        request round again), and a row neither held nor found any more is read with ``alone``."""
+        mine = set(alone) | set(fetched)
+        lost = [i for i in dict.fromkeys(indices) if i not in mine and i not in self._held and i not in self._found]
+        alone = alone + lost
         self._undue(alone)
+        apos = {i: k for k, i in enumerate(alone)}
+        disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
+        where = {c: [self._found[i][c] for i in disk] for c in self.source.columns} if disk else {}
         lone = await self.source.read(alone, raw) if alone else {}
         if alone:  # fetched from the source like any other (a miss where there is a store)
             self._count_fetch(alone, lone)
-        apos = {i: k for k, i in enumerate(alone)}
-        disk = [i for i in indices if i not in self._held and i not in apos and i not in fetched]
         got: dict[str, list[Any]] = {}
         if disk:
-            where = {c: [self._found[i][c] for i in disk] for c in self.source.columns}
             got = await asyncio.to_thread(self._read_disk, where)
             self.stats.node_hits += sum(1 for i in disk if i not in self._fetched)
             self.stats.node_read_bytes += part_bytes(got)
@@ -290,6 +298,8 @@ class BlockReads:
                 if rows:
                     cols = await self.source.read(rows, raw)
                     self._count_fetch(rows, cols)
+                    if self.shelf is not None and self.window and self.block is not None:  # (full from the start)
+                        self._check_room(self.shelf, part_bytes(cols) / len(rows))
                     self._hold(rows, cols)
                     if self.shelf is not None:
                         self.stats.node_not_kept += len(rows)
@@ -368,13 +378,15 @@ class BlockReads:
         """A limit that cannot hold half of what one window keeps between its fetch and its turn would throw
         every fetch away: the store then reads through (this process's rows, held within the budget), said
         once."""
-        self.window, need = 0, int(self.window // 2 * per_row)
+        half = self.window // 2
+        self.window, need = 0, int(half * per_row)
         if shelf.limit < need:
             self._full = True
+            shelf.quiet()  # (the one line said is this one: no "is kept in" before or after it)
             log_once(
-                f"asyncload: cache_limit={shelf.limit:,} bytes cannot hold half a window of {self.source.url} "
-                f"({need:,} bytes at the sizes read so far): reading through without keeping it; set cache_limit "
-                f"to at least {2 * need:,} bytes, a smaller shuffle_window, or cache=False",
+                f"asyncload: cache_limit {size(shelf.limit)} cannot hold half a window of {self.source.url} "
+                f"({half:,} rows): reading it through without keeping it; set cache_limit to at least "
+                f"{size(_suggest(2 * need))}, a smaller shuffle_window, or cache=False",
                 logging.WARNING,
                 key=f"cache_limit too small {shelf.where} {self.source.url}",
             )
@@ -434,6 +446,13 @@ class BlockReads:
             self.stats.remote_bytes += nbytes
         if rows:
             self._row_bytes = max(self._row_bytes, nbytes / len(rows))
+
+
+def _suggest(nbytes: float) -> int:
+    """A limit to suggest for ``nbytes``: the next power of two of a megabyte above it, so that the figure a
+    run says does not move with the sizes of the rows that happened to be read first (within a factor 2)."""
+    mb = 1 << 20
+    return mb << max(0, math.ceil(math.log2(max(nbytes, 1) / mb)))
 
 
 def _own(value: Any) -> Any:

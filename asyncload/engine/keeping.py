@@ -1,6 +1,6 @@
 """``Keeping``: where a source's rows lie on the node block store, so that the read stage speaks positions.
 
-The store (``sources.nodestore``) keeps a dataset's own rows under the dataset's key; the loader reads
+The store (``nodestore``) keeps a dataset's own rows under the dataset's key; the loader reads
 positions of its source. Between the two: which shelf a position's row is on (a mixture's sources each keep
 their rows on their own shelf, shared with any other loader of that source), which of the dataset's rows it
 is (``Source.row_ids``: a split's or a query's positions name dataset rows), and which key each column is
@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from ..nodestore import BIN, Entry, Shelf, open_shelf
 from ..runtime.log import log_once
 from ..sources.base import Columns, Source
 from ..sources.mixed import SOURCE_COLUMN, Composition, composition_of
-from ..sources.nodestore import BIN, Entry, Shelf, open_shelf
 
 #: A held claim: per route, the bins claimed on its shelf and the claim's holder.
 Claim = list[tuple[int, list[int], str]]
@@ -175,6 +175,11 @@ class Keeping:
         """Whether the node's store has no room left for these rows (``NodeStore.full``): a new epoch then
         reads ahead within the budget from its start, rather than after its first write is refused."""
         return all(r.shelf.store.full(r.shelf.id) for r in self.routes)
+
+    def quiet(self) -> None:
+        """These rows are read through (the limit too small): no line says they are kept."""
+        for r in self.routes:
+            r.shelf.quiet()
 
     @property
     def where(self) -> str:

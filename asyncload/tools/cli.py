@@ -329,7 +329,7 @@ def _store(args: argparse.Namespace) -> Any:
     """The node store asyncload's runs read through: a private, empty one per run (cold) unless the user
     names one (``--cache-dir``, or ``--warm``: the loader's default) or turns it off (``--cache off``)."""
     from ..errors import ConfigError
-    from ..sources.nodestore import default_root
+    from ..nodestore import default_root
     from .compare import Store
 
     cache: bool | str = "auto" if args.cache == "auto" else args.cache == "on"

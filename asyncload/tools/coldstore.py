@@ -1,6 +1,6 @@
 """A private, empty node block store for one measured run: how a comparison starts cold.
 
-Why: asyncload keeps the rows it fetched on local disk (``sources.nodestore``), shared by every process,
+Why: asyncload keeps the rows it fetched on local disk (``nodestore``), shared by every process,
 every later epoch and every later run on the machine. A comparison that reads the same dataset twice, or
 a second ``asyncload load`` of it, would time the second read from that disk and call it the network's.
 So every run that reports a first epoch (``asyncload load``, ``make run``, the benchmark suites) reads
@@ -26,7 +26,7 @@ PREFIX = "asyncload-cold-"
 
 def new_cold_dir(prefix: str = PREFIX) -> str:
     """A new, empty directory for a node store: beside the default store, else under ``$TMPDIR``."""
-    from ..sources.nodestore import default_root
+    from ..nodestore import default_root
 
     root = default_root()
     if root is None:  # no local disk for the store here: the run reads through, as a user's would

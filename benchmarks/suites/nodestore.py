@@ -99,7 +99,7 @@ def ranks(spec: dict[str, Any]) -> dict[str, Any]:
 def index_cost(store: str, rows: int) -> dict[str, float]:
     """Microseconds per row of a warm epoch's look-ups in the node's index, and of its reads from the parts,
     in requests of 32 rows (what a warm epoch asks of the store)."""
-    from asyncload.sources.nodestore import NodeStore
+    from asyncload.nodestore import NodeStore
 
     node = NodeStore(Path(store), None)
     with node.transaction(write=False) as db:

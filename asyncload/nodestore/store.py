@@ -1,0 +1,671 @@
+"""``NodeStore`` and ``Shelf``: the root, the index and the parts put together — room, eviction, claims, the
+lives of shelves — and what the store does when the disk or the index fails.
+
+- **Bounded by what the disk holds**: at most ``limit`` bytes for the node, counting each part's allocated
+  blocks and the index with its log. A write that does not fit first evicts whole shelves that no process
+  holds in use (least recently used first); if it still does not fit it is not kept and the rows already
+  on disk stay (a fixed resident part: with a new random order every epoch, evicting to make room only
+  trades one resident row for another at the cost of a write, ``benchmarks/results/nodestore/``).
+- **A margin of the file system is never written into** (``margin``: 5% of its size, at most 1 GiB): the
+  store stops keeping rows before the disk fills, so the index can still be changed and other programs
+  still write. Where the disk fills anyway (another program), writes stop, said once, and what is stored
+  is still read; a new process opens a full store without writing.
+- **Heals itself**: a part that fails its check is dropped and fetched again; an index that cannot be read
+  or trusted is moved aside and a new one started (its parts removed), said in one line; at open, part
+  files the index does not know (a process killed mid-eviction) are removed, as are reservations of
+  processes that died.
+- **Shelves in use**: a process holds a shared ``flock`` on ``in-use/<shelf>`` while it reads a shelf; an
+  eviction probes it under the index's write lock, and a holder checks its shelf still exists after taking
+  its lock, so an evicted shelf is never written to. The file goes with its last holder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import itertools
+import logging
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..runtime.log import log_once
+from .index import LOG_ROOM, Index, Unreadable, full_disk
+from .parts import CorruptPart, Entry, Parts
+from .root import NotPrivate, default_root, open_root, private_file, proc_path, sub_dir
+from .values import encode
+
+log = logging.getLogger("asyncload")
+
+#: Rows per bin: the unit a process claims before it fetches, so that one process of the node fetches a
+#: block while the others wait for it. Deep Lake's own block: a block read whole is one bin.
+BIN = 64
+
+#: The default limit: a quarter of the space free on the store's filesystem, at most this much. A node's
+#: local disk is usually shared (scratch, other jobs' checkpoints): a quarter never fills it, and 256 GiB
+#: holds the segmentation sets our users train on (Cityscapes 11 GB, ADE20K 4 GB, COCO 25 GB).
+DEFAULT_LIMIT_CAP = 256 << 30
+
+#: Bytes the index grows by for one row of one column (its key, where it lies, its checksum): room asked
+#: for with a part, as the index's size on disk is counted against the limit.
+ENTRY_COST = 96
+
+#: The free space the store never writes into: this share of the file system's size, at most ``MARGIN_CAP``.
+MARGIN_SHARE = 0.05
+MARGIN_CAP = 1 << 30
+
+#: How long a claim on a bin holds off other processes when its holder cannot be seen to be alive (another
+#: pid namespace) or has not finished: the rows are then fetched twice, which costs bytes, never correctness.
+CLAIM_PATIENCE_S = 30.0
+
+_claims = itertools.count()
+
+
+def size(n: float) -> str:
+    """Bytes as a person reads them: 3 significant figures in the unit that shows them (512 B, 2.10 MB)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def margin(st: os.statvfs_result) -> int:
+    """The free space of a file system (``statvfs``) the store leaves alone."""
+    return min(MARGIN_CAP, int(st.f_blocks * st.f_frsize * MARGIN_SHARE))
+
+
+def _owner(claim: int = 0) -> str:
+    """Who holds a reservation (``claim`` 0) or a claim (a number of its own: two reads of one process
+    exclude each other too): the process, its pid namespace (a pid means nothing in another one: a
+    container beside this one sharing the directory) and the claim."""
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return f"{ns}:{os.getpid()}:{claim}"
+
+
+def _alive(owner: str) -> bool | None:
+    """Whether ``owner``'s process lives: True, False, or None where it cannot be told (another namespace)."""
+    ns, pid, _ = (owner.split(":") + ["", ""])[:3]
+    if ns != _owner().split(":")[0]:
+        return None
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+class NodeStore:
+    """The store under ``root``, at most ``limit`` bytes for the node (None: a quarter of the free space, at
+    most ``DEFAULT_LIMIT_CAP``). One per process and root while a loader uses it (``NodeStore.at``,
+    ``open_shelf``): the last shelf released closes its files. A forked child opens its own connection to the
+    index at its first use."""
+
+    _open: ClassVar[dict[tuple[int, str], NodeStore]] = {}
+    _refused: ClassVar[set[tuple[int, str]]] = set()  # roots that could not be used by this process
+    _open_lock: ClassVar[threading.RLock] = threading.RLock()
+
+    def __init__(self, root: Path, limit: int | None) -> None:
+        self.root = root
+        self.fd = open_root(root)
+        try:
+            self.index = Index(self.fd, proc_path(self.fd, root))
+            self._lock = threading.RLock()
+            self.disabled: str | None = None  # why the store is off in this process (the index failed)
+            self.no_room: str | None = None  # why it keeps no more rows (the disk full): it is still read
+            self._shelves: dict[str, Shelf] = {}
+            self._quiet: set[str] = set()  # shelves whose first line is said (or not to be said)
+            self._inuse = sub_dir(self.fd, "in-use", root / "in-use")
+            self.parts = Parts(sub_dir(self.fd, "parts", root / "parts"), root / "parts")
+            self._open_index()
+            vfs = os.fstatvfs(self.fd)
+            self.block = vfs.f_frsize or 4096
+            if limit is None:
+                limit = min(DEFAULT_LIMIT_CAP, (vfs.f_bavail * vfs.f_frsize + self.on_disk()) // 4)
+            self.limit = limit
+        except BaseException:
+            self.close()
+            raise
+
+    # -- opening: the index checked, rebuilt where unreadable, what it does not know reclaimed ---------------
+    def _open_index(self) -> None:
+        """Under the node's open lock (one process at a time checks, rebuilds and sweeps): the index opened
+        and checked (set aside and started anew where it cannot be read or trusted, said once), reservations
+        of dead processes and part files it does not know removed."""
+        lock = self._lock_file()
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                self.index.verify()  # (connects: an index that is not the user's, not a database, another format)
+            except Unreadable as why:
+                self._rebuild(str(why))
+            try:
+                listed = self.parts.listing()  # (first: a part written after it is in the index by then)
+                with self.index.transaction() as db:
+                    gone = self._reclaim_in(db)
+                    known = {p for (p,) in db.execute("SELECT id FROM parts")}
+                self.parts.unlink(gone)
+                freed = self.parts.sweep(known, listed)
+                if freed:
+                    log.info("asyncload: node block store at %s: %s of parts no index row names, removed",
+                             self.root, size(freed))  # fmt: skip
+            except (OSError, sqlite3.Error) as exc:
+                if not full_disk(exc):
+                    raise
+                self.failed(exc)
+        finally:
+            os.close(lock)
+
+    def _lock_file(self) -> int:
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open("open.lock", flags, 0o600, dir_fd=self.fd)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+            os.unlink("open.lock", dir_fd=self.fd)
+            fd = os.open("open.lock", flags, 0o600, dir_fd=self.fd)
+        if not private_file(os.fstat(fd)):
+            os.close(fd)
+            os.unlink("open.lock", dir_fd=self.fd)
+            return self._lock_file()
+        return fd
+
+    def _rebuild(self, why: str) -> None:
+        """The index cannot be used: moved aside, its parts removed (what they hold cannot be found without
+        it), a new index started. One line says so."""
+        aside = self.index.set_aside() if self._exists("index.sqlite3") else None
+        self.parts.close()
+        shutil.rmtree("parts", dir_fd=self.fd, ignore_errors=True)
+        if self._exists("parts"):  # (another user's files in it: moved aside whole)
+            os.rename("parts", f"untrusted.parts.{time.time_ns()}", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        self.parts = Parts(sub_dir(self.fd, "parts", self.root / "parts"), self.root / "parts")
+        log.warning(
+            "asyncload: the node block store's index at %s could not be used (%s): %sits parts removed, "
+            "and a new index started; the rows are fetched again",
+            self.root / "index.sqlite3", why, f"moved aside to {aside}, " if aside else "",
+        )  # fmt: skip
+        self.index.check_files()
+        self.index.verify()
+
+    def _exists(self, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    @classmethod
+    def at(cls, root: Path, limit: int | None) -> NodeStore | None:
+        """This process's store at ``root`` (opened once while in use), or None with one warning where it
+        cannot be used (the directory cannot be created, written or trusted)."""
+        key = (os.getpid(), str(root))
+        with cls._open_lock:
+            store = cls._open.get(key)
+            if store is None:
+                if key in cls._refused:  # said once; the directory is not tried again by this process
+                    return None
+                try:
+                    store = cls(root, limit)
+                except (OSError, sqlite3.Error, Unreadable) as exc:
+                    cls._refused.add(key)
+                    _warn_off(root, exc)
+                    return None
+                cls._open[key] = store
+            elif limit is not None:
+                store.limit = limit
+            return store if store.disabled is None else None
+
+    def close(self) -> None:
+        """Close the index, the directories and the in-use locks of this process (``open_shelf``'s last
+        shelf released does it)."""
+        with self._lock if hasattr(self, "_lock") else contextlib.nullcontext():
+            shelves = list(getattr(self, "_shelves", {}).values())
+            for s in shelves:
+                s.users = 0
+                self._unhold(s)
+            if hasattr(self, "_shelves"):
+                self._shelves.clear()
+        if hasattr(self, "index"):
+            self.index.close()
+        if hasattr(self, "parts"):
+            self.parts.close()
+        for fd in (getattr(self, "_inuse", -1), self.fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._inuse = self.fd = -1
+        with NodeStore._open_lock:
+            key = (os.getpid(), str(self.root))
+            if NodeStore._open.get(key) is self:
+                del NodeStore._open[key]
+
+    # -- the index -----------------------------------------------------------------------------------
+    def transaction(self, write: bool = True) -> Any:
+        return self.index.transaction(write)
+
+    def used(self) -> int:
+        """Bytes of parts the store holds on this node (allocated blocks, reservations included)."""
+        with self.transaction(write=False) as db:
+            return Index.used(db)
+
+    def on_disk(self) -> int:
+        """What the limit bounds: the parts (``used``) and the index with its log."""
+        return self.used() + self.index.disk_bytes()
+
+    def part_path(self, part: int) -> Path:
+        return self.parts.path_of(part)
+
+    # -- shelves -------------------------------------------------------------------------------------
+    def shelf(self, key: str, label: str) -> Shelf | None:
+        """The shelf of the dataset version ``key`` (``Source.store_key``), held in use by this process until
+        its last reader releases it (``Shelf.release``): no process evicts a shelf that one holds."""
+        with self._lock:
+            have = self._shelves.get(key)
+            if have is not None:
+                have.users += 1
+                return have
+            try:
+                got = self._hold(key, label)
+            except (OSError, sqlite3.Error) as exc:
+                self.failed(exc)
+                return None
+            if got is None:
+                return None
+            have = self._shelves[key] = Shelf(self, key, label, *got)
+        return have
+
+    def _hold(self, key: str, label: str) -> tuple[int, int] | None:
+        """The shelf's id and a descriptor holding its in-use lock. The lock is taken after the id is read and
+        the shelf is looked for again under the index's write lock after: an eviction between the two (it
+        probes locks under that write lock) is seen, and the shelf made anew."""
+        for _ in range(10):
+            try:
+                with self.transaction() as db:
+                    now = time.time()
+                    db.execute("INSERT OR IGNORE INTO shelves(key, label, used) VALUES (?, ?, ?)", (key, label, now))
+                    db.execute("UPDATE shelves SET used = ? WHERE key = ?", (now, key))
+                    (sid,) = db.execute("SELECT id FROM shelves WHERE key = ?", (key,)).fetchone()
+            except sqlite3.OperationalError as exc:
+                if not full_disk(exc):
+                    raise
+                self.failed(exc)  # a full disk: the shelf read as it is, with no lock (no room to evict for)
+                with self.transaction(write=False) as db:
+                    row = db.execute("SELECT id FROM shelves WHERE key = ?", (key,)).fetchone()
+                return (row[0], -1) if row else None
+            fd = self._lock_inuse(sid)
+            with self.transaction() as db:
+                if db.execute("SELECT 1 FROM shelves WHERE id = ?", (sid,)).fetchone():
+                    return sid, fd
+            os.close(fd)
+        raise OSError(errno.EAGAIN, "a shelf evicted ten times over while being opened", str(self.root))
+
+    def _lock_inuse(self, sid: int) -> int:
+        """A shared lock on ``in-use/<sid>``, on the file that is there once it is held (a last holder of
+        another process may remove the file between this one's open and its lock)."""
+        name = str(sid)
+        while True:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._inuse)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                if os.stat(name, dir_fd=self._inuse, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+
+    def release(self, shelf: Shelf) -> None:
+        """``Shelf.release``: the last reader of ``shelf`` in this process gone, its in-use lock is dropped
+        (and its file removed where no other process holds it); the last shelf gone, the store's files are
+        closed (``NodeStore.close``)."""
+        with NodeStore._open_lock, self._lock:
+            shelf.users -= 1
+            if shelf.users > 0 or self._shelves.get(shelf.key) is not shelf:
+                return
+            del self._shelves[shelf.key]
+            self._unhold(shelf)
+            if not self._shelves and NodeStore._open.get((os.getpid(), str(self.root))) is self:
+                self.close()
+
+    def _unhold(self, shelf: Shelf) -> None:
+        fd, shelf._inuse_fd = shelf._inuse_fd, -1
+        if fd < 0 or self._inuse < 0:
+            return
+        name = str(shelf.id)
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (no other holder: the file goes with this one)
+            if os.stat(name, dir_fd=self._inuse, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
+                os.unlink(name, dir_fd=self._inuse)
+        os.close(fd)  # closing releases the lock
+
+    def _in_use(self, sid: int) -> bool:
+        """Whether a process holds shelf ``sid`` in use (this one included)."""
+        if any(s.id == sid for s in self._shelves.values()):
+            return True
+        try:
+            fd = os.open(str(sid), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._inuse)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # (the probe's own lock goes with it)
+        return False
+
+    # -- room ----------------------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> int:
+        """What ``nbytes`` in a file take on disk: whole blocks."""
+        return -(-nbytes // self.block) * self.block
+
+    def disk_room(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more (and the index's log) leave the file system its margin."""
+        st = os.fstatvfs(self.fd)
+        return st.f_bavail * st.f_frsize - nbytes - LOG_ROOM >= margin(st)
+
+    def full(self, sid: int) -> bool:
+        """Whether a write for shelf ``sid`` would find no room (within 2% of the limit, even after evicting
+        every shelf that no process uses, or the disk at its margin)."""
+        if self.no_room is not None or not self.disk_room(BIN * ENTRY_COST):
+            return True
+        with self.transaction(write=False) as db:
+            used = Index.used(db) + self.index.disk_bytes()
+            others = db.execute(
+                "SELECT shelf, SUM(bytes) FROM parts WHERE shelf != ? GROUP BY shelf", (sid,)
+            ).fetchall()
+        free = self.limit - used + sum(n for other, n in others if not self._in_use(other))
+        return free < 0.02 * self.limit
+
+    def reserve(self, sid: int, nbytes: int, rows: int = 0) -> int | None:
+        """A new part of shelf ``sid`` for ``nbytes`` of ``rows`` values: its id, or None where the limit
+        cannot make room (shelves no process uses are evicted first, least recently used first), the disk
+        is at its margin, or the shelf is gone."""
+        need = self.alloc(nbytes)
+        grow = ENTRY_COST * rows  # (what the index will grow by)
+        if self.no_room is not None or not self.disk_room(need + grow):
+            return None
+        gone: list[int] = []
+        try:
+            with self.transaction() as db:
+                if db.execute("SELECT 1 FROM shelves WHERE id = ?", (sid,)).fetchone() is None:
+                    return None
+                index = self.index.disk_bytes() + grow
+                if Index.used(db) + index + need > self.limit:
+                    gone += self._reclaim_in(db)
+                    for (other,) in db.execute("SELECT id FROM shelves WHERE id != ? ORDER BY used", (sid,)).fetchall():
+                        if Index.used(db) + index + need <= self.limit:
+                            break
+                        if not self._in_use(other):
+                            gone += self._evict_in(db, other)
+                if Index.used(db) + index + need > self.limit:
+                    part = None
+                else:
+                    cur = db.execute("INSERT INTO parts(shelf, bytes, owner) VALUES (?, ?, ?)", (sid, need, _owner()))
+                    part = cur.lastrowid
+                    Index.add_used(db, need)
+        except sqlite3.Error as exc:
+            self.failed(exc)
+            return None
+        self.parts.unlink(gone)
+        return part
+
+    def _evict_in(self, db: sqlite3.Connection, sid: int) -> list[int]:
+        parts = [p for (p,) in db.execute("SELECT id FROM parts WHERE shelf = ?", (sid,))]
+        (nbytes,) = db.execute("SELECT COALESCE(SUM(bytes), 0) FROM parts WHERE shelf = ?", (sid,)).fetchone()
+        db.execute("DELETE FROM entries WHERE shelf = ?", (sid,))
+        db.execute("DELETE FROM parts WHERE shelf = ?", (sid,))
+        db.execute("DELETE FROM claims WHERE shelf = ?", (sid,))
+        db.execute("DELETE FROM shelves WHERE id = ?", (sid,))
+        Index.add_used(db, -nbytes)
+        with contextlib.suppress(OSError):
+            os.unlink(str(sid), dir_fd=self._inuse)
+        log.info("asyncload: node block store: evicted shelf %d (%s), used by no process", sid, size(nbytes))
+        return parts
+
+    def _reclaim_in(self, db: sqlite3.Connection) -> list[int]:
+        """Reservations of processes that died before their part was whole: their room back."""
+        dead = [(p, n) for p, n, owner in db.execute("SELECT id, bytes, owner FROM parts WHERE done = 0")
+                if _alive(owner) is False]  # fmt: skip
+        for p, n in dead:
+            db.execute("DELETE FROM parts WHERE id = ?", (p,))
+            Index.add_used(db, -n)
+        return [p for p, _ in dead]
+
+    def drop(self, part: int) -> None:
+        """Remove ``part`` (corrupt, or not kept): its rows leave the index and its room is given back."""
+        try:
+            with self.transaction() as db:
+                row = db.execute("SELECT bytes FROM parts WHERE id = ?", (part,)).fetchone()
+                if row is not None:
+                    db.execute("DELETE FROM entries WHERE part = ?", (part,))
+                    db.execute("DELETE FROM parts WHERE id = ?", (part,))
+                    Index.add_used(db, -row[0])
+        except sqlite3.Error as exc:
+            self.failed(exc)
+        self.parts.unlink([part])
+
+    def failed(self, exc: BaseException) -> None:
+        """The disk or the index refused. A full disk: no more rows are kept, and what is stored is still read
+        (said once). Anything else (read-only, gone, damaged): the store is off in this process from now on,
+        said once; the next process to open it checks the index and rebuilds it where it cannot be read."""
+        if full_disk(exc):
+            if self.no_room is None:
+                self.no_room = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "asyncload: the disk under the node block store at %s is full: no more rows are kept; the "
+                    "rows it holds are still read from it. Free space there, or set cache_dir elsewhere",
+                    self.root,
+                )  # fmt: skip
+        elif self.disabled is None:
+            self.disabled = f"{type(exc).__name__}: {exc}"
+            _warn_off(self.root, exc)
+
+    # -- the first line ------------------------------------------------------------------------------
+    def announce(self, shelf: Shelf) -> None:
+        """Say once where ``shelf``'s rows are kept (at its first row written or read, so that a store that
+        cannot keep them says only that)."""
+        if shelf.key in self._quiet:
+            return
+        self._quiet.add(shelf.key)
+        with contextlib.suppress(OSError, sqlite3.Error):
+            log.info(
+                "asyncload: node block store: %s is kept in %s (limit %s for this node, %s used)",
+                shelf.label, self.root, size(self.limit), size(self.on_disk()),
+            )  # fmt: skip
+
+    def quiet(self, shelf: Shelf) -> None:
+        """``shelf``'s rows are read through (the limit too small for them): no line says they are kept."""
+        self._quiet.add(shelf.key)
+
+
+class Shelf:
+    """One dataset version's rows in the node's store, as this process reads and writes them. Every call
+    that touches the disk or the index blocks: the read stage makes them on a pool thread."""
+
+    def __init__(self, store: NodeStore, key: str, label: str, sid: int, inuse_fd: int) -> None:
+        self.store = store
+        self.key = key
+        self.label = label
+        self.id = sid
+        self._inuse_fd = inuse_fd
+        self.users = 1  # the readers of this process holding it (``NodeStore.shelf``, ``release``)
+
+    @property
+    def off(self) -> bool:
+        """Whether the store was turned off in this process (the index failed)."""
+        return self.store.disabled is not None
+
+    # -- what is there -------------------------------------------------------------------------------
+    def lookup(self, rows: Sequence[int], cols: Sequence[str]) -> dict[int, dict[str, Entry]]:
+        """Of ``rows`` (the dataset's row numbers), those present for every column of ``cols``, with where each
+        lies."""
+        found: dict[int, dict[str, Entry]] = {}
+        if not rows or self.off:
+            return found
+        want = sorted(set(rows))
+        try:
+            with self.store.transaction(write=False) as db:
+                for col in cols:
+                    for lo in range(0, len(want), 500):
+                        chunk = want[lo : lo + 500]
+                        q = (f"SELECT row, part, off, len, crc, how FROM entries WHERE shelf = ? AND col = ? "
+                             f"AND row IN ({','.join('?' * len(chunk))})")  # fmt: skip
+                        for r, *e in db.execute(q, (self.id, col, *chunk)):
+                            found.setdefault(r, {})[col] = Entry(*e)
+        except sqlite3.Error as exc:
+            self.store.failed(exc)
+            return {}
+        return {r: e for r, e in found.items() if len(e) == len(cols)}
+
+    def get(self, entries: Sequence[Entry]) -> list[Any]:
+        """The values of ``entries``, each checked against its CRC32 (``CorruptPart`` names the part)."""
+        if entries:
+            self.store.announce(self)
+        return self.store.parts.read(entries)
+
+    def forget(self, part: int) -> None:
+        """Drop a part found corrupt: its rows leave the index, its file goes."""
+        self.store.drop(part)
+
+    def quiet(self) -> None:
+        """This shelf's rows are read through: no line says they are kept (``NodeStore.quiet``)."""
+        self.store.quiet(self)
+
+    # -- writing -------------------------------------------------------------------------------------
+    def put(self, rows: Sequence[int], cols: Mapping[str, Sequence[Any]]) -> bool:
+        """Write ``rows`` (the dataset's row numbers; their values per column key) as one part. False where the
+        store did not keep them (over its limit, the disk at its margin or refusing, the shelf evicted);
+        ``Unkeepable`` where a value cannot be kept exactly. Rows another process wrote meanwhile keep that
+        process's copy."""
+        bufs: list[bytes | memoryview] = []
+        meta: list[tuple[str, int, int, int, int, str]] = []
+        off = 0
+        for col, values in cols.items():
+            for r, v in zip(rows, values, strict=True):
+                data, how = encode(v)
+                n = data.nbytes if isinstance(data, memoryview) else len(data)
+                meta.append((col, int(r), off, n, zlib.crc32(data), how))
+                bufs.append(data)
+                off += n
+        store = self.store
+        if store.disabled is not None or store.no_room is not None:
+            return False
+        part = store.reserve(self.id, off, len(meta))
+        if part is None:
+            return False
+        try:
+            store.parts.write(part, bufs)
+        except OSError as exc:
+            store.drop(part)
+            store.failed(exc)
+            return False
+        try:
+            with store.transaction() as db:
+                row = db.execute("SELECT bytes FROM parts WHERE id = ?", (part,)).fetchone()
+                kept = row is not None  # (else its shelf was evicted: the part is no one's)
+                if kept:
+                    before = db.total_changes
+                    db.executemany(
+                        "INSERT OR IGNORE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(self.id, c, r, part, o, n, crc, how) for c, r, o, n, crc, how in meta],
+                    )
+                    if db.total_changes == before:  # every row was written by another process meanwhile
+                        db.execute("DELETE FROM parts WHERE id = ?", (part,))
+                        Index.add_used(db, -row[0])
+                        part_kept = False
+                    else:
+                        db.execute("UPDATE parts SET done = 1 WHERE id = ?", (part,))
+                        part_kept = True
+        except sqlite3.Error as exc:
+            store.drop(part)
+            store.failed(exc)
+            return False
+        if not kept or not part_kept:
+            store.parts.unlink([part])
+        if kept:
+            store.announce(self)
+        return kept
+
+    # -- one fetch per node --------------------------------------------------------------------------
+    def claim(self, bins: Sequence[int]) -> str | None:
+        """The node-wide claim of every bin of ``bins`` for a fetch, all or none in one step (so that two
+        fetches over overlapping runs of bins never both go ahead, and never wait on each other): its
+        holder's name (for ``unclaim``), or None while another fetch of a live process holds one of them."""
+        me, now = _owner(next(_claims) + 1), time.time()
+        try:
+            with self.store.transaction() as db:
+                for b in bins:
+                    row = db.execute(
+                        "SELECT owner, since FROM claims WHERE shelf = ? AND bin = ?", (self.id, b)
+                    ).fetchone()
+                    if row is not None and _alive(row[0]) is not False:
+                        if now - row[1] < CLAIM_PATIENCE_S:  # (past it: a holder stuck, fetched regardless)
+                            return None
+                db.executemany(
+                    "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", [(self.id, b, me, now) for b in bins]
+                )
+        except sqlite3.Error as exc:
+            self.store.failed(exc)
+        return me
+
+    def unclaim(self, bins: Sequence[int], holder: str) -> None:
+        """Give back the claim ``holder`` (``claim``'s answer) took on ``bins``."""
+        with contextlib.suppress(sqlite3.Error):
+            with self.store.transaction() as db:
+                db.executemany(
+                    "DELETE FROM claims WHERE shelf = ? AND bin = ? AND owner = ?", [(self.id, b, holder) for b in bins]
+                )
+
+    def release(self) -> None:
+        """One reader of this process is done with the shelf. When none is left, its in-use lock goes, so
+        that the shelf may be evicted for another's rows (a long-lived process, a notebook, that read one
+        version and then another does not keep the old one from being evicted)."""
+        self.store.release(self)
+
+
+def open_shelf(key: str | None, label: str, root: str | os.PathLike[str] | None, limit: int | None) -> Shelf | None:
+    """The node store's shelf for the dataset version ``key`` under ``root`` (None: ``default_root``), or
+    None where it is not kept (no version, a store that cannot be used here)."""
+    if key is None:
+        log_once(f"asyncload: {label} is not kept on the node block store: its version is unknown", logging.INFO)
+        return None
+    where = Path(root).expanduser() if root is not None else default_root()
+    if where is None:
+        return None
+    with NodeStore._open_lock:
+        store = NodeStore.at(where, limit)
+        shelf = store.shelf(key, label) if store is not None else None
+        if shelf is None and store is not None and not store._shelves:
+            store.close()  # (none in use: the files are not held open)
+        return shelf
+
+
+def _warn_off(root: Path, exc: BaseException) -> None:
+    if isinstance(exc, NotPrivate):
+        why = exc.strerror
+        log.warning("asyncload: the node block store is off: %s", why)
+        return
+    why = "the disk is full" if getattr(exc, "errno", None) == errno.ENOSPC else f"{type(exc).__name__}: {exc}"
+    log.warning(
+        "asyncload: the node block store at %s cannot be used (%s): reading from the store without it. "
+        "Set cache_dir (or ASYNCLOAD_CACHE_DIR) to a writable local directory, or cache=False",
+        root, why,
+    )  # fmt: skip
+
+
+__all__ = ["BIN", "CLAIM_PATIENCE_S", "DEFAULT_LIMIT_CAP", "ENTRY_COST", "NodeStore", "Shelf", "open_shelf", "size"]
