@@ -1,93 +1,162 @@
-"""After the test suite: print the backtrace of every thread in the core a native crash left.
+"""After the test suite: take every core the run left out of the user's directories, and report a native crash.
 
-A native crash (Deep Lake's failing-read bug, or anything else) kills its process without a Python
-traceback: Deep Lake's import replaces the SIGSEGV handler that faulthandler would use. Under xdist the
-process is a worker and pytest itself exits 1 ("worker 'gw2' crashed while running ..."), so a core is
-looked for whatever the exit status. ``make test`` runs pytest with ``ulimit -c unlimited``; this takes the
-newest core in the working directory written since the run started and asks gdb for ``thread apply all
-bt`` and the faulting thread's Python stack (``py-bt``, where CPython's gdb helpers are installed), so that
-a CI log names the faulting thread and the test. Crashes the suite causes on purpose dump no core
-(``tests/sources.py``), but a reader process that Deep Lake's failing-read bug kills may (the fault and
-stall tests make reads fail through it, and the loader replaces it): after a passing run a core is only
-mentioned. Usage: ``python -m harness.crash_report <exit status> <python> [<run start, epoch s>]``.
+Why: a native crash kills its process without a Python traceback (Deep Lake's import replaces the SIGSEGV
+handler faulthandler would use), so a CI log names the faulting thread only if gdb reads the core. The
+kernel writes a core into the crashing process's working directory (``core_pattern`` is ``core`` here), which
+for the suite is the checkout, or a test's temporary directory: a 2.3 GB file left beside the code.
+
+What it does (``harness/run_suite.sh`` calls it once, after pytest):
+
+- Finds the ELF cores written since the run began, in the checkout and under pytest's temporary root, and
+  moves them into the run's private directory (``--into``), which the script removes on exit.
+- A pytest worker killed by a signal (xdist: "worker 'gw1' crashed while running 'tests/...'") is a failed
+  run, named by its test, with the backtraces of the core that worker left (``thread apply all bt``, the
+  faulting thread first and again last, and its Python stack where CPython's gdb helpers are installed).
+- Any other core is a child process a test crashed on purpose, or a reader the loader replaced; the tests
+  judged it. It is counted in one line, never reported as a crash.
+
+Usage: ``python -m harness.crash_report --status N --python PY --since FILE --log FILE --into DIR``.
 """
 
 from __future__ import annotations
 
-import glob
+import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
-import sys
+import tempfile
+from pathlib import Path
+
+#: How xdist says a worker died (``dsession.py``): the worker's id and the test it ran.
+WORKER_CRASH = re.compile(r"worker '(gw\d+)' crashed while running '([^']+)'")
+#: Directories never searched for cores: they hold no process's working directory.
+SKIP = {".git", ".venv", "node_modules", "__pycache__", "wheelhouse"}
 
 
-def main(status: int, python: str, since: float = 0.0) -> None:
-    cores = sorted((c for c in glob.glob("core*") if os.path.getmtime(c) >= since), key=os.path.getmtime)
-    if status > 128:
-        try:
-            name = signal.Signals(status - 128).name
-        except ValueError:
-            name = str(status - 128)
-        print(f"\n=== the test run died by signal {name} (exit status {status}) ===", flush=True)
-    elif cores and status != 0:
-        print(f"\n=== a process of the test run dumped core (exit status {status}) ===", flush=True)
-    else:
-        if cores:  # a reader process the suite's failing reads killed (Deep Lake's bug), as designed
-            print(f"({len(cores)} core file(s) from this run's child processes, the tests passed: newest {cores[-1]})")
+def is_core(path: Path) -> bool:
+    """An ELF file of type ET_CORE (a file merely named ``core``, such as a package, is not)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(18)
+    except OSError:
+        return False
+    return len(head) == 18 and head[:4] == b"\x7fELF" and int.from_bytes(head[16:18], "little") == 4
+
+
+def find_cores(roots: list[Path], since: float, depth: int = 4) -> list[Path]:
+    """Cores (``core``, ``core.<pid>``) written at or after ``since`` under ``roots``, oldest first."""
+    found: list[Path] = []
+    for root in roots:
+        base = len(root.parts)
+        for top, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if d not in SKIP and len(Path(top).parts) - base < depth]
+            for name in files:
+                if name == "core" or re.fullmatch(r"core\.\d+", name):
+                    path = Path(top) / name
+                    try:
+                        fresh = path.stat().st_mtime >= since
+                    except OSError:
+                        continue
+                    if fresh and is_core(path):
+                        found.append(path)
+    return sorted(found, key=lambda p: p.stat().st_mtime)
+
+
+def take(cores: list[Path], into: Path) -> list[Path]:
+    """Move ``cores`` into ``into`` (numbered, so two cores named ``core`` keep apart)."""
+    taken = []
+    for k, core in enumerate(cores):
+        dest = into / f"core.{k}"
+        shutil.move(str(core), dest)
+        taken.append(dest)
+    return taken
+
+
+def pytest_temp_root() -> Path:
+    """Where pytest puts each test's ``tmp_path``: ``<tmp>/pytest-of-<user>``."""
+    import getpass
+
+    return Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}"
+
+
+def generated_by(python: str, core: Path) -> str:
+    """The command line that dumped ``core``, as gdb reads it ("" without gdb)."""
+    text = _gdb([os.path.realpath(python), str(core)])
+    found = re.search(r"Core was generated by `([^`]*)'", text)
+    return found.group(1) if found else ""
+
+
+def report(status: int, python: str, log: str, cores: list[Path]) -> None:
+    crashed = WORKER_CRASH.findall(log)
+    if not crashed:
+        if status > 128:
+            print(f"\n=== the test run itself died by signal {_signame(status - 128)} (exit status {status}) ===")
+        if cores:
+            print(
+                f"({len(cores)} core file(s) from the tests' child processes, which the tests judged: a process a "
+                "test crashes on purpose, or a reader the loader replaced. Removed with the run's temporary "
+                "directory.)"
+            )
         return
+    for worker, test in crashed:
+        print(f"\n=== a native crash killed pytest worker {worker} while it ran {test} ===", flush=True)
     if not cores:
-        print(f"no core file here (core_pattern: {_read('/proc/sys/kernel/core_pattern')!r}, ulimit -c may be 0)")
+        print(f"no core was written (core_pattern {_read('/proc/sys/kernel/core_pattern')!r}; ulimit -c may be 0)")
         return
-    core = cores[-1]
     if shutil.which("gdb") is None:
-        print(f"core file {core} kept; gdb is not installed, so no backtrace")
+        print("gdb is not installed: no backtrace")
         return
-    files = [os.path.realpath(python), core]
-    # The faulting thread is the one gdb selects first ("Program terminated with signal ..."). `thread apply
-    # all bt` prints it last, and a CI log keeps only the head and the tail of a long report, so its native
-    # and Python stacks are printed on their own, first and again at the very end.
+    # the core of a pytest worker (execnet starts it with ``-c``), not a reader's (``spawn_main``)
+    workers = [c for c in cores if "spawn_main" not in generated_by(python, c)]
+    core = (workers or cores)[-1]
+    files = [os.path.realpath(python), str(core)]
+    # The faulting thread is the one gdb selects first. ``thread apply all bt`` prints it last, and a CI log
+    # keeps the head and the tail of a long report, so its stacks are printed first and again at the end.
     faulting = _gdb(files, "bt 40", "py-bt")
     print(faulting)
     print(_gdb(files, "info threads", "thread apply all bt 12")[:40_000])
     print("=== the faulting thread, again ===")
     print(faulting[-8_000:])
-    print(f"=== core file: {core} ===")
-
-
-def known_deeplake_await_crash(log: str) -> bool:
-    """Whether the run's output shows a worker killed by Deep Lake 4.7.4's crash inside its own
-    ``Future.__await__`` (``benchmarks/results/isolation/deeplake_await_crash.md``): faulthandler's report
-    of a segmentation fault whose current thread's top frame is the ``await`` in ``DeepLakeSource.read``.
-    It strikes a test that reads Deep Lake in the pytest process (``processes=0``) now and then, whatever
-    the test; nothing in asyncload's code is on its stack."""
-    at = log.find("Fatal Python error: Segmentation fault")
-    if at < 0:
-        return False
-    # faulthandler lists the other threads too, before or after the one that faulted ("Current thread")
-    cur = log.find("Current thread ", at)
-    current = log[cur:].split("\n\n", 1)[0] if cur >= 0 else ""
-    frames = [line.strip() for line in current.splitlines() if line.strip().startswith("File ")]
-    return bool(frames) and "asyncload/sources/deeplake.py" in frames[0] and frames[0].endswith(" in read")
 
 
 def _gdb(files: list[str], *commands: str) -> str:
-    """gdb's answers to ``commands`` on the core (``files``: the executable and the core)."""
     args = ["gdb", "-batch", "-nx", "-iex", "set auto-load safe-path /"]
     args += [a for c in commands for a in ("-ex", c)]
-    return subprocess.run(args + files, capture_output=True, text=True, timeout=300).stdout
+    try:
+        return subprocess.run(args + files, capture_output=True, text=True, timeout=300).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(gdb failed: {exc})"
+
+
+def _signame(num: int) -> str:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return str(num)
 
 
 def _read(path: str) -> str:
     try:
-        with open(path) as f:
-            return f.read().strip()
+        return Path(path).read_text().strip()
     except OSError:
         return "?"
 
 
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--status", type=int, required=True, help="pytest's exit status")
+    p.add_argument("--python", required=True, help="the interpreter that ran pytest (for gdb)")
+    p.add_argument("--since", type=Path, required=True, help="a file touched as the run began")
+    p.add_argument("--log", type=Path, required=True, help="the run's output")
+    p.add_argument("--into", type=Path, required=True, help="the run's private temporary directory")
+    a = p.parse_args(argv)
+    since = a.since.stat().st_mtime
+    roots = [Path.cwd(), pytest_temp_root()]
+    cores = take(find_cores([r for r in roots if r.is_dir()], since), a.into)
+    report(a.status, a.python, a.log.read_text(errors="replace"), cores)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "--known":  # exit 0 where the log at argv[2] shows the known Deep Lake await crash
-        with open(sys.argv[2], errors="replace") as f:
-            sys.exit(0 if known_deeplake_await_crash(f.read()) else 1)
-    main(int(sys.argv[1]), sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+    main()
