@@ -317,7 +317,17 @@ class NodeStore:
         another process may remove the file between this one's open and its lock)."""
         name = str(sid)
         while True:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._inuse)
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self._inuse)
+            except OSError as exc:  # a link or another user's file planted while the root was open: removed
+                if exc.errno not in (errno.ELOOP, errno.EACCES):
+                    raise
+                os.unlink(name, dir_fd=self._inuse)
+                continue
+            if not private_file(os.fstat(fd)):
+                os.close(fd)
+                os.unlink(name, dir_fd=self._inuse)
+                continue
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
                 if os.stat(name, dir_fd=self._inuse, follow_symlinks=False).st_ino == os.fstat(fd).st_ino:
