@@ -116,7 +116,9 @@ PUBLIC = write_api_pages()
 sys.path.insert(0, str(DOCS))
 import reference_tables  # noqa: E402
 
-reference_tables.write(DOCS / "reference" / "generated")
+#: Committed tables this build found stale and rewrote: a warning (an error under -W), so that a change to a
+#: setting, a stats() key or a pin is committed with its table and GitHub never shows an old one.
+STALE_TABLES = reference_tables.write(DOCS / "reference" / "generated")
 
 # The docstrings list settings as indented ``name  what it does`` lines under a heading ending in ':'
 # (``help()`` shows them as they are). For the site they become definition lists.
@@ -185,6 +187,16 @@ def check_every_public_name(app, env) -> None:
             logging.getLogger(__name__).warning("asyncload.%s is public (__all__) but has no API entry", name)
 
 
+def warn_stale_tables(app) -> None:
+    from sphinx.util import logging
+
+    for name in STALE_TABLES:
+        logging.getLogger(__name__).warning(
+            "docs/reference/generated/%s.md was stale and is rewritten from the code now: commit it", name
+        )
+
+
 def setup(app) -> None:
+    app.connect("builder-inited", warn_stale_tables)
     app.connect("autodoc-process-docstring", settings_lists)
     app.connect("env-check-consistency", check_every_public_name)

@@ -11,7 +11,8 @@ missing from it). Here each table is read off its single source of truth:
   that has no row;
 - **support matrix**: the version bounds of ``pyproject.toml`` and the pins of ``constraints.txt``.
 
-``python docs/reference_tables.py`` prints them all.
+``python docs/reference_tables.py`` prints them all; ``--write`` writes them into ``docs/reference/generated/``,
+where they are committed, so that the page reads on GitHub too (``tests/test_docs.py`` fails when one is stale).
 """
 
 from __future__ import annotations
@@ -87,9 +88,9 @@ STATS: dict[str, tuple[str, str]] = {
     "cpu_loop_s": ("CPU s", "thread CPU time of the event-loop thread"),
     "cpu_decode_s": ("CPU s", "thread CPU time of the decode stage (decode, crop, resize, flip)"),
     "cpu_collate_s": ("CPU s", "thread CPU time of the rest of assembly (collation, your `transform`)"),
-    "remote_bytes": ("bytes", "bytes the read stage fetched from the source"),
-    "node_hits": ("rows", "rows served from the node block store's disk"),
-    "node_misses": ("rows", "rows the node store did not have, fetched from the source"),
+    "remote_bytes": ("bytes", "bytes received from the source this epoch. `ObjectStoreSource`: its GETs' response bodies as they crossed the wire (the files' stored bytes, whatever `decode=`; hedged and retried GETs count each time; the listing at open is not counted). Deep Lake, and any source that does not count its own bytes: the bytes of the values it handed over for the rows fetched (stored bytes where asyncload decodes; decoded arrays with `decode=\"store\"`), since Deep Lake does not report the chunk ranges it reads, which are larger. 0 for rows served from the node store"),
+    "node_hits": ("rows", "rows this process read from the node block store's disk that it did not fetch itself this epoch (another worker, rank or an earlier epoch did); 0 without the store"),
+    "node_misses": ("rows", "rows this process read that the node store did not have, fetched from the source; `node_hits + node_misses` is the rows it read (a block fetched whole brings other workers' rows too: their hits, not misses here); 0 without the store"),
     "node_hit_rate": ("fraction or None", "`node_hits / (node_hits + node_misses)`; None before any"),
     "node_not_kept": ("rows", "rows fetched that the node store did not keep (over `cache_limit`, or a failed write)"),
     "node_corrupt": ("count", "parts on disk that failed their checksum (deleted, fetched again)"),
@@ -242,15 +243,26 @@ def support_md() -> str:
 TABLES = {"settings": settings_md, "stats": stats_md, "environment": environment_md, "support": support_md}
 
 
-def write(folder: Path) -> None:
-    """Each table into ``folder/<name>.md`` (rewritten only when it changed, for incremental builds)."""
+#: Where the tables are committed: included by reference.md, read on GitHub as they are.
+GENERATED = Path(__file__).resolve().parent / "reference" / "generated"
+
+
+def write(folder: Path = GENERATED) -> list[str]:
+    """Each table into ``folder/<name>.md``, rewritten only where it changed (for incremental builds);
+    returns the names rewritten: stale where the folder is the committed one (``docs/conf.py`` warns)."""
     folder.mkdir(parents=True, exist_ok=True)
+    rewritten = []
     for name, render in TABLES.items():
         path, text = folder / f"{name}.md", render()
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
+            rewritten.append(name)
+    return rewritten
 
 
 if __name__ == "__main__":
-    for name, render in TABLES.items():
-        print(f"## {name}\n\n{render()}")
+    if sys.argv[1:] == ["--write"]:  # after a change to a setting, a stats() key or a pin: commit the result
+        print("rewritten:", ", ".join(write()) or "none (fresh)")
+    else:
+        for name, render in TABLES.items():
+            print(f"## {name}\n\n{render()}")

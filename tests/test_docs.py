@@ -50,13 +50,16 @@ def test_help_objectstoresource_and_the_guide_give_the_layout_listing_pairing_an
 
 
 def test_the_readme_installs_this_project_and_contributing_says_how_long_make_test_takes() -> None:
-    """The README is for users (install, a first loop, where to read on); the contributor's material,
-    the suite's time among it, is in CONTRIBUTING.md."""
+    """The README is for users (install, the two commands, a first loop, where to read on); how the suite
+    runs, in detail, is in CONTRIBUTING.md."""
     assert "pip install torch-asyncload" in README and "pip install asyncload " not in README
     assert 'name = "torch-asyncload"' in (ROOT / "pyproject.toml").read_text()
     assert "docs/quickstart.md" in README and "bring your own torch" not in README
     assert re.search(r"`make test`[^.]*minutes on 2 cores", (ROOT / "CONTRIBUTING.md").read_text())
     assert not re.search(r"xdist|--dist loadgroup|crash_report", README)
+    for command in ("make run", "make test"):  # the two set-up commands, with what they print and take
+        assert re.search(rf"^{command} +# ", README, re.M) and f"**`{command}`**" in README, command
+    assert "It prints:" in README and "about 8 minutes" in README
 
 
 def reference_tables():  # docs/reference_tables.py: what docs/conf.py renders the reference tables with
@@ -170,3 +173,19 @@ log_once_forked("fork s3://other", "another key is its own")
     lines = done.stderr.splitlines()
     assert len([ln for ln in lines if ln.startswith(("forked", "grandchild"))]) == 1, lines
     assert "another key is its own" in lines
+
+
+def test_the_committed_reference_tables_are_fresh() -> None:
+    """``docs/reference.md`` includes tables generated from the code; they are committed, so that the page
+    reads on GitHub too, and must equal what the code renders now (regenerated == committed)."""
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import reference_tables
+    finally:
+        sys.path.remove(str(ROOT / "docs"))
+    folder = ROOT / "docs" / "reference" / "generated"
+    stale = [name for name, render in reference_tables.TABLES.items() if (folder / f"{name}.md").read_text() != render()]
+    assert not stale, f"stale tables in docs/reference/generated/: {stale}; run python docs/reference_tables.py --write"
+    tracked = subprocess.run(["git", "ls-files", "docs/reference/generated"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode == 0:  # (a copy without git: the contents are what matters)
+        assert sorted(tracked.stdout.split()) == sorted(f"docs/reference/generated/{n}.md" for n in reference_tables.TABLES)

@@ -74,7 +74,8 @@ def _add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="samples per batch (default 32)")
     p.add_argument("--concurrency", type=_concurrency, default="auto", help="samples read at once, or 'auto' (default)")
     p.add_argument("--prefetch", type=int, default=4, help="ready batches kept ahead")
-    p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto")
+    p.add_argument("--read-mode", choices=("auto", "column", "row"), default="auto",
+                   help="one request per column of a batch, or per row; auto (default): the source's choice")  # fmt: skip
     p.add_argument(
         "--decode", default="auto", metavar="{auto,cpu,store,cuda,cuda:N}",
         help="where images are decoded: asyncload's decoders on the CPU, the store's, or the GPU (default auto)",
@@ -544,8 +545,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read through your store at DIR instead, shared by the runs and kept (runs find what "
                    "earlier ones left: labelled warm)")  # fmt: skip
     c.add_argument("--warm", action="store_true",
-                   help="read through the loader's default store ($ASYNCLOAD_CACHE_DIR, else "
-                   "~/.cache/asyncload/blocks), as a later job on this machine does")  # fmt: skip
+                   help="read through the loader's default store, as a later job on this machine does "
+                   "($ASYNCLOAD_CACHE_DIR, else the first on a local disk of ~/.cache/asyncload/blocks and a "
+                   "directory of your own under $TMPDIR, then /var/tmp)")  # fmt: skip
     ld.set_defaults(func=_cmd_load)
 
     i = sub.add_parser(

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| synchronous ds[i][col] ({args.sync_rows} rows) | {got['sync']:.1f} | 1.0 |\n"
         f"| asyncload, defaults (whole epoch, open included) | {got['asyncload']:.1f} | {ratio:.1f} |\n\n"
         f"Cold: asyncload read through a private, empty node store (removed after): {got['remote_mb']:.1f} MB "
-        f"from the server, {got['node_hits']} rows from local disk.\n"
+        f"of rows fetched from the server, {got['node_hits']} rows from local disk.\n"
         f"asyncload kept up to {got['concurrency']} samples in flight; done in {time.perf_counter() - t0:.0f} s "
         f"(server and network torn down). Machine: {os.cpu_count()} cores.",
     )
