@@ -107,6 +107,7 @@ STATS: dict[str, tuple[str, str]] = {
 ENVIRONMENT: dict[str, tuple[str, str]] = {
     "ASYNCLOAD_CACHE_DIR": ("node block store", "where the store lives when `cache_dir` is not given"),
     "XDG_CACHE_HOME": ("node block store", "without the above: `$XDG_CACHE_HOME/asyncload/blocks` (else `~/.cache/asyncload/blocks`) where that is on a local disk"),
+    "XDG_CONFIG_HOME": ("node block store", "where the key that signs the store's pickled values lives: `$XDG_CONFIG_HOME/asyncload/store.key` (else `~/.config/asyncload/store.key`), made on first use, private to the user"),
     "TMPDIR": ("node block store", "where the above is on a network or memory file system: `$TMPDIR/asyncload-<uid>/blocks` (a cluster job's node-local scratch), else `/var/tmp/asyncload-<uid>/blocks`; none local: the store is off, said once"),
     "ASYNCLOAD_DEBUG": ("`asyncload` command", "not empty and not `0`: print the traceback of an error (as `--debug`)"),
     "AWS_ACCESS_KEY_ID": ("S3", "the access key, when `creds` gives none"),
