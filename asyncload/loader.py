@@ -33,6 +33,7 @@ from .engine.stats import Stats
 from .errors import ConfigError
 from .processes.fanout import FanoutIterator, WorkerPool
 from .processes.isolated import IsolatedSource
+from .runtime.mainmod import unreachable_from_main
 from .runtime.settings import check as _check
 from .sources.base import Source
 
@@ -412,7 +413,7 @@ def _pickled(source: Source[Any]) -> bytes | None:
     from multiprocessing.reduction import ForkingPickler
 
     try:
-        return bytes(ForkingPickler.dumps(source))
+        pickled = bytes(ForkingPickler.dumps(source))
     except Exception as exc:  # noqa: BLE001 - pickle raises several types for the same answer
         log.warning(
             "asyncload: %s is read in this process, not in a reader process (processes='auto'): the source cannot "
@@ -421,6 +422,16 @@ def _pickled(source: Source[Any]) -> bytes | None:
             source.url, type(exc).__name__, exc,
         )  # fmt: skip
         return None
+    if (unreachable := unreachable_from_main(pickled)) is not None:
+        names, why, fix = unreachable
+        log.warning(
+            "asyncload: %s is read in this process, without crash isolation (processes='auto'): a reader process "
+            "could not import %s from the script: %s. To keep Deep Lake's crashes out of training, %s; to say "
+            "this is intended, pass processes=0",
+            source.url, ", ".join(names), why, fix,
+        )  # fmt: skip
+        return None
+    return pickled
 
 
 __all__ = ["AsyncLoader", "Epoch", "EpochIterator", "LoaderOptions"]

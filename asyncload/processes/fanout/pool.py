@@ -39,6 +39,7 @@ from ...engine.stats import Stats
 from ...errors import ConfigError
 from ...image.decode import decode_stage
 from ...runtime.loop import ExitOrder, on_exit
+from ...runtime.mainmod import unreachable_from_main
 from ...runtime.procs import kill_processes, reap_process, start_child
 from ...sources.base import Source
 from .shares import _per_worker, sub_shard
@@ -153,6 +154,12 @@ class WorkerPool:
                 f"processes={processes} needs loader options that can be pickled into a new process "
                 f"({type(exc).__name__}: {exc}); define transform and collate_fn at module level"
             ) from exc
+        if (unreachable := unreachable_from_main(bytes(pickled))) is not None:
+            names, why, fix = unreachable
+            raise ConfigError(
+                f"processes={processes} cannot send {', '.join(names)} to its worker processes: {why}; {fix}, or "
+                "pass processes=0"
+            )
         # Whether a worker must import the user's ``__main__`` to unpickle its spec (a transform defined in
         # the script). Otherwise it does not: a script without the ``if __name__ == "__main__"`` guard would
         # run again, whole, in every worker (``isolated`` applies the same rule to its reader).
