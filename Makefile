@@ -32,8 +32,9 @@ WHEEL_LIMIT_MIB ?= 60
 wheelhouse: install  ## the offline wheelhouse for a GPU node (WHEEL_PYTHON, WHEEL_PLATFORM, WHEEL_HAS, WHEEL_DIR, WHEEL_LIMIT_MIB)
 	$(PY) harness/wheelhouse.py --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) --has $(WHEEL_HAS) --out $(WHEEL_DIR) --limit-mib $(WHEEL_LIMIT_MIB)
 
-gpu-check:  ## the prepared GPU run (under 8 min): CUDA tests, decode="cuda" pairs/s, processes=4, U-Net step rate; CPU parts only without CUDA
-	$(or $(wildcard $(PY)),python3) benchmarks/suites/gpu_check.py
+# Needs nothing the wheelhouse does not bring (and no install target: on the node there is no index).
+gpu-check:  ## the prepared GPU run (under 8 min): CUDA tests, decode="cuda" pairs/s, processes=4, U-Net step rate; CPU parts only without CUDA (GPU_CHECK_ARGS=--quick: a dry run)
+	$(or $(wildcard $(PY)),python3) benchmarks/suites/gpu_check.py $(GPU_CHECK_ARGS)
 
 run-local: install  ## the same comparison on a local dataset (no server, no latency)
 	$(PY) -m asyncload demo

@@ -14,6 +14,10 @@ Three shapes, one per question:
 - large (``size=2048``): 2048×2048 photos (~600 KB as JPEG), where a decoded batch is 400 MB and the
   loader's byte budget, not its sample count, bounds memory.
 
+Without scikit-image (a GPU node given only the wheelhouse: scikit-image and SciPy would double it),
+``drawn_sample`` draws photo-like rows from numpy and Pillow alone: ``make gpu-check``'s data
+(``benchmarks/suites/gpu_check.py``).
+
     python benchmarks/testbeds/photos.py data/bench/photos --rows 1000 --format png [--size 256|0|2048]
 """
 
@@ -77,6 +81,44 @@ def photo_sample(
     levels = np.asarray(lum)
     mask = np.digitize(levels, np.percentile(levels, [25, 50, 75])).astype(np.uint8)
     return np.ascontiguousarray(arr), mask
+
+
+def _smooth(rng: np.random.Generator, height: int, width: int, cell: int) -> np.ndarray:
+    """A smooth random field ``[H, W]`` of unit variance with features ``cell`` pixels across: noise on a
+    coarse grid, upsampled bicubically (far cheaper than filtering full-size noise)."""
+    from PIL import Image
+
+    coarse = rng.standard_normal((max(2, height // cell + 2), max(2, width // cell + 2))).astype(np.float32)
+    return np.asarray(Image.fromarray(coarse, mode="F").resize((width, height), Image.BICUBIC))
+
+
+def _texture(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """Detail at every scale, each octave's amplitude growing with its size as in natural images (a
+    spectrum falling roughly as 1/f): what makes a photo's JPEG tens of KB where a flat scene's is a few."""
+    octaves = [(cell, cell**0.4) for cell in (64, 24, 8, 3, 2)]
+    field = sum(amp * _smooth(rng, height, width, cell) for cell, amp in octaves)
+    return field / np.sqrt(sum(amp**2 for _, amp in octaves))  # unit variance
+
+
+def drawn_sample(
+    rng: np.random.Generator, size: int = 256, noise_std: tuple[float, float] = (1.5, 3.5)
+) -> tuple[np.ndarray, np.ndarray]:
+    """One photo-like ``(image uint8 [size, size, 3], mask uint8 [size, size])`` from numpy and Pillow,
+    without scikit-image: ``asyncload.tools.synthetic``'s scene (a colour gradient, 1-4 shaded circles,
+    rectangles and triangles; the mask holds their classes) with a texture of its own on the background
+    and on every shape, uneven light, and sensor noise of a standard deviation drawn from ``noise_std``.
+    Its 256x256 JPEG q90 is ~22 KB (16-25), as a crop of the photographs is 20-30 KB (``photo_sample``)."""
+    from asyncload.tools.synthetic import make_sample
+
+    img, mask = make_sample(rng, size, size)
+    out = img.astype(np.float32)
+    for cls in np.unique(mask):  # every surface its own material: contrast and tint of its texture
+        region = mask == cls
+        tint = rng.uniform(0.6, 1.0, 3).astype(np.float32)
+        out[region] += rng.uniform(22, 48) * _texture(rng, size, size)[region][:, None] * tint
+    out *= 1.0 + rng.uniform(0.05, 0.2) * _smooth(rng, size, size, size // 3)[..., None]
+    out += rng.normal(0, rng.uniform(*noise_std), out.shape)
+    return np.clip(out, 0, 255).astype(np.uint8), mask
 
 
 def encode(img: np.ndarray, image_format: Literal["png", "jpg"]) -> bytes:
