@@ -23,7 +23,8 @@ run: install  ## a dataset on a local S3 server behind emulated WAN latency: syn
 	$(PY) benchmarks/suites/demo.py
 
 # The wheels a GPU node without internet needs (those it lacks of asyncload's runtime dependencies, and
-# asyncload's own), for the node's Python and platform, checked to install from the folder alone.
+# asyncload's own; the check extra and a setuptools for torch, for make gpu-check), for the node's Python
+# and platform, checked to install from the folder alone: docs/guides/air-gapped-gpu.md.
 WHEEL_PYTHON ?= 3.12
 WHEEL_PLATFORM ?= manylinux2014_x86_64
 WHEEL_HAS ?= configs/gpu_node_has.txt

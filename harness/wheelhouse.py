@@ -13,12 +13,29 @@ nothing the node has is downloaded, and every requirement of every wheel is eith
 the node. Then ``pip install --dry-run --no-index`` for the target checks that the wheels install there.
 It prints each wheel and the total, and fails past ``--limit-mib`` (60 by default).
 
+What the operator installs is the folder's whole promise, so it holds, beside asyncload's runtime
+dependencies: the ``check`` extra (pytest and pytest-timeout, which ``make gpu-check`` runs the CUDA
+tests with) and a ``setuptools`` new enough for torch (torch 2.13 requires ``setuptools>=77.0.3``; a
+fresh ``venv --system-site-packages`` carries its own, 65.5 in Python 3.11's, which hides the node's
+newer one from pip, so without one in the folder the install stops at torch).
+
+OpenCV comes as ``opencv-python`` or ``opencv-python-headless`` (or the contrib builds); each provides
+``cv2``, which is all asyncload imports, but pip knows only the distribution's name, and asyncload asks
+for the headless one. A line of the "has" file naming alternatives, ``opencv-python | opencv-python-headless``,
+says the node has one of them: the folder's copy of asyncload's wheel then asks for none of them by name
+(its ``Requires-Dist`` line is dropped, its ``RECORD`` updated), so it installs beside whichever the node
+has, and none is packed (a headless build alone is 54 MiB).
+
     python harness/wheelhouse.py --python 3.12 --platform manylinux2014_x86_64 --has configs/gpu_node_has.txt --out wheelhouse
+
+Then, on the node: ``pip install --no-index --find-links wheelhouse 'torch-asyncload[check]'``.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
+import hashlib
 import subprocess
 import sys
 import tempfile
@@ -32,6 +49,52 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
+
+#: Packed whatever the "has" file says: a fresh virtual environment's own copy hides the node's (torch
+#: 2.13's requirement; Python 3.11's venv brings setuptools 65.5).
+VENV_HIDES = ("setuptools>=77.0.3",)
+
+
+def node_has(path: Path) -> tuple[set[str], set[str]]:
+    """The distributions the node has (one a line, ``#`` comments), and those named on a line of
+    alternatives (``a | b``: the node has one of them, which one is not known here)."""
+    has: set[str] = set()
+    either: set[str] = set()
+    for line in path.read_text().splitlines():
+        names = [canonicalize_name(n.strip()) for n in line.split("#")[0].split("|") if n.strip()]
+        has.update(names)
+        if len(names) > 1:
+            either.update(names)
+    return has, either
+
+
+def drop_requirements(wheel: Path, names: set[str]) -> list[str]:
+    """Rewrite ``wheel`` without its ``Requires-Dist`` lines for ``names`` (its ``RECORD`` entry for the
+    metadata updated, so that pip accepts it); the lines dropped."""
+    with zipfile.ZipFile(wheel) as z:
+        items = [(info, z.read(info)) for info in z.infolist()]
+    files = {info.filename: data for info, data in items}
+    meta = next(name for name in files if name.endswith(".dist-info/METADATA"))
+    record = meta.rsplit("/", 1)[0] + "/RECORD"
+    kept, dropped = [], []
+    for line in files[meta].decode().splitlines(keepends=True):
+        req = line.split(":", 1)[1].strip() if line.startswith("Requires-Dist:") else None
+        (dropped if req and canonicalize_name(Requirement(req).name) in names else kept).append(line)
+    if not dropped:
+        return []
+    body = "".join(kept).encode()
+    digest = base64.urlsafe_b64encode(hashlib.sha256(body).digest()).rstrip(b"=").decode()
+    rows = [
+        f"{meta},sha256={digest},{len(body)}" if row.split(",")[0] == meta else row
+        for row in files[record].decode().splitlines()
+    ]
+    new = {meta: body, record: ("\n".join(rows) + "\n").encode()}
+    tmp = wheel.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w") as z:
+        for info, data in items:
+            z.writestr(info, new.get(info.filename, data))
+    tmp.replace(wheel)
+    return [line.strip() for line in dropped]
 
 
 def pip(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,12 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--has", type=Path, default=ROOT / "configs" / "gpu_node_has.txt", help="what the node has")
     ap.add_argument("--out", type=Path, default=ROOT / "wheelhouse")
     ap.add_argument("--limit-mib", type=float, default=60.0)
+    ap.add_argument("--extras", default="check", help="asyncload's extras packed too, comma-separated (default: check)")
     a = ap.parse_args(argv)
-    has = {
-        canonicalize_name(line.split("#")[0].strip())
-        for line in a.has.read_text().splitlines()
-        if line.split("#")[0].strip()
-    }
+    has, either = node_has(a.has)
     a.out.mkdir(parents=True, exist_ok=True)
     for old in a.out.glob("*.whl"):
         old.unlink()
@@ -83,14 +143,19 @@ def main(argv: list[str] | None = None) -> int:
         print(got.stdout + got.stderr)
         return 1
     ours = next(a.out.glob("torch_asyncload-*.whl"))
+    for line in drop_requirements(ours, either):
+        print(f"{ours.name}: '{line}' dropped: the node has one of {', '.join(sorted(either))}")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    queue = deque(r for r in (wanted(x, a.python) for x in project["dependencies"]) if r is not None)
+    extras = [e for e in a.extras.split(",") if e]
+    roots = [*project["dependencies"], *(r for e in extras for r in project["optional-dependencies"][e]), *VENV_HIDES]
+    queue = deque(r for r in (wanted(x, a.python) for x in roots) if r is not None)
+    hidden = {canonicalize_name(Requirement(r).name) for r in VENV_HIDES}
     seen: set[str] = {canonicalize_name(project["name"])}
     target = ["--only-binary=:all:", "--python-version", a.python, "--platform", a.platform, "--implementation", "cp"]
     while queue:
         req = queue.popleft()
         name = canonicalize_name(req.name)
-        if name in seen or name in has:
+        if name in seen or (name in has and name not in hidden):
             continue
         seen.add(name)
         before = set(a.out.glob("*.whl"))
@@ -118,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in wheels:
         print(f"{w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
     print(f"{total / 2**20:8.2f} MiB  total: {len(wheels)} wheels for Python {a.python} on {a.platform} in {a.out}")
-    print(
-        f"offline install check: ok (pip install --no-index --find-links {a.out} {ours.name}, beside: {', '.join(sorted(has))})"
-    )
+    print(f"offline install check: ok (beside: {', '.join(sorted(has))})")
+    wish = f"torch-asyncload[{','.join(extras)}]" if extras else "torch-asyncload"
+    print(f"on the node: pip install --no-index --find-links {a.out.name} '{wish}'")
     if total > a.limit_mib * 2**20:
         print(f"the wheelhouse is {total / 2**20:.1f} MiB, over the limit of {a.limit_mib:g} MiB (--limit-mib)")
         return 1

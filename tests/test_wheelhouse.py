@@ -87,6 +87,7 @@ def test_a_wheelhouse_for_this_python_installs_offline_and_reads(tmp_path) -> No
     wheels = sorted(p.name for p in house.glob("*.whl"))
     assert any(w.startswith("torch_asyncload-") for w in wheels), wheels
     assert not any(w.startswith("imagecodecs") for w in wheels)
+    assert any(w.startswith("setuptools-") for w in wheels)  # though "has" lists it: a fresh venv's hides the node's
     assert "total" in built.stdout and "offline install check: ok" in built.stdout
     venv = tmp_path / "node"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -111,3 +112,39 @@ def test_a_wheelhouse_for_this_python_installs_offline_and_reads(tmp_path) -> No
         [str(py), "-c", "import asyncload; print(asyncload.__file__)"], capture_output=True, text=True, cwd=tmp_path
     ).stdout
     assert str(vsite) in where, where  # the wheel's copy, not the checkout's
+
+
+@pytest.mark.timeout(180)
+def test_a_node_with_either_opencv_build_gets_a_wheel_that_names_neither(tmp_path) -> None:
+    """The default "has" file says the node has one of the OpenCV builds, not which: the wheelhouse's copy
+    of asyncload's wheel then asks for none of them by name (each provides ``cv2``), and stays a valid
+    wheel: its ``RECORD`` holds the rewritten metadata's hash and size, its other files untouched."""
+    import base64
+    import hashlib
+    import zipfile
+
+    from harness.wheelhouse import drop_requirements, node_has, requires
+
+    has, either = node_has(ROOT / "configs" / "gpu_node_has.txt")
+    assert {"opencv-python", "opencv-python-headless"} <= either and {"torch", "numpy"} <= has - either
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True, timeout=170, capture_output=True,
+    )  # fmt: skip
+    (wheel,) = tmp_path.glob("torch_asyncload-*.whl")
+    before = {i.filename: zipfile.ZipFile(wheel).read(i) for i in zipfile.ZipFile(wheel).infolist()}
+    assert any(r.startswith("opencv-python-headless") for r in requires(wheel))
+    assert drop_requirements(wheel, either) == ["Requires-Dist: opencv-python-headless>=4.8"]
+    left = requires(wheel)
+    assert not any(r.startswith("opencv") for r in left) and any(r.startswith("deeplake") for r in left)
+    with zipfile.ZipFile(wheel) as z:
+        after = {i.filename: z.read(i) for i in z.infolist()}
+    meta = next(n for n in after if n.endswith(".dist-info/METADATA"))
+    rows = after[meta.replace("METADATA", "RECORD")].decode().split()
+    record = {row.split(",")[0]: row.split(",")[1:] for row in rows}
+    digest = base64.urlsafe_b64encode(hashlib.sha256(after[meta]).digest()).rstrip(b"=").decode()
+    assert record[meta] == [f"sha256={digest}", str(len(after[meta]))]
+    assert {n: d for n, d in after.items() if not n.endswith(("METADATA", "RECORD"))} == {
+        n: d for n, d in before.items() if not n.endswith(("METADATA", "RECORD"))
+    }
+    assert drop_requirements(wheel, either) == []  # nothing left to drop: the wheel is left as it is
