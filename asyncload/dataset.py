@@ -117,7 +117,9 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             require_torchvision(self.options.decode)
         self.source = source.open()
         if rank is None and world_size is None:  # the shard comes from the process group (``engine.ranks``)
-            check_ranks_agree(self.source, "dataset")
+            check_ranks_agree(
+                self.source, "dataset", node_scope=self.options.shuffle and self.options.shuffle_scope == "node"
+            )
         self.rank = rank
         self.world_size = world_size
         # [epoch, rank batches of that epoch already consumed, ranges taken by earlier worlds, the ranges]:

@@ -227,7 +227,7 @@ class AsyncLoader:
             self._isolated.start()  # (started already, unless the open above drew the rows)
         if shard_from == PROCESS_GROUP:  # every rank builds it: they compare what they opened (``ranks``)
             try:
-                check_ranks_agree(self.source)
+                check_ranks_agree(self.source, node_scope=o.shuffle and o.shuffle_scope == "node")
             except BaseException:
                 if self._isolated is not None:
                     self._isolated.close()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from asyncload import AsyncLoader, ConfigError
-from asyncload.engine.nodes import node_count, node_parts
+from asyncload.engine.nodes import NODE_VARIABLES, node_count, node_parts, world_verdict
 from asyncload.engine.sampler import EpochSampler, Shard, block_order
 from asyncload.sources.base import Columns, Source
 
@@ -123,11 +123,14 @@ class Rows(Source[None]):
         return {"x": np.asarray(indices, dtype=np.int64)}
 
 
-def torchrun(monkeypatch: pytest.MonkeyPatch, nodes: int, per_node: int) -> None:
+def torchrun(monkeypatch: pytest.MonkeyPatch, nodes: int, per_node: int, rank: int = 0) -> None:
+    """The variables torchrun gives ``rank`` of ``nodes`` nodes of ``per_node`` ranks."""
     monkeypatch.setenv("WORLD_SIZE", str(nodes * per_node))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
-    for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "NODE_RANK"):
-        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(rank % per_node))
+    monkeypatch.setenv("GROUP_RANK", str(rank // per_node))
+    monkeypatch.delenv("NODE_RANK", raising=False)
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 3), (4, 3), (2, 1)])
@@ -138,6 +141,7 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
     got: Counter[int] = Counter()
     state = None
     for rank in range(saver_world):
+        torchrun(monkeypatch, before, 2, rank)
         loader = AsyncLoader(Rows(N), rank=rank, world_size=saver_world, **opts)
         assert loader.sampler.nodes == before
         it = iter(loader)
@@ -149,6 +153,7 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
         loader.close()
     torchrun(monkeypatch, after, 2)
     for rank in range(after * 2):
+        torchrun(monkeypatch, after, 2, rank)
         loader = AsyncLoader(Rows(N), rank=rank, world_size=after * 2, **opts)
         assert loader.sampler.nodes == after
         loader.load_state_dict(state)
@@ -167,7 +172,7 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
         ({"WORLD_SIZE": "6", "LOCAL_WORLD_SIZE": "4"}, "a multiple of LOCAL_WORLD_SIZE"),
         (
             {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1", "LOCAL_RANK": "0", "RANK": "3"},
-            "numbered together",
+            "nodes run different numbers of ranks",
         ),
         ({"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "two"}, "must be integers"),
     ],
@@ -185,12 +190,103 @@ def test_nodes_from_torchrun(monkeypatch) -> None:
     for k in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)
     assert node_count(8) == 1  # no torchrun: one node
-    torchrun(monkeypatch, 4, 2)
-    monkeypatch.setenv("GROUP_RANK", "3")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("RANK", "7")
+    torchrun(monkeypatch, 4, 2, rank=7)
+    assert node_count(8) == 4
+    monkeypatch.delenv("GROUP_RANK")  # a launcher that numbers no nodes: their sizes cannot be checked
+    assert node_count(8) == 1
+    monkeypatch.setenv("NODE_RANK", "3")
     assert node_count(8) == 4
     assert node_count(2) == 1  # a loader of another world (explicit rank=/world_size=): one node
     loader = AsyncLoader(Rows(N), rank=0, world_size=8, shuffle=True, shuffle_scope="global", processes=0)
     assert loader.sampler.nodes == 1
     loader.close()
+
+
+def _variables(sizes: list[int], numbered: bool) -> list[tuple[str | None, ...]]:
+    """Each rank's ``NODE_VARIABLES`` in a world of nodes of ``sizes`` ranks, as a launcher numbers them."""
+    world, out, rank = sum(sizes), [], 0
+    for node, size in enumerate(sizes):
+        for local in range(size):
+            group = str(node) if numbered else None
+            out.append((str(world), str(size), group, None, str(rank), str(local)))
+            rank += 1
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[4, 2, 2], [2, 2, 4], [2, 1, 1], [3, 3, 2]])
+def test_nodes_of_different_sizes_get_one_verdict_on_every_rank(sizes) -> None:
+    """Every rank computes the verdict from all ranks' variables: one message naming each node's size where
+    the nodes are numbered; without numbers every rank reads the world as one node (exact, no refusal)."""
+    numbered = _variables(sizes, numbered=True)
+    wrong = world_verdict(sum(sizes), numbered)
+    assert wrong is not None and wrong.startswith(f"the {sum(sizes)} ranks do not describe one world of equal nodes")
+    for node, size in enumerate(sizes):
+        assert f"node {node} (LOCAL_WORLD_SIZE={size})" in wrong
+    assert "launch nodes of one size, or set shuffle_scope='global'" in wrong
+    unnumbered = _variables(sizes, numbered=False)
+    if any(sum(sizes) % size for size in sizes):  # "a multiple of LOCAL_WORLD_SIZE": refused all the same
+        assert "ranks do not describe one world of equal nodes" in (world_verdict(sum(sizes), unnumbered) or "")
+        return
+    assert world_verdict(sum(sizes), unnumbered) is None
+    assert {
+        node_count(sum(sizes), {k: v for k, v in zip(NODE_VARIABLES, r, strict=True) if v}) for r in unnumbered
+    } == {1}
+
+
+def test_equal_nodes_pass_the_verdict() -> None:
+    assert world_verdict(8, _variables([2, 2, 2, 2], numbered=True)) is None
+    assert node_count(8, {k: v for k, v in zip(NODE_VARIABLES, _variables([2] * 4, True)[5], strict=True) if v}) == 4
+
+
+def _world_rank_main(rank: int, port: int, sizes: list[int], numbered: bool, out: str) -> None:
+    """One gloo rank of a world of nodes of ``sizes`` ranks, its variables as a launcher sets them: its rows
+    of one node-stable epoch, or the error its loader raised, into ``out``."""
+    import json
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update({k: v for k, v in zip(NODE_VARIABLES, _variables(sizes, numbered)[rank], strict=True) if v})
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=sum(sizes))
+    try:
+        try:
+            loader = AsyncLoader(Rows(N), batch_size=BATCH, shuffle=True, seed=3, processes=0)
+            got: dict = {"rows": [int(i) for b in loader for i in b["x"]], "nodes": loader.sampler.nodes}
+            loader.close()
+        except ConfigError as exc:
+            got = {"error": str(exc)}
+        with open(os.path.join(out, f"r{rank}.json"), "w") as f:
+            json.dump(got, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.xdist_group("process_storms")
+def test_gloo_ranks_of_unequal_nodes_all_refuse_with_one_message_or_read_exactly(tmp_path) -> None:
+    import json
+    import socket
+
+    import torch.multiprocessing as mp
+
+    sizes = [2, 1, 1]
+    for numbered in (True, False):
+        out = tmp_path / str(numbered)
+        out.mkdir()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        mp.start_processes(
+            _world_rank_main, args=(port, sizes, numbered, str(out)), nprocs=4, start_method="forkserver"
+        )
+        got = [json.loads((out / f"r{r}.json").read_text()) for r in range(4)]
+        if numbered:  # every rank: the same refusal, naming each node's size
+            assert {g.get("error") for g in got} == {world_verdict(4, _variables(sizes, True))}
+            assert (
+                "node 0 (LOCAL_WORLD_SIZE=2): ranks [0, 1]; node 1 (LOCAL_WORLD_SIZE=1): ranks [2]" in got[0]["error"]
+            )
+        else:  # no node numbers: one node for every rank, and the epoch exact
+            assert [g["nodes"] for g in got] == [1, 1, 1, 1]
+            rows = Counter(i for g in got for i in g["rows"])
+            assert set(rows) == set(range(N)) and sum(rows.values()) - N < 4
