@@ -137,3 +137,19 @@ def test_the_operator_page_runs_from_the_wheelhouse_alone_to_a_results_folder(
         capture_output=True, text=True, env=env, timeout=120,
     ).stdout.lower()  # fmt: skip
     assert "torch-asyncload==" in freeze and "opencv-python==" in freeze and "opencv-python-headless" not in freeze
+
+
+def test_a_failing_part_of_gpu_check_leaves_its_reason_in_the_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run on a borrowed GPU must say why a part failed without a second run: pytest's own complaint
+    (here a test file the checkout lacks) is kept, and the other parts still report."""
+    from benchmarks.suites import gpu_check
+
+    monkeypatch.setattr(gpu_check, "CUDA_TESTS", ("tests/test_not_there.py",))
+    parts: dict = {}
+    assert gpu_check.part("cuda_tests", gpu_check.cuda_tests, parts) is None
+    assert gpu_check.part("data", lambda: {"url": "file:///x", "rows": 8, "bytes_per_pair": 2e4}, parts)["rows"] == 8
+    res = {"machine": {"gpu": "no GPU", "cpus": 2, "python": "3", "torch": "2"}, "cuda": False, "seconds": 1.0, "parts": parts}  # fmt: skip
+    text = gpu_check.summary(res, ["no CUDA device"])
+    assert "CUDA tests: FAILED" in text and "## cuda_tests: FAILED" in text, text
+    assert "pytest exited 4" in text and "file or directory not found: tests/test_not_there.py" in text, text
+    assert "8 rows of photo-like" in text and "20.0 KB a pair" in text, text
