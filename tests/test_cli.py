@@ -12,7 +12,7 @@ from typing import Any
 import deeplake
 import pytest
 
-from asyncload import AsyncLoader, make_dataset
+from asyncload import AsyncLoader, DeepLakeSource, make_dataset
 from asyncload.tools.cli import main
 
 from .remote_fixtures import remote_data, seaweed
@@ -337,3 +337,48 @@ def test_load_reads_a_mixture(small, tmp_path, capsys) -> None:
     assert "MixedSource" in out and "mix(small=file://" in out
     assert main(["load", str(small), "--epoch-rows", "40"]) == 2  # a usage error
     assert "--weight and --epoch-rows are not allowed without --mix" in capsys.readouterr().err
+
+
+def test_the_baseline_does_the_work_the_loader_does(seg_url) -> None:
+    """``asyncload load``'s baseline shapes each row as the loader's settings do (issue 63: it decoded but did
+    not resize, and the ratio compared different work): the same draw per row, the same crop, resize and
+    flip, to the pixel, and the report names that work."""
+    import numpy as np
+
+    from asyncload import RandomHorizontalFlip, Resize
+    from asyncload.tools.baseline import Shaper, roles_of
+
+    settings = {"augment": [Resize((24, 32)), RandomHorizontalFlip()], "seed": 3}
+    loader = AsyncLoader(DeepLakeSource(seg_url), 8, processes=0, decode="cpu", **settings)
+    with loader:
+        batch = next(iter(loader))
+    src = DeepLakeSource(seg_url)
+    shaper = Shaper(settings, roles_of(src.open()))
+    assert shaper.work == "decodes each row, then resizes and flips it as the loader's settings do"
+    ds = src.dataset()
+    for k, i in enumerate(batch["index"].tolist()):
+        got = shaper.row({c: np.array(ds[i][c]) for c in ("images", "masks")}, i, 0)
+        assert np.array_equal(got["images"], batch["images"][k].numpy()), i
+        assert np.array_equal(got["masks"], batch["masks"][k].numpy()), i
+    src.close()
+    assert Shaper({}, {"images": "image"}).work == "decodes each row"
+
+
+def test_load_of_files_reports_the_bytes_received_and_shapes_the_baseline_alike(remote_data, tmp_path, capsys) -> None:
+    """Files under a prefix: the baseline GETs, decodes and resizes each row as the loader does; the table's
+    bytes are what the GETs received (the files' bytes), with the node store off as with it on."""
+    import json
+
+    from .test_figures import wire_bytes
+
+    creds = creds_file(tmp_path, remote_data)
+    for cache in ("on", "off"):
+        argv = ["load", remote_data.files_url, "--creds", str(creds), "--batch-size", "16", "--resize", "24",
+                "--sequential-rows", "8", "--cache", cache, "--json"]  # fmt: skip
+        assert main(argv) == 0
+        doc = json.loads(capsys.readouterr().out)
+        base, ours = doc["readers"]
+        assert doc["baseline_work"] == "decodes each row, then resizes it as the loader's settings do"
+        assert (base["samples"], ours["samples"]) == (8, remote_data.rows)
+        assert ours["remote_bytes"] == wire_bytes(remote_data, remote_data.rows), cache
+        assert doc["remote_bytes_counts"] == "the bytes the GETs received from the store, as they crossed the wire"

@@ -35,20 +35,29 @@ class Shaper:
 
     @property
     def work(self) -> str:
-        """What the baseline does to each sample, for the report: ``decodes each row, then resizes it
-        (augment=)``."""
-        done = []
-        if self.augment is not None:
-            done.append("crops, resizes and flips it" if self.augment.sizing else "flips it")
-        if self.normalize is not None:
-            done.append("normalizes it")
-        return "decodes each row" + (f", then {' and '.join(done)} as the loader's settings do" if done else "")
+        """What the baseline does to each sample, for the report: ``decodes each row, then resizes and
+        flips it as the loader's settings do``."""
+        from ..image.augment import RandomHorizontalFlip, RandomResizedCrop, Resize
 
-    def row(self, values: Mapping[str, Any], row: int, epoch: int) -> None:
-        """Shape one row's decoded ``values`` (column -> array) as the loader shapes its samples."""
+        verbs: list[str] = []
+        for op in self.augment.ops if self.augment is not None else ():
+            verbs += {Resize: ["resizes"], RandomResizedCrop: ["crops", "resizes"], RandomHorizontalFlip: ["flips"]}[
+                type(op)
+            ]
+        if self.normalize is not None:
+            verbs.append("normalizes")
+        verbs = list(dict.fromkeys(verbs))
+        if not verbs:
+            return "decodes each row"
+        said = verbs[0] if len(verbs) == 1 else ", ".join(verbs[:-1]) + " and " + verbs[-1]
+        return f"decodes each row, then {said} it as the loader's settings do"
+
+    def row(self, values: Mapping[str, Any], row: int, epoch: int) -> dict[str, np.ndarray]:
+        """One row's decoded ``values`` (column -> array) shaped as the loader shapes its samples."""
         from ..image.decode import apply
 
         draw = None
+        out: dict[str, np.ndarray] = {}
         for c, v in values.items():
             role = self.roles.get(c)
             a = np.asarray(v)
@@ -57,13 +66,15 @@ class Shaper:
             if role is not None and self.augment is not None:
                 if draw is None:  # one draw per row: image and mask alike
                     draw = self.augment.draws(self.seed, epoch, [row], [a.shape[:2]])[0]
-                out = np.empty((*draw.out, *a.shape[2:]), a.dtype)
+                shaped = np.empty((*draw.out, *a.shape[2:]), a.dtype)
                 fill = self.augment.fills[0 if role == "image" else 1]
-                apply(np.ascontiguousarray(a), out, draw, role, fill, self.augment.interpolation)  # type: ignore[arg-type]
-                a = out
+                apply(np.ascontiguousarray(a), shaped, draw, role, fill, self.augment.interpolation)  # type: ignore[arg-type]
+                a = shaped
             if role == "image" and self.normalize is not None:
                 mean, std = (np.asarray(x, np.float32) for x in self.normalize)
                 a = (a.astype(np.float32) / 255.0 - mean) / std
+            out[c] = a
+        return out
 
 
 class SyncRun:
