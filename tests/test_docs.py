@@ -184,8 +184,12 @@ def test_the_committed_reference_tables_are_fresh() -> None:
     finally:
         sys.path.remove(str(ROOT / "docs"))
     folder = ROOT / "docs" / "reference" / "generated"
-    stale = [name for name, render in reference_tables.TABLES.items() if (folder / f"{name}.md").read_text() != render()]
+    stale = [
+        name for name, render in reference_tables.TABLES.items() if (folder / f"{name}.md").read_text() != render()
+    ]
     assert not stale, f"stale tables in docs/reference/generated/: {stale}; run python docs/reference_tables.py --write"
     tracked = subprocess.run(["git", "ls-files", "docs/reference/generated"], cwd=ROOT, capture_output=True, text=True)
     if tracked.returncode == 0:  # (a copy without git: the contents are what matters)
-        assert sorted(tracked.stdout.split()) == sorted(f"docs/reference/generated/{n}.md" for n in reference_tables.TABLES)
+        assert sorted(tracked.stdout.split()) == sorted(
+            f"docs/reference/generated/{n}.md" for n in reference_tables.TABLES
+        )

@@ -84,7 +84,9 @@ class SyncRun:
     GETs and decodes, each row finished before the next is asked for. Each row is then shaped as the
     loader's settings shape it (``Shaper``)."""
 
-    def __init__(self, where: Any, columns: Sequence[str], limit: int, settings: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, where: Any, columns: Sequence[str], limit: int, settings: Mapping[str, Any] | None = None
+    ) -> None:
         self.where, self.columns, self.limit = where, tuple(columns), limit
         self.settings = dict(settings or {})
         self.source: Any = None

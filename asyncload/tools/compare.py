@@ -366,7 +366,8 @@ def compare(
                 # without it too (an object store's GETs: ``stats()["remote_bytes"]``)
                 counted = used or where.kind == "files"
                 ours[min(e, 1)].add(
-                    m, extra | {k: st.get(k) if (used or (counted and k == "remote_bytes")) else None for k in RUN_STATS}
+                    m,
+                    extra | {k: st.get(k) if (used or (counted and k == "remote_bytes")) else None for k in RUN_STATS},
                 )
             if arun.loader is not None:
                 ours[0].name = ours[1].name = describe_loader(arun.loader, settings)
@@ -406,4 +407,15 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-__all__ = ["NORMALIZE", "RUN_STATS", "VERDICT", "Result", "Runs", "Store", "Where", "choose_source", "compare", "store_used"]
+__all__ = [
+    "NORMALIZE",
+    "RUN_STATS",
+    "VERDICT",
+    "Result",
+    "Runs",
+    "Store",
+    "Where",
+    "choose_source",
+    "compare",
+    "store_used",
+]
