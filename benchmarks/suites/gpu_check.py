@@ -33,6 +33,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -118,6 +119,7 @@ def make_data(path: str, rows: int) -> dict[str, Any]:
         else:
             parts = [_drawn_rows(s) for s in spans]
         part_path = path + ".part"  # renamed when whole: an interrupted run leaves nothing to reuse
+        shutil.rmtree(part_path, ignore_errors=True)  # (an interrupted run's)
         ds = deeplake.create("file://" + part_path)
         ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="jpg"))
         ds.add_column("masks", deeplake.types.SegmentMask(dtype="uint8", sample_compression="lz4"))
