@@ -75,14 +75,15 @@ def test_corrupt_parts_of_a_remote_dataset_are_fetched_again_in_every_shuffled_e
 
 
 def test_corrupt_parts_are_fetched_again_by_dataloader_workers_and_row_reads(seg_url, seg_arrays) -> None:
-    ds = AsyncIterableDataset(DeepLakeSource(seg_url), **OPTS)
+    opts = {**OPTS, "cache_dir": str(store_root())}  # (the workers fork from a server started by an earlier test)
+    ds = AsyncIterableDataset(DeepLakeSource(seg_url), **opts)
     list(DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START))
-    flip_largest(store_root())
+    assert flip_largest(store_root()) == 3
     ds.set_epoch(1)
     dl = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context=WORKER_START)
     check_exact(list(dl), seg_arrays["images"], seg_arrays["masks"], ROWS)
     flip_largest(store_root())
-    loader = AsyncLoader(DeepLakeSource(seg_url), read_mode="row", **{**OPTS, "shuffle_block": 1})
+    loader = AsyncLoader(DeepLakeSource(seg_url), read_mode="row", **{**opts, "shuffle_block": 1})
     try:
         check_exact(list(loader), seg_arrays["images"], seg_arrays["masks"], ROWS)
         assert loader.stats()["node_corrupt"] >= 1

@@ -65,6 +65,15 @@ def full_disk(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "full" in str(exc)
 
 
+def damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite says the index itself is damaged (not a database, malformed, a missing table), rather
+    than that it could not get at it now (locked, a full disk, an I/O error)."""
+    text = str(exc)
+    return not isinstance(exc, sqlite3.OperationalError) or any(
+        t in text for t in ("malformed", "not a database", "corrupt", "no such table", "no such column")
+    )
+
+
 class Index:
     """The index in the root directory open at ``root_fd`` (``path``: the kernel's name for it). One
     connection per process (a forked child opens its own at its first use)."""
@@ -118,9 +127,9 @@ class Index:
             row = db.execute("SELECT v FROM meta WHERE k = 'format'").fetchone()
         except sqlite3.DatabaseError as exc:
             db.close()
-            if isinstance(exc, sqlite3.OperationalError) and ("locked" in str(exc) or full_disk(exc)):
-                raise
-            raise Unreadable(f"{type(exc).__name__}: {exc}") from None
+            if damaged(exc):
+                raise Unreadable(f"{type(exc).__name__}: {exc}") from None
+            raise  # (locked, a full disk, an I/O error: the store is off in this process, the index kept)
         except BaseException:
             db.close()
             raise
@@ -135,9 +144,9 @@ class Index:
             with self.transaction(write=False) as db:
                 (ok,) = db.execute("PRAGMA quick_check(1)").fetchone()
         except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
-                raise
-            raise Unreadable(f"{type(exc).__name__}: {exc}") from None
+            if damaged(exc):
+                raise Unreadable(f"{type(exc).__name__}: {exc}") from None
+            raise
         if ok != "ok":
             raise Unreadable(f"damaged ({ok})")
 
