@@ -55,10 +55,12 @@ from .engine.options import LoaderOptions
 from .engine.progress import DATASET_KEYS, EpochProgress, check_dataset, check_dataset_version, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
+from .engine.slowest import RankBoard, slowest
+from .engine.slowest import log_line as slowest_line
 from .engine.stats import ROW, Stats, row, summed
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
-from .runtime.log import log_once_forked
+from .runtime.log import log_once, log_once_forked
 from .sources.base import Source
 
 log = logging.getLogger("asyncload")
@@ -129,6 +131,10 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self._figures = torch.zeros((MAX_WORKERS, ROW), dtype=torch.float64).share_memory_()
         self._pending: dict[str, Any] | None = None  # a Stateful state for this process's next iterator
         self._here: AsyncLoader | None = None  # the loader of this process's latest iterator
+        # where this rank posts its epochs' figures, and rank 0 reads every rank's (``engine.slowest``)
+        self._board = RankBoard.of_process_group() if rank is None and world_size is None else None
+        self._reported = -1  # the last epoch posted
+        self._ranks: dict[str, Any] = {}  # rank 0: the slowest rank of the last epoch reported
 
     # -- the epoch, shared with workers --------------------------------------------------------------
     @property
@@ -164,6 +170,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         point survives only ``set_epoch`` of its own epoch."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} is not allowed: an int >= 0")
+        if epoch != self.epoch and self.stats().get("batches_yielded"):
+            self.report_ranks()  # the epoch that ends here, unless the Lightning callback did at its end
         if epoch == self.epoch:
             self._set(epoch, self._start)
         else:
@@ -248,6 +256,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # process group exists: pin this rank's place in the world now. (Forked workers inherit it.)
         state = self.__dict__.copy()
         state["_here"] = None
+        state["_board"] = None  # the process group's store is this process's: workers post nothing
         state["_pickled"] = True  # a spawn/forkserver copy; a forked worker has the original dict
         rank, world = distributed_rank_world()
         if state["rank"] is None:
@@ -348,7 +357,27 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             st.step_s = step_s
         snap = st.snapshot()
         snap.update(rank=self.shard().rank, epoch=self.epoch)
+        snap.update(self._ranks)
         return snap
+
+    def report_ranks(self, wait_s: float | None = None, step_s: float | None = None) -> None:
+        """Post this rank's figures of the current epoch (``stats(wait_s, step_s)``), once; on rank 0, read
+        every rank's and name the slowest in ``stats()`` and a log line (``engine.slowest``). Called at
+        ``set_epoch`` of the next epoch and by ``AsyncLoadCallback`` at each epoch's end; every rank of the
+        process group must call it for the same epochs. Nothing without a process group."""
+        board, epoch = self._board, self.epoch
+        if board is None or epoch == self._reported:
+            return
+        self._reported = epoch
+        try:
+            board.post(epoch, self.stats(wait_s, step_s))
+            if board.rank == 0:
+                self._ranks = slowest(*board.read(epoch))
+                log.info("%s", slowest_line(epoch, board.world, self._ranks))
+        except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail training
+            log_once(f"asyncload: the ranks' figures could not be exchanged ({type(exc).__name__}: {exc}); the "
+                     "slowest rank is not reported", key="slowest-rank")  # fmt: skip
+            self._board = None
 
     def close(self) -> None:
         """Stop the epoch this process is iterating, if any (``DataLoader(num_workers=0)`` iterates here;

@@ -16,6 +16,7 @@ lifetime of what reads (a loop thread, or fan-out worker processes), and hands e
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import weakref
@@ -29,10 +30,13 @@ from .engine.progress import EpochProgress, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import PROCESS_GROUP, EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
+from .engine.slowest import RankBoard, slowest
+from .engine.slowest import log_line as slowest_line
 from .engine.stats import Stats
 from .errors import ConfigError
 from .processes.fanout import FanoutIterator, WorkerPool
 from .processes.isolated import IsolatedSource
+from .runtime.log import log_once
 from .runtime.mainmod import unreachable_from_main
 from .runtime.settings import check as _check
 from .sources.base import Source
@@ -232,6 +236,9 @@ class AsyncLoader:
                 if self._isolated is not None:
                     self._isolated.close()
                 raise
+        #: where this rank posts its epochs' figures and rank 0 reads every rank's (``engine.slowest``)
+        self._board = RankBoard.of_process_group() if shard_from == PROCESS_GROUP else None
+        self._ranks: dict[str, Any] = {}  # the slowest rank of the last epoch every rank posted (rank 0)
         self.shard = shard
         self._shard = ShardEpochs(self._isolated or self.source, o, shard)
         self.read_mode: ReadMode = self._shard.read_mode
@@ -342,11 +349,28 @@ class AsyncLoader:
             it = self._shard.iterate(self.epoch, progress, taken=sampler.taken)
             if self._isolated is not None:
                 self._isolated.begin_epoch(it.stats())
+        if self._board is not None:
+            it.on_end = functools.partial(self._report_ranks, self.epoch)
         self._live = weakref.ref(it)
         self._stats = it.stats()
         self._stats.open_s = self._open_s
         self._progress, self._cut = progress, sampler
         return it
+
+    def _report_ranks(self, epoch: int) -> None:
+        """At an epoch's end, on every rank of the process group: post this rank's figures; on rank 0, read
+        every rank's and name the slowest (``engine.slowest``: a few hundred bytes a rank, no collective)."""
+        board = self._board
+        assert board is not None
+        try:
+            board.post(epoch, self.stats())
+            if board.rank == 0:
+                self._ranks = slowest(*board.read(epoch))
+                log.info("%s", slowest_line(epoch, board.world, self._ranks))
+        except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail the epoch
+            log_once(f"asyncload: the ranks' figures could not be exchanged ({type(exc).__name__}: {exc}); the "
+                     "slowest rank is not reported", key="slowest-rank")  # fmt: skip
+            self._board = None
 
     def stats(self) -> dict[str, Any]:
         """Figures of the current (or last) epoch, of this rank (``rank``): throughput, reads in flight,
@@ -364,7 +388,12 @@ class AsyncLoader:
         augment, transform, collate, other). ``waiting_on``: "training" when the consumer waited under
         10 % of its time, else the stage it waited on most ("store", "decode", "augment", "transform",
         "collate"; "start" before the first batch); ``waiting_on_why`` says it in a sentence. The rule is
-        ``engine.stats.verdict``'s."""
+        ``engine.stats.verdict``'s.
+
+        On rank 0 of a process group (a loader built on every rank), from the end of the first epoch:
+        ``slowest_rank``, ``slowest_rank_waiting_on``, ``slowest_rank_wait_frac``, ``slowest_rank_elapsed_s``,
+        ``ranks_elapsed_s`` (each rank's epoch), ``ranks_reported`` and ``ranks_not_finished`` (within
+        ``engine.slowest.GRACE_S`` of rank 0's end) of the last epoch all ranks finished."""
         snap = self._stats.snapshot()
         snap.update(
             rank=self.shard.rank, concurrency_setting=self.options.concurrency, read_mode=self.read_mode,
@@ -373,6 +402,7 @@ class AsyncLoader:
             reader_start_s=self._isolated.start_s() if self._isolated is not None else None,
             skipped_samples=list(self._stats.skipped_samples),
         )  # fmt: skip
+        snap.update(self._ranks)
         return snap
 
     def close(self) -> None:

@@ -23,7 +23,7 @@ import concurrent.futures
 import logging
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Self
 
 from ..errors import LoaderClosedError, WorkerError
@@ -56,6 +56,9 @@ class Epoch(Iterator[Any], abc.ABC):
 
     _progress: EpochProgress
     _stats: Stats
+    #: Called once when the epoch's last batch has been taken, on the consumer's thread, before
+    #: ``StopIteration``: the loader's end-of-epoch report (``engine.slowest``). Not on a stop or an error.
+    on_end: Callable[[], None] | None = None
 
     def __iter__(self) -> Self:
         return self
@@ -65,6 +68,12 @@ class Epoch(Iterator[Any], abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _finished(self) -> None:
+        """Run ``on_end`` once (subclasses call it as their epoch completes)."""
+        hook, self.on_end = self.on_end, None
+        if hook is not None:
+            hook()
 
     @abc.abstractmethod
     def __next__(self) -> Any: ...
@@ -226,6 +235,7 @@ class EpochIterator(Epoch):
                 self._ended = True
                 self._report_skipped()
                 self.close()
+                self._finished()
                 raise StopIteration
             if item is CLOSED or self._closed:  # close() from another thread: stopped, not finished
                 self._waited(t0)

@@ -224,6 +224,7 @@ class FanoutIterator(Epoch):
             self._ended = True
             self.close()
             report_skipped(st, self._epoch, self._pool.url)
+            self._finished()
             raise StopIteration
         self._waited(t0, count)
         return batch
