@@ -42,9 +42,9 @@ run-local: install  ## the same comparison on a local dataset (no server, no lat
 
 # -n 3: three pytest-xdist workers, since most of the suite waits (on servers, stalls, child processes);
 # loadgroup sends the tests marked xdist_group("process_storms") to one worker, first, one after another.
-# --max-worker-restart=0: a worker that dies (a native crash) ends the run, naming the test it ran; with a
-# replacement worker, xdist 3.6's loadgroup scheduler can wait for ever at the end (pytest-xdist #1378).
-test: install  ## the test suite in 3 workers (the slow long-run tests are in test-slow); a native crash prints its threads' backtraces
+# --max-worker-restart=0: a worker that dies (a native crash) fails the run (with a replacement worker, xdist
+# 3.6's loadgroup scheduler can wait for ever at the end: pytest-xdist #1378). The suite runs once, never again.
+test: install  ## the test suite in 3 workers, once (slow long runs: test-slow); a native crash fails it, naming its test, with its core's backtraces; no core is left behind
 	@bash harness/run_suite.sh $(PY)
 
 # Strict: a warning, a broken cross-reference or link, or a public name (asyncload.__all__) without an API page
