@@ -198,9 +198,27 @@ def _rst_to_md(text: str) -> str:
     return text.replace("``", "`")
 
 
+#: Keys only rank 0 of a process group has, from the end of the first epoch every rank finished
+#: (``engine.slowest``); tests/test_docs.py compares them with what ``slowest`` returns.
+RANK_STATS: dict[str, tuple[str, str]] = {
+    "slowest_rank": ("rank", "the rank that held the last epoch back: the one whose loop waited most for data where any waited 10% of its time or more, else the one whose epoch took longest; a rank that had not finished 5 s after rank 0"),
+    "slowest_rank_waiting_on": ("stage", "that rank's `waiting_on` (`\"unfinished\"`: it had not finished its epoch)"),
+    "slowest_rank_wait_frac": ("fraction", "that rank's `consumer_wait_frac`"),
+    "slowest_rank_elapsed_s": ("s", "that rank's epoch, start to end"),
+    "ranks_elapsed_s": ("s, by rank", "every rank's epoch, start to end"),
+    "ranks_reported": ("ranks", "ranks whose figures reached rank 0 within 5 s of its epoch's end"),
+    "ranks_not_finished": ("ranks", "ranks that had not finished the epoch then"),
+}
+
+
 def stats_md() -> str:
     rows = "".join(f"| `{k}` | {unit} | {_cell(what)} |\n" for k, (unit, what) in STATS.items())
-    return "| key | unit | what it is |\n|---|---|---|\n" + rows
+    ranked = "".join(f"| `{k}` | {unit} | {_cell(what)} |\n" for k, (unit, what) in RANK_STATS.items())
+    return (
+        "| key | unit | what it is |\n|---|---|---|\n" + rows + "\nOn rank 0 of a `torch.distributed` process group "
+        "(a loader or dataset built on every rank), each epoch's slowest rank:\n\n| key | unit | what it is |\n"
+        "|---|---|---|\n" + ranked
+    )
 
 
 def environment_md() -> str:

@@ -106,6 +106,15 @@ def test_every_stats_key_has_a_row_with_its_unit_and_no_row_is_stale(tmp_path) -
     assert all(unit for unit, _ in reference_tables().STATS.values())
 
 
+def test_every_slowest_rank_key_has_a_row() -> None:
+    """The keys rank 0 of a process group adds (``engine.slowest.slowest``) against RANK_STATS."""
+    from asyncload.engine.slowest import slowest
+
+    post = {"rank": 0, "elapsed_s": 1.0, "steady_wait_s": 0.1, "consumer_wait_frac": 0.1, "waiting_on": "store"}
+    assert set(slowest([post], [])) == set(reference_tables().RANK_STATS)
+    assert set(slowest([], [1])) <= set(reference_tables().RANK_STATS)
+
+
 def test_every_environment_variable_the_package_reads_has_a_row() -> None:
     """A name read by ``os.environ.get("X")``, ``env.get("X")``, ``environ["X"]``, ``pick(..., "X")``
     or listed as a variable tuple anywhere in asyncload/ must be in docs/reference_tables.ENVIRONMENT."""
