@@ -340,16 +340,43 @@ def test_the_limit_holds_with_a_dataset_twice_its_size(seg_url, tmp_path) -> Non
     assert 0.3 <= s["node_hit_rate"] <= 0.6, s["node_hit_rate"]  # about the half that is resident
 
 
-def test_a_limit_below_half_a_window_reads_through_with_one_warning(seg_url, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="asyncload")
-    loader = AsyncLoader(DeepLakeSource(seg_url), **{**OPTS, "cache_limit": 1000})
-    for epoch in range(2):
-        loader.set_epoch(epoch)
-        assert epoch_rows(loader) == Counter(range(ROWS))
-    said = [r.getMessage() for r in caplog.records if "cache_limit" in r.getMessage()]
-    assert len(said) == 1 and "cannot hold half a window" in said[0] and "set cache_limit to at least" in said[0]
-    assert store_bytes() <= 1000
+def test_a_limit_below_half_a_window_reads_through_with_one_line_and_a_stable_minimum(
+    seg_url, tmp_path, caplog
+) -> None:
+    """The one thing said is that it reads through (no "is kept in" before it), in units that show the
+    sizes, and the minimum it suggests is the same in every run (whichever rows came first)."""
+    caplog.set_level(logging.INFO, logger="asyncload")
+    for seed in (0, 1, 2):  # (a store each: the line is said once per store and dataset)
+        opts = {**OPTS, "cache_limit": 1000, "seed": seed, "cache_dir": str(tmp_path / f"store-{seed}")}
+        loader = AsyncLoader(DeepLakeSource(seg_url), **opts)
+        for epoch in range(2):
+            loader.set_epoch(epoch)
+            assert epoch_rows(loader) == Counter(range(ROWS))
+        loader.close()
+        assert store_bytes(tmp_path / f"store-{seed}") == 0
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "node block store:" in r.getMessage() or "cache_limit" in r.getMessage()
+    ]
+    assert said == 3 * [
+        f"asyncload: cache_limit 1 KB cannot hold half a window of {seg_url} (16 rows): reading it through "
+        "without keeping it; set cache_limit to at least 1 MB, a smaller shuffle_window, or cache=False"
+    ]
+
+
+def test_the_first_line_gives_sizes_in_a_unit_that_shows_them(seg_url, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="asyncload")
+    loader = AsyncLoader(DeepLakeSource(seg_url), **{**OPTS, "cache_limit": "2MB"})
+    assert epoch_rows(loader) == Counter(range(ROWS))
     loader.close()
+    said = [r.getMessage() for r in caplog.records if "is kept in" in r.getMessage()]
+    root = os.environ["ASYNCLOAD_CACHE_DIR"]
+    assert len(said) == 1 and said[0].startswith(
+        f"asyncload: node block store: {seg_url} is kept in {root} (limit 2 MB"
+    )
+    used = said[0].rsplit(", ", 1)[1]
+    assert used.endswith(" KB used)") and 100 <= float(used.split()[0]) < 1000, said
 
 
 def test_an_unwritable_directory_warns_once_and_reads_without_the_store(seg_url, tmp_path, caplog) -> None:

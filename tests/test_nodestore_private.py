@@ -166,7 +166,7 @@ print("planted")
     assert not marker.exists()  # no code ran
     assert got == {"served": {}, "back": EXPECTED}  # nothing of the attacker's served; its own rows kept again
     assert stat.S_IMODE(root.stat().st_mode) == 0o700 and root.stat().st_uid == VICTIM
-    assert f"was mode 0777: made private (0700)" in said
+    assert "was mode 0777: made private (0700)" in said
     lines = [x for x in said.splitlines() if "index at" in x]
     assert len(lines) == 1 and "index.sqlite3 is not a private file of this user's (uid 65534" in lines[0], said
     assert "a new index started" in lines[0]

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from asyncload import AsyncLoader, DeepLakeSource
-from asyncload.sources.base import Columns, Source
 from asyncload.nodestore import decode, encode
+from asyncload.sources.base import Columns, Source
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -380,13 +380,13 @@ class BlockReads:
         once."""
         half = self.window // 2
         self.window, need = 0, int(half * per_row)
-        if shelf.limit < need:
+        if shelf.room() < need:
             self._full = True
             shelf.quiet()  # (the one line said is this one: no "is kept in" before or after it)
             log_once(
                 f"asyncload: cache_limit {size(shelf.limit)} cannot hold half a window of {self.source.url} "
                 f"({half:,} rows): reading it through without keeping it; set cache_limit to at least "
-                f"{size(_suggest(2 * need))}, a smaller shuffle_window, or cache=False",
+                f"{size(_suggest(2 * need + shelf.limit - shelf.room()))}, a smaller shuffle_window, or cache=False",
                 logging.WARNING,
                 key=f"cache_limit too small {shelf.where} {self.source.url}",
             )
@@ -449,10 +449,9 @@ class BlockReads:
 
 
 def _suggest(nbytes: float) -> int:
-    """A limit to suggest for ``nbytes``: the next power of two of a megabyte above it, so that the figure a
-    run says does not move with the sizes of the rows that happened to be read first (within a factor 2)."""
-    mb = 1 << 20
-    return mb << max(0, math.ceil(math.log2(max(nbytes, 1) / mb)))
+    """A limit to suggest for ``nbytes``: the next power of two of megabytes above it (1, 2, 4, ... MB), so
+    that the figure a run says does not move with the sizes of the rows that happened to be read first."""
+    return 1_000_000 << max(0, math.ceil(math.log2(max(nbytes, 1) / 1_000_000)))
 
 
 def _own(value: Any) -> Any:

@@ -171,6 +171,10 @@ class Keeping:
     def limit(self) -> int:
         return self.routes[0].shelf.store.limit
 
+    def room(self) -> int:
+        """The limit less what the index and its log take: what rows may fill (``NodeStore.room``)."""
+        return self.routes[0].shelf.store.room()
+
     def full(self) -> bool:
         """Whether the node's store has no room left for these rows (``NodeStore.full``): a new epoch then
         reads ahead within the budget from its start, rather than after its first write is refused."""

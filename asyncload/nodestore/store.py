@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 from ..runtime.log import log_once
 from .index import LOG_ROOM, Index, Unreadable, full_disk
-from .parts import CorruptPart, Entry, Parts
+from .parts import Entry, Parts
 from .root import NotPrivate, default_root, open_root, private_file, proc_path, sub_dir
 from .values import encode
 
@@ -264,6 +264,10 @@ class NodeStore:
     def on_disk(self) -> int:
         """What the limit bounds: the parts (``used``) and the index with its log."""
         return self.used() + self.index.disk_bytes()
+
+    def room(self) -> int:
+        """The limit less what the index and its log take: what parts may fill."""
+        return self.limit - self.index.disk_bytes()
 
     def part_path(self, part: int) -> Path:
         return self.parts.path_of(part)

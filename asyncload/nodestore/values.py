@@ -109,7 +109,7 @@ def _make_key(path: Path) -> bytes:
     return key
 
 
-def _mac(key: bytes, data: bytes | memoryview) -> str:
+def _mac(key: bytes, data: bytes | bytearray | memoryview) -> str:
     return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
