@@ -197,3 +197,19 @@ def test_a_closed_loader_leaves_no_file_of_the_store_open_and_no_in_use_file(seg
     assert os.listdir(store_root() / "in-use") == []
     with sqlite3.connect(store_root() / "index.sqlite3") as db:
         assert db.execute("SELECT COUNT(*) FROM shelves").fetchone()[0] == 1
+
+
+def test_parts_deleted_by_hand_are_forgotten_at_open_and_their_room_given_back(tmp_path) -> None:
+    root = tmp_path / "store"
+    store = NodeStore(root, None)
+    shelf = store.shelf("a|v1", "a")
+    for k in range(3):
+        assert shelf.put(list(range(64 * k, 64 * k + 64)), {"x@b": [bytes([k]) * 1000] * 64})
+    one = store.used() // 3
+    store.close()
+    next(root.glob("parts/*/2.rows")).unlink()  # (a scratch cleaner, a user's rm)
+    store = NodeStore(root, None)
+    shelf = store.shelf("a|v1", "a")
+    assert store.used() == 2 * one
+    assert sorted(shelf.lookup(range(192), ["x@b"])) == [*range(64), *range(128, 192)]
+    store.close()

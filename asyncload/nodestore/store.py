@@ -152,15 +152,18 @@ class NodeStore:
             except Unreadable as why:
                 self._rebuild(str(why))
             try:
-                listed = self.parts.listing()  # (first: a part written after it is in the index by then)
-                with self.index.transaction() as db:
+                with self.index.transaction() as db:  # (the listing under the index's write lock: one truth)
                     gone = self._reclaim_in(db)
+                    listed = set(self.parts.listing())
                     known = {p for (p,) in db.execute("SELECT id FROM parts")}
+                    lost = [p for (p,) in db.execute("SELECT id FROM parts WHERE done = 1") if p not in listed]
+                    for p in lost:  # (deleted by hand, or by a cleaner of the scratch disk)
+                        self._drop_in(db, p)
                 self.parts.unlink(gone)
-                freed = self.parts.sweep(known, listed)
-                if freed:
-                    log.info("asyncload: node block store at %s: %s of parts no index row names, removed",
-                             self.root, size(freed))  # fmt: skip
+                freed = self.parts.sweep(known, sorted(listed))
+                if freed or lost:
+                    log.info("asyncload: node block store at %s: %s of parts no index row names removed, %d parts "
+                             "whose files are gone forgotten", self.root, size(freed), len(lost))  # fmt: skip
             except (OSError, sqlite3.Error) as exc:
                 if not full_disk(exc):
                     raise
@@ -464,14 +467,18 @@ class NodeStore:
         """Remove ``part`` (corrupt, or not kept): its rows leave the index and its room is given back."""
         try:
             with self.transaction() as db:
-                row = db.execute("SELECT bytes FROM parts WHERE id = ?", (part,)).fetchone()
-                if row is not None:
-                    db.execute("DELETE FROM entries WHERE part = ?", (part,))
-                    db.execute("DELETE FROM parts WHERE id = ?", (part,))
-                    Index.add_used(db, -row[0])
+                self._drop_in(db, part)
         except sqlite3.Error as exc:
             self.failed(exc)
         self.parts.unlink([part])
+
+    @staticmethod
+    def _drop_in(db: sqlite3.Connection, part: int) -> None:
+        row = db.execute("SELECT bytes FROM parts WHERE id = ?", (part,)).fetchone()
+        if row is not None:
+            db.execute("DELETE FROM entries WHERE part = ?", (part,))
+            db.execute("DELETE FROM parts WHERE id = ?", (part,))
+            Index.add_used(db, -row[0])
 
     def failed(self, exc: BaseException) -> None:
         """The disk or the index refused. A full disk: no more rows are kept, and what is stored is still read
