@@ -49,12 +49,17 @@ def key_path() -> Path:
 
 
 _keys: dict[tuple[int, str], bytes | None] = {}
+_fast: dict[tuple[int, str | None, str | None], bytes | None] = {}
 
 
 def user_key() -> bytes | None:
     """This user's key, made on first use (0600, created whole or not at all: written under a temporary name
     and linked into place, so a second process reads either none or all of it); None, said once, where it
     cannot be made or read, or is not private (another owner, readable by others)."""
+    env = os.environ
+    fast = (os.getuid(), env.get("XDG_CONFIG_HOME"), env.get("HOME"))  # (per value: no path built when known)
+    if fast in _fast:
+        return _fast[fast]
     path = key_path()
     slot = (os.getuid(), str(path))
     if slot not in _keys:
@@ -68,6 +73,7 @@ def user_key() -> bytes | None:
                 f"XDG_CONFIG_HOME to a private directory",
                 logging.WARNING,
             )
+    _fast[fast] = _keys[slot]
     return _keys[slot]
 
 
