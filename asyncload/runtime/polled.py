@@ -10,8 +10,9 @@ completion is observed here.
 
 How: one poller per event loop, not one timer per future. It runs only while futures are pending, scans
 them all in one callback, settles each finished one into a plain asyncio future, and polls again after
-``MIN_DELAY`` while reads are completing, backing off to ``MAX_DELAY`` while none do. A poll costs one loop
-wake-up and one ``is_completed()`` call per pending future; the delay it adds to a read is at most one
+``MIN_DELAY`` while reads are completing, backing off to ``MAX_DELAY`` while none do; after each completion
+it first looks again on the loop's next turns (``SPINS``), since a local read is quicker than a timer. A
+poll costs one ``is_completed()`` call per pending future; the delay it adds to a read is at most one
 period (epoll's timer resolution makes the shortest period ~1 ms).
 """
 
@@ -31,11 +32,16 @@ class Pollable(Protocol):
 
 
 #: The first period after a poll that settled something (seconds): reads that finish together are
-#: handed on together, and a burst of completions is seen within ~1 ms.
+#: handed on together, and a burst of completions is seen within ~1 ms (epoll's timer resolution).
 MIN_DELAY = 0.0002
 #: The longest period while nothing completes: a read that finishes is seen within 2 ms, an idle pending
 #: set costs at most 500 wake-ups a second.
 MAX_DELAY = 0.002
+#: After a poll that settled something (or a first read), the poller looks again on the loop's next turns,
+#: without a timer, this many times before it falls back to ``MIN_DELAY``: a local read takes well under
+#: the 1 ms a timer costs, and while reads keep completing each turn hands them on at once. A look costs
+#: ~0.2 us per pending read (``is_completed()``), 13 us for 64.
+SPINS = 4
 
 
 class _Poller:
@@ -45,18 +51,19 @@ class _Poller:
         # No reference to the loop: the loop is this poller's key in a weak dictionary.
         self.pending: list[tuple[Pollable, asyncio.Future[Any]]] = []
         self.delay = MIN_DELAY
-        self.timer: asyncio.TimerHandle | None = None
+        self.spins = 0
+        self.scheduled: asyncio.Handle | None = None
 
     def add(self, loop: asyncio.AbstractEventLoop, fut: Pollable) -> asyncio.Future[Any]:
         waiter = loop.create_future()
         self.pending.append((fut, waiter))
-        if self.timer is None:
-            self.delay = MIN_DELAY
-            self.timer = loop.call_later(self.delay, self.poll)
+        if self.scheduled is None:
+            self.delay, self.spins = MIN_DELAY, 0
+            self.scheduled = loop.call_soon(self.poll)
         return waiter
 
     def poll(self) -> None:
-        self.timer = None
+        self.scheduled = None
         still: list[tuple[Pollable, asyncio.Future[Any]]] = []
         settled = False
         for fut, waiter in self.pending:
@@ -77,8 +84,14 @@ class _Poller:
         if not still:
             _pollers.pop(loop, None)
             return
-        self.delay = MIN_DELAY if settled else min(self.delay * 2, MAX_DELAY)
-        self.timer = loop.call_later(self.delay, self.poll)
+        if settled:
+            self.delay, self.spins = MIN_DELAY, 0
+        if self.spins < SPINS:
+            self.spins += 1
+            self.scheduled = loop.call_soon(self.poll)
+            return
+        self.scheduled = loop.call_later(self.delay, self.poll)
+        self.delay = min(self.delay * 2, MAX_DELAY)
 
 
 #: Weak: a loop closed with reads pending (its poll never runs again) is not kept alive by its poller.
