@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install run run-local wheelhouse gpu-check test test-slow docs soak bench bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
+.PHONY: install run run-local wheelhouse gpu-check test test-slow docs soak bench bench-pinned bench-large bench-large-data bench-augment netem-deps scaling train train-photos s3 lint clean
 
 install: $(VENV)/.installed
 
@@ -65,6 +65,11 @@ bench: install  ## asyncload against the plain readers and SPDL: JPEG and PNG ph
 	$(PIP) install -c constraints.txt -e '.[bench]'
 	$(MAKE) --no-print-directory netem-deps
 	$(PY) benchmarks/suites/wan.py --config configs/bench_wan.yaml
+
+bench-pinned: install  ## make bench with the server and the delay line on one core and each reader on the other (the same CPU for every reader), into benchmarks/results/wan/pinned
+	$(PIP) install -c constraints.txt -e '.[bench]'
+	$(MAKE) --no-print-directory netem-deps
+	$(PY) benchmarks/suites/wan.py --config configs/bench_wan.yaml --set pin_cores=true --set out=benchmarks/results/wan/pinned
 
 bench-large: install  ## the WAN suite's sweep: 0/20/50/100 ms, both orders, the DataLoader peers (~1 h on 2 cores)
 	$(PIP) install -c constraints.txt -e '.[bench]'

@@ -81,6 +81,8 @@ def _network(data: dict[str, Any]) -> list[str]:
         line += f"; fallback because: {net['why_not_packet_level']}"
     line += f"; bandwidth cap {net['rate_mbit']} Mbit/s." if net.get("rate_mbit") else "; no bandwidth cap."
     out = [line]
+    if data.get("cores"):
+        out.append(f"**Cores: {data['cores']}.**")
     checks = [r for r in data["rows"] if r["loader"] == "netcheck" and "small_get_s" in r["m"]]
     if checks:
         out += [

@@ -13,6 +13,8 @@ disk, or SeaweedFS behind each round-trip time of ``latencies_ms``), in which or
    fresh process (``peers.harness.Runner``), under ``/tmp/asyncload-measure.lock`` so that no two
    measurements on this machine overlap, with a node block store of its own, empty, removed after
    (``asyncload.tools.coldstore``): no run reads what an earlier one fetched.
+   With ``pin_cores: true`` (``make bench-pinned``) the server side runs on one core and every reader on
+   the other, so that each reader has the same CPU whatever the server and the delay line spend.
 3. ``results.json`` after every run (a run cut short keeps what it measured), then ``table.md`` (and a
    plot where a section sweeps latency) by ``reports/comparison.py``, ratios against the config's
    ``baseline`` reader in the same section, place and order.
@@ -161,6 +163,10 @@ class SuiteConfig:
     run_timeout_s: float = setting(120.0, "seconds > 0", _pos)
     rate_mbit: float | None = None
     proxy: bool = False
+    #: ``true``: the server, the delay line and this orchestrator on core 0, every measured reader's whole
+    #: process tree on core 1 (``pinned``), so that every reader gets the same CPU and the ratios say what
+    #: the client costs; ``false``: all share the machine's cores (the figures of earlier reports)
+    pin_cores: bool = False
     out: str = "benchmarks/results/wan"
     data_dir: str = "data/bench"
 
@@ -305,6 +311,19 @@ def locked(run: Any, spec: dict[str, Any]) -> dict[str, Any]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def pinned(pin: bool) -> tuple[set[int], set[int]]:
+    """The cores of the server side and of the readers; with ``pin``, this process moves to the server's
+    now, before the server and the delay line start, so that they inherit it. Needs two cores or more."""
+    cores = sorted(os.sched_getaffinity(0))
+    if not pin:
+        return set(cores), set(cores)
+    if len(cores) < 2:
+        raise ConfigError(f"pin_cores=true needs 2 cores or more; this process may run on {cores}")
+    server, readers = {cores[0]}, set(cores[1:])
+    os.sched_setaffinity(0, server)
+    return server, readers
+
+
 def main(argv: list[str] | None = None, default_config: str = "configs/bench_wan.yaml") -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=str(ROOT / default_config))
@@ -321,10 +340,20 @@ def main(argv: list[str] | None = None, default_config: str = "configs/bench_wan
 
     suite = Suite(cfg)
     t0 = time.perf_counter()
+    server_cores, reader_cores = pinned(cfg.pin_cores)
     with world(ROOT / cfg.data_dir, rate_mbit=cfg.rate_mbit, force_proxy=cfg.proxy) as w:
         suite.prepare(w)
         suite.meta["config_file"] = os.path.relpath(Path(args.config).resolve(), ROOT)
-        suite.execute(w, Runner(cfg.run_timeout_s, enter=w.net.enter_client))
+        suite.meta["cores"] = (
+            f"pinned: server, delay line and orchestrator on core(s) {sorted(server_cores)}, each reader's "
+            f"process tree on core(s) {sorted(reader_cores)} (taskset-style affinity)"
+            if cfg.pin_cores
+            else f"shared: server, delay line and readers on all {len(server_cores)} cores"
+        )
+        os.sched_setaffinity(0, reader_cores)  # the runs' forkserver starts here: its children inherit it
+        runner = Runner(cfg.run_timeout_s, enter=w.net.enter_client)
+        os.sched_setaffinity(0, server_cores)
+        suite.execute(w, runner)
     suite.meta["wall_s"] = time.perf_counter() - t0
     suite.save()
     render(suite.out)
