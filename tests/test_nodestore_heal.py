@@ -35,14 +35,18 @@ def store_root() -> Path:
 
 
 def flip_largest(root: Path, parts: int = 3, nbytes: int = 16) -> int:
-    """``nbytes`` flipped in the middle of each of the ``parts`` largest part files (bit rot, a torn write);
-    how many parts were damaged."""
+    """``nbytes`` flipped in the middle of a row of each of the ``parts`` largest part files (bit rot, a torn
+    write; in a row the index names: a part may also hold bytes of rows another process kept first); how many
+    parts were damaged."""
     largest = sorted(root.glob("parts/*/*.rows"), key=lambda p: p.stat().st_size)[-parts:]
-    for p in largest:
-        data = bytearray(p.read_bytes())
-        mid = len(data) // 2
-        data[mid : mid + nbytes] = bytes(b ^ 0xFF for b in data[mid : mid + nbytes])
-        p.write_bytes(bytes(data))
+    with sqlite3.connect(f"file:{root / 'index.sqlite3'}?mode=ro", uri=True) as db:
+        for p in largest:
+            found = db.execute("SELECT off, len FROM entries WHERE part = ? ORDER BY off", (int(p.stem),)).fetchall()
+            off, n = found[len(found) // 2]
+            data = bytearray(p.read_bytes())
+            at = off + max(0, n // 2 - nbytes // 2)
+            data[at : at + nbytes] = bytes(b ^ 0xFF for b in data[at : at + nbytes])
+            p.write_bytes(bytes(data))
     return len(largest)
 
 
@@ -213,3 +217,31 @@ def test_parts_deleted_by_hand_are_forgotten_at_open_and_their_room_given_back(t
     assert store.used() == 2 * one
     assert sorted(shelf.lookup(range(192), ["x@b"])) == [*range(64), *range(128, 192)]
     store.close()
+
+
+def test_an_index_found_damaged_in_use_is_checked_and_rebuilt_at_the_next_open(seg_url, seg_arrays, caplog) -> None:
+    """Damage past the header (a page of entries): connecting works, the first look-up fails. That process
+    reads through (said once) and leaves a flag; the next open checks every page and rebuilds."""
+    caplog.set_level(logging.WARNING, logger="asyncload")
+    root = store_root()
+    loader = AsyncLoader(DeepLakeSource(seg_url), **OPTS)
+    list(loader)
+    loader.close()
+    size = (root / "index.sqlite3").stat().st_size
+    assert size >= 8 * 4096
+    with open(root / "index.sqlite3", "r+b") as f:  # the last pages: the entries' b-tree
+        f.seek(size - 2 * 4096)
+        f.write(bytes(range(256)) * (2 * 4096 // 256))
+    hits = []
+    for _ in range(3):
+        loader = AsyncLoader(DeepLakeSource(seg_url), **OPTS)
+        check_exact(list(loader), seg_arrays["images"], seg_arrays["masks"], ROWS)
+        hits.append(loader.stats()["node_hits"])
+        loader.close()
+    assert hits == [0, 0, ROWS]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2, said
+    assert said[0].startswith(f"asyncload: the node block store's index at {root / 'index.sqlite3'} is damaged (")
+    assert said[0].endswith("the next process to open it checks it and starts a new one")
+    assert "could not be used" in said[1] and "a new index started" in said[1]
+    assert not (root / "index.damaged").exists()

@@ -25,6 +25,9 @@ from pathlib import Path
 from .root import private_file
 
 NAME = "index.sqlite3"
+#: A file a process leaves in the root when it finds the index damaged in use (its error inside): the next
+#: process to open the store checks every page and rebuilds the index.
+FLAG = "index.damaged"
 FILES = (NAME, NAME + "-wal", NAME + "-shm", NAME + "-journal")
 
 #: The index's format: a store written by another is set aside and started anew. 3: pickled values carry a
@@ -138,11 +141,13 @@ class Index:
             raise Unreadable(f"an index of format {row[0] if row else '?'}, not {FORMAT}")
         return db
 
-    def verify(self) -> None:
-        """``Unreadable`` where SQLite finds the index damaged (``quick_check``: once per open)."""
+    def verify(self, full: bool = False) -> None:
+        """``Unreadable`` where SQLite finds the index damaged: at every open its header, schema and format
+        (what connecting reads); ``full``, every page (``quick_check``, which reads the whole index: done
+        only where a process found it damaged in use, ``FLAG``)."""
         try:
             with self.transaction(write=False) as db:
-                (ok,) = db.execute("PRAGMA quick_check(1)").fetchone()
+                (ok,) = db.execute("PRAGMA quick_check(1)" if full else "SELECT 'ok' FROM meta LIMIT 1").fetchone()
         except sqlite3.DatabaseError as exc:
             if damaged(exc):
                 raise Unreadable(f"{type(exc).__name__}: {exc}") from None
@@ -205,4 +210,4 @@ class Index:
         db.execute("UPDATE meta SET v = v + ? WHERE k = 'used'", (nbytes,))
 
 
-__all__ = ["FORMAT", "LOG_ROOM", "Index", "Unreadable", "full_disk"]
+__all__ = ["FLAG", "FORMAT", "LOG_ROOM", "Index", "Unreadable", "damaged", "full_disk"]

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..runtime.log import log_once
-from .index import LOG_ROOM, Index, Unreadable, full_disk
+from .index import FLAG, LOG_ROOM, Index, Unreadable, damaged, full_disk
 from .parts import Entry, Parts
 from .root import NotPrivate, default_root, open_root, private_file, proc_path, sub_dir
 from .values import encode
@@ -147,10 +147,15 @@ class NodeStore:
         lock = self._lock_file()
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            flagged = self._read_flag()
             try:
-                self.index.verify()  # (connects: an index that is not the user's, not a database, another format)
+                self.index.verify(full=flagged is not None)  # (an index not the user's, not a database, ...)
             except Unreadable as why:
                 self._rebuild(str(why))
+            else:
+                if flagged is not None:  # (the pages all read: what failed was not the index's)
+                    with contextlib.suppress(OSError):
+                        os.unlink(FLAG, dir_fd=self.fd)
             try:
                 with self.index.transaction() as db:  # (the listing under the index's write lock: one truth)
                     gone = self._reclaim_in(db)
@@ -200,8 +205,31 @@ class NodeStore:
             "and a new index started; the rows are fetched again",
             self.root / "index.sqlite3", why, f"moved aside to {aside}, " if aside else "",
         )  # fmt: skip
+        with contextlib.suppress(OSError):
+            os.unlink(FLAG, dir_fd=self.fd)
         self.index.check_files()
         self.index.verify()
+
+    def _read_flag(self) -> str | None:
+        """What a process that found the index damaged in use wrote (``index.FLAG``), or None."""
+        try:
+            fd = os.open(FLAG, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, 4096).decode("utf-8", "replace") if private_file(os.fstat(fd)) else None
+        finally:
+            os.close(fd)
+
+    def _flag(self, exc: BaseException) -> None:
+        """The index failed as damaged in use: the next open checks every page (and rebuilds it)."""
+        with contextlib.suppress(OSError):
+            fd = os.open(FLAG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=self.fd)  # fmt: skip
+            try:
+                os.write(fd, f"{type(exc).__name__}: {exc}".encode())
+            finally:
+                os.close(fd)
 
     def _exists(self, name: str) -> bool:
         try:
@@ -494,7 +522,15 @@ class NodeStore:
                 )  # fmt: skip
         elif self.disabled is None:
             self.disabled = f"{type(exc).__name__}: {exc}"
-            _warn_off(self.root, exc)
+            if isinstance(exc, sqlite3.DatabaseError) and damaged(exc):
+                self._flag(exc)
+                log.warning(
+                    "asyncload: the node block store's index at %s is damaged (%s): reading from the store without "
+                    "it in this process; the next process to open it checks it and starts a new one",
+                    self.root / "index.sqlite3", self.disabled,
+                )  # fmt: skip
+            else:
+                _warn_off(self.root, exc)
 
     # -- the first line ------------------------------------------------------------------------------
     def announce(self, shelf: Shelf) -> None:
