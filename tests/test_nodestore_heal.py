@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -245,3 +247,41 @@ def test_an_index_found_damaged_in_use_is_checked_and_rebuilt_at_the_next_open(s
     assert said[0].endswith("the next process to open it checks it and starts a new one")
     assert "could not be used" in said[1] and "a new index started" in said[1]
     assert not (root / "index.damaged").exists()
+
+
+CHURN = """
+import sys
+sys.path.insert(0, {root!r})
+from pathlib import Path
+from asyncload.nodestore import NodeStore
+store = NodeStore(Path({dir!r}), {limit})
+print("ready", flush=True)
+k = {start}
+while True:  # a new dataset version every two parts: past the limit each write evicts the oldest
+    shelf = store.shelf(f"v{{k}}|1", "v")
+    for j in range(2):
+        shelf.put(list(range(64 * j, 64 * j + 64)), {{"x@b": [bytes([k % 256]) * 3000] * 64}})
+    shelf.release()
+    k += 1
+"""
+
+
+def test_kill_9_at_random_moments_of_evictions_leaves_the_disk_within_the_limit(tmp_path) -> None:
+    rng = random.Random(58)
+    root = tmp_path / "store"
+    store = NodeStore(root, None)
+    limit = store.on_disk() + 6 * store.alloc(64 * 3000)  # (six parts)
+    store.close()
+    for i in range(6):
+        code = CHURN.format(root=str(ROOT), dir=str(root), limit=limit, start=1000 * i)
+        child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.05, 0.4))
+        finally:
+            os.kill(child.pid, signal.SIGKILL)
+            child.wait(timeout=10)
+        store = NodeStore(root, None)  # the next process to open it
+        on_disk = sum(p.stat().st_blocks * 512 for p in root.glob("parts/*/*.rows"))
+        assert 0 < on_disk <= store.used() and store.on_disk() <= limit, (i, on_disk, store.used(), limit)
+        store.close()
