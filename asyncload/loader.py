@@ -77,7 +77,7 @@ class AsyncLoader:
                     ``AsyncIterableDataset`` resumes DataLoader workers; see ``sampler``)
       in_order      True (default): batches in sampler order (reorder buffer); False: as they complete
 
-    The node block store (``sources.nodestore``): each block fetched once per machine, kept on local disk
+    The node block store (``nodestore``): each block fetched once per machine, kept on local disk
     for every process, later epoch and later run of the same dataset version:
       cache         "auto" (default): on for remote sources whose version is known (Deep Lake; object
                     stores read by listing, keyed by every object's ETag and size), off for local

@@ -153,7 +153,7 @@ def setting_descriptions() -> list[tuple[str, list[tuple[list[str], str]]]]:
         entry = re.match(r"^ {6}([a-z_]+(?:, [a-z_]+)*)(?: +(\S.*))?$", line)
         if re.match(r"^ {4}\S", line):
             para.append(line.strip())
-            if line.endswith(":"):  # "The node block store (``sources.nodestore``): each ...:" → its name
+            if line.endswith(":"):  # "The node block store (``nodestore``): each ...:" → its name
                 groups.append((re.split(r" \(|:", " ".join(para))[0], []))
                 para = []
             item = None

@@ -182,7 +182,7 @@ def copy_of(tmp_path: Path, seg_url: str):
 
 @pytest.fixture(autouse=True)
 def _node_store_of_this_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's node block store (``sources.nodestore``) in its own directory, for the processes it
+    """Each test's node block store (``nodestore``) in its own directory, for the processes it
     starts too: a test never reads what another one kept."""
     monkeypatch.setenv("ASYNCLOAD_CACHE_DIR", str(tmp_path / "node-store"))
 

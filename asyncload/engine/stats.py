@@ -66,7 +66,7 @@ class Stats:
     cpu_loop_s: float = 0.0  # thread CPU seconds of the loop thread (issuing and awaiting reads)
     cpu_decode_s: float = 0.0  # thread CPU seconds in the decode stage (decode, crop, resize, flip)
     cpu_collate_s: float = 0.0  # ... in the rest of assembly (collation, a user's transform)
-    # The read stage (``blocks.BlockReads``) and the node block store (``sources.nodestore``):
+    # The read stage (``blocks.BlockReads``) and the node block store (``nodestore``):
     # bytes received from the source: the wire bytes where it counts them (``wire_counter``), else the
     # stored bytes of the rows the read stage fetched (Deep Lake, whose chunk reads are its own)
     remote_bytes: int = 0

@@ -206,7 +206,7 @@ class Source(abc.ABC, Generic[H]):
     @property
     def local(self) -> bool:
         """Whether the rows are on this machine already (a local path): then the node block store
-        (``sources.nodestore``) has nothing to save, and ``cache="auto"`` leaves it off."""
+        (``nodestore``) has nothing to save, and ``cache="auto"`` leaves it off."""
         return False
 
     @property

@@ -21,7 +21,7 @@ What it answers: "how much faster does asyncload read *my* data, here, with thes
   resizes, flips and normalizes it as the loader's settings do, so the ratio compares reading strategies,
   not different work. The report is made in ``report``.
 - **Cold against cold.** asyncload keeps what it fetched in the node block store on local disk
-  (``sources.nodestore``), for every later epoch and run on the machine: a run after the first would
+  (``nodestore``), for every later epoch and run on the machine: a run after the first would
   read the dataset from there. So each asyncload run reads through a private, empty store
   (``coldstore``), removed after: every run's first epoch fetches everything, as the baseline's does,
   in this invocation and the next. ``--epochs N`` runs N epochs on one open dataset and reports epochs
@@ -265,7 +265,7 @@ VERDICT = (
 
 @dataclass(frozen=True)
 class Store:
-    """Where asyncload's runs keep the rows they fetch (the node block store, ``sources.nodestore``).
+    """Where asyncload's runs keep the rows they fetch (the node block store, ``nodestore``).
 
     ``cold`` (the default): each run reads through a private, empty directory, removed after, so every
     run's first epoch fetches everything, as a user's first epoch on a new machine does. ``yours``: the

@@ -6,7 +6,7 @@ Policies, for a store that holds ``fraction`` of a dataset's blocks:
 - ``farthest``: every fetched block is written; the block whose next use (in this and the next epochs'
   known orders) is farthest away is removed (Belady's rule: the best any evicting policy can do);
 - ``resident``: the first blocks that fit are kept for good; the rest are read from the store and not
-  written (what ``sources.nodestore`` does).
+  written (what ``nodestore`` does).
 
 Reports the hit rate over epochs 2..E and the bytes written per epoch (as blocks), for several fractions.
 A block is one unit (the store keeps whole bins; rows of a block come and go together).
