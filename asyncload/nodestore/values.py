@@ -56,8 +56,7 @@ def user_key() -> bytes | None:
     """This user's key, made on first use (0600, created whole or not at all: written under a temporary name
     and linked into place, so a second process reads either none or all of it); None, said once, where it
     cannot be made or read, or is not private (another owner, readable by others)."""
-    env = os.environ
-    fast = (os.getuid(), env.get("XDG_CONFIG_HOME"), env.get("HOME"))  # (per value: no path built when known)
+    fast = (os.getuid(), os.environ.get("XDG_CONFIG_HOME"), os.path.expanduser("~"))  # (per value: no Path built)
     if fast in _fast:
         return _fast[fast]
     path = key_path()
