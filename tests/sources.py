@@ -216,3 +216,34 @@ class OldCrashingSource(CrashingSource):
 
     async def read(self, indices):  # noqa: ANN001, ANN201
         return await super().read(indices)
+
+
+class Rows(Source[None]):
+    """Rows that are their own numbers (column ``x``), no store: what a test of orders, resumes and ranks
+    needs to see. ``block``: the source's ``block_rows``; ``delay``: seconds each read takes (a slow store)."""
+
+    def __init__(self, n: int, block: int = 1, delay: float = 0.0) -> None:
+        super().__init__("rows://x", ("x",))
+        self.n, self.block, self.delay = n, block, delay
+
+    def _open(self) -> None:
+        return None
+
+    def _length(self, handle: None) -> int:
+        return self.n
+
+    def _version(self, handle: None) -> str:
+        return "v1"
+
+    @property
+    def local(self) -> bool:
+        return True
+
+    @property
+    def block_rows(self) -> int:
+        return self.block
+
+    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return {"x": np.asarray(indices, dtype=np.int64)}

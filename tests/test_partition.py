@@ -13,7 +13,8 @@ import pytest
 from asyncload import AsyncLoader, ConfigError
 from asyncload.engine.nodes import NODE_VARIABLES, node_count, node_parts, world_verdict
 from asyncload.engine.sampler import EpochSampler, Shard, block_order
-from asyncload.sources.base import Columns, Source
+
+from .sources import Rows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,34 +96,6 @@ def test_a_change_of_node_count_moves_few_blocks() -> None:
     assert max(map(len, parts)) - min(map(len, parts)) <= 1  # equal to a block
 
 
-class Rows(Source[None]):
-    """Rows that are their own numbers: what a resume test needs to see, and no store."""
-
-    def __init__(self, n: int) -> None:
-        super().__init__("rows://x", ("x",))
-        self.n = n
-
-    def _open(self) -> None:
-        return None
-
-    def _length(self, handle: None) -> int:
-        return self.n
-
-    def _version(self, handle: None) -> str:
-        return "v1"
-
-    @property
-    def local(self) -> bool:
-        return True
-
-    @property
-    def block_rows(self) -> int:
-        return BLOCK
-
-    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
-        return {"x": np.asarray(indices, dtype=np.int64)}
-
-
 def torchrun(monkeypatch: pytest.MonkeyPatch, nodes: int, per_node: int, rank: int = 0) -> None:
     """The variables torchrun gives ``rank`` of ``nodes`` nodes of ``per_node`` ranks."""
     monkeypatch.setenv("WORLD_SIZE", str(nodes * per_node))
@@ -142,7 +115,7 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
     state = None
     for rank in range(saver_world):
         torchrun(monkeypatch, before, 2, rank)
-        loader = AsyncLoader(Rows(N), rank=rank, world_size=saver_world, **opts)
+        loader = AsyncLoader(Rows(N, block=BLOCK), rank=rank, world_size=saver_world, **opts)
         assert loader.sampler.nodes == before
         it = iter(loader)
         for _ in range(3):  # each rank trains 3 batches, then the job stops
@@ -154,7 +127,7 @@ def test_a_world_resumed_on_another_number_of_nodes_reads_every_row_once(monkeyp
     torchrun(monkeypatch, after, 2)
     for rank in range(after * 2):
         torchrun(monkeypatch, after, 2, rank)
-        loader = AsyncLoader(Rows(N), rank=rank, world_size=after * 2, **opts)
+        loader = AsyncLoader(Rows(N, block=BLOCK), rank=rank, world_size=after * 2, **opts)
         assert loader.sampler.nodes == after
         loader.load_state_dict(state)
         got.update(int(i) for b in loader for i in b["x"])
@@ -197,7 +170,7 @@ def test_nodes_from_torchrun(monkeypatch) -> None:
     monkeypatch.setenv("NODE_RANK", "3")
     assert node_count(8) == 4
     assert node_count(2) == 1  # a loader of another world (explicit rank=/world_size=): one node
-    loader = AsyncLoader(Rows(N), rank=0, world_size=8, shuffle=True, shuffle_scope="global", processes=0)
+    loader = AsyncLoader(Rows(N, block=BLOCK), rank=0, world_size=8, shuffle=True, shuffle_scope="global", processes=0)
     assert loader.sampler.nodes == 1
     loader.close()
 
@@ -251,7 +224,7 @@ def _world_rank_main(rank: int, port: int, sizes: list[int], numbered: bool, out
     dist.init_process_group("gloo", rank=rank, world_size=sum(sizes))
     try:
         try:
-            loader = AsyncLoader(Rows(N), batch_size=BATCH, shuffle=True, seed=3, processes=0)
+            loader = AsyncLoader(Rows(N, block=BLOCK), batch_size=BATCH, shuffle=True, seed=3, processes=0)
             got: dict = {"rows": [int(i) for b in loader for i in b["x"]], "nodes": loader.sampler.nodes}
             loader.close()
         except ConfigError as exc:

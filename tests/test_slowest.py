@@ -4,7 +4,6 @@ or a slower training step, is named with what it waited on, by ``AsyncLoader.sta
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -12,40 +11,15 @@ import socket
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from asyncload import AsyncIterableDataset, AsyncLoader
 from asyncload.engine.slowest import log_line, slowest
-from asyncload.sources.base import Columns, Source
+
+from .sources import Rows
 
 N, BATCH = 240, 8
-
-
-class SlowRows(Source[None]):
-    """Rows that are their own numbers, each read taking ``delay`` seconds: a store as slow as asked."""
-
-    def __init__(self, n: int, delay: float) -> None:
-        super().__init__("rows://slow", ("x",))
-        self.n, self.delay = n, delay
-
-    def _open(self) -> None:
-        return None
-
-    def _length(self, handle: None) -> int:
-        return self.n
-
-    def _version(self, handle: None) -> str:
-        return "v1"
-
-    @property
-    def local(self) -> bool:
-        return True
-
-    async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
-        await asyncio.sleep(self.delay)
-        return {"x": np.asarray(indices, dtype=np.int64)}
 
 
 def _rank_main(rank: int, world: int, port: int, slow: str, out: str) -> None:
@@ -64,13 +38,13 @@ def _rank_main(rank: int, world: int, port: int, slow: str, out: str) -> None:
         slowed = rank == world - 1
         delay = 0.02 if slowed and slow == "store" else 0.0
         if slow == "workers":  # the adapter, its reads in a DataLoader worker
-            ds = AsyncIterableDataset(SlowRows(N, 0.03 if slowed else 0.0), BATCH, processes=0, concurrency=8)
+            ds = AsyncIterableDataset(Rows(N, delay=0.03 if slowed else 0.0), BATCH, processes=0, concurrency=8)
             dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="forkserver")
             n = sum(len(b["x"]) for b in dl)
             ds.set_epoch(1)  # the next epoch: every rank posts the one that ended
             stats = ds.stats()
         else:
-            loader = AsyncLoader(SlowRows(N, delay), batch_size=BATCH, processes=0, concurrency=8)
+            loader = AsyncLoader(Rows(N, delay=delay), batch_size=BATCH, processes=0, concurrency=8)
             n = 0
             for b in loader:
                 n += len(b["x"])
@@ -127,7 +101,7 @@ def test_the_verdict_prefers_the_rank_that_waited_for_data() -> None:
 
 
 def test_without_a_process_group_no_rank_figures() -> None:
-    loader = AsyncLoader(SlowRows(40, 0.0), batch_size=BATCH, processes=0)
+    loader = AsyncLoader(Rows(40), batch_size=BATCH, processes=0)
     assert sum(len(b["x"]) for b in loader) == 40
     assert "slowest_rank" not in loader.stats() and loader._board is None
     loader.close()
