@@ -265,3 +265,25 @@ print("planted")
     assert got == {"served": {}, "back": EXPECTED}
     assert precious.read_text() == "the user's own" and os.listdir(docs) == []
     assert not any(p.is_symlink() for p in root.rglob("*"))
+
+
+def test_a_cache_dir_that_is_another_users_link_is_not_followed(base: Path) -> None:
+    """``cache_dir=/tmp/mystore`` where another user made that name first, as a link to a directory of the
+    victim's: refused, nothing written there."""
+    mine = base / "victim" / "dotfiles"
+    mine.mkdir()
+    os.chown(mine, VICTIM, VICTIM)
+    tmp = base / "tmp"
+    tmp.mkdir()
+    tmp.chmod(0o1777)  # (a shared /tmp)
+    link = tmp / "mystore"
+    out = as_user(ATTACKER, f"import os; os.symlink({str(mine)!r}, {str(link)!r})")
+    assert out.returncode == 0, out.stderr
+    code = f"""
+import json
+from asyncload.nodestore import open_shelf
+print(json.dumps(open_shelf("ds|v1", "ds", {str(link)!r}, None) is None))
+"""
+    off, said = victim(base, code)
+    assert off is True and os.listdir(mine) == []
+    assert f"{link} is not private: owned by uid 65534 (nobody), mode 0777; a link another user made" in said

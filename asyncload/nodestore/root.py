@@ -158,8 +158,18 @@ def open_root(path: Path) -> int:
     user created first (or a link to one) is refused."""
     shared = _shared_parent(path)
     if shared is None:
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = _open_dir(path, None, follow=True)  # (a link the user made to their own scratch is theirs to make)
+        try:
+            fd = _open_dir(path, None, follow=False)
+        except FileNotFoundError:
+            path.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = _open_dir(path, None, follow=False)
+        except OSError as exc:  # a link: followed where the user (or the system) made it, who alone can change it
+            link = os.lstat(path)
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR) or not stat.S_ISLNK(link.st_mode):
+                raise
+            if link.st_uid not in (os.getuid(), 0):
+                raise not_private(path, link, "a link another user made: it is not followed") from None
+            fd = _open_dir(path, None, follow=True)
     else:
         shared.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
