@@ -34,26 +34,66 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 RANK = """
-import json, sys
+import json, sys, time
 sys.path.insert(0, {root!r})
 from asyncload import AsyncLoader, DeepLakeSource
+{patch}
 src = DeepLakeSource({url!r}, creds={creds!r})
 loader = AsyncLoader(src, rank={rank}, world_size={world}, batch_size=32, shuffle=True, seed=1, **{options!r})
 out = []
 for e in range({epochs}):
     loader.set_epoch(e)
-    rows = sorted(int(i) for b in loader for i in b["index"])
+    t0, first, rows = time.perf_counter(), None, []
+    for b in loader:
+        first = first if first is not None else time.perf_counter() - t0
+        rows += [int(i) for i in b["index"]]
     s = loader.stats()
-    out.append({{"rows": rows, "hits": s["node_hits"], "misses": s["node_misses"], "remote": s["remote_bytes"]}})
+    out.append({{"rows": sorted(rows), "hits": s["node_hits"], "misses": s["node_misses"], "remote": s["remote_bytes"],
+                "first_batch_s": round(first, 3), "epoch_s": round(time.perf_counter() - t0, 2)}})
 loader.close()
 print(json.dumps(out))
 """
 
 
+#: What other ways of cutting the reads would cost, measured by changing them in the ranks of a probe only
+#: (``--patch``): the start's parts off (each block one run), every part read as its whole block (one fetch per
+#: block and node), and the whole blocks read in aligned groups of 4 (one fetch per 256 rows and node).
+PATCHES = {
+    "ramp-off": "import asyncload.engine.blocks as b; b.RAMP_BLOCKS = 10**9",
+    "whole-blocks": """
+import asyncload.engine.blocks as b
+_cut = b.BlockReads._cut
+def _whole_cut(self, block, rows):
+    _cut(self, block, rows)
+    self._whole = set(self._due)
+b.BlockReads._cut = _whole_cut
+""",
+}
+PATCHES["groups-4"] = (
+    PATCHES["whole-blocks"]
+    + """
+_read_part = b.BlockReads._read_part
+async def _group_read(self, part, ahead, raw):
+    if self.shelf is None or self._full or self.block is None:
+        return await _read_part(self, part, ahead, raw)
+    rows = self._due.pop(part)
+    try:
+        g = 4 * self.block
+        lo = rows[0] // g * g
+        rows = sorted(set(rows) | set(self.shelf.valid(range(lo, min(lo + g, self.n)))))
+        await self._fill(rows, raw, keep=True, lock=True)
+    finally:
+        del self._reading[part]
+        self._ahead -= ahead
+b.BlockReads._read_part = _group_read
+"""
+)
+
+
 def kind(key: str, method: str, rng: str | None) -> str:
     """The kind of object a request reads (Deep Lake 4.7.4's layout on an object store): a data file is
     ``<dataset>/<column dir>/<xx>/<name>``; its first 32 KiB (``bytes=0-32767``) hold the header (where each
-    page of rows lies), every other range is a page of rows."""
+    page of rows lies), every other range is a page of rows (a chunk-compressed file is one page, read whole)."""
     if not key:
         return "open: bucket probe and listings"
     name = key.split("/", 1)[1] if "/" in key else key  # after the dataset's prefix
@@ -61,7 +101,8 @@ def kind(key: str, method: str, rng: str | None) -> str:
         return "open: version log"
     if method != "GET" or name.count("/") != 2:
         return f"other ({method} {name.split('/', 1)[0]})"
-    if rng is not None and rng.startswith("bytes=0-") and rng != "bytes=0-":
+    end = rng.removeprefix("bytes=0-") if rng is not None and rng.startswith("bytes=0-") else ""
+    if end.isdigit() and int(end) < 1 << 16:  # (``bytes=0-``: a chunk-compressed file, read whole as its page)
         return "data file header"
     return "pages"
 
@@ -90,14 +131,19 @@ def build(server: Any, bucket: str, prefix: str, rows: int, side: int, masks: st
     return url
 
 
-def run(proxy: Any, server: Any, url: str, world: int, epochs: int, options: dict[str, Any]) -> list[Any]:
-    """``world`` ranks of one node (a fresh node store), each with its own endpoint on ``proxy``."""
+def run(
+    proxy: Any, server: Any, url: str, world: int, epochs: int, options: dict[str, Any], patch: str = ""
+) -> list[Any]:
+    """``world`` ranks of one node (a fresh node store), each with its own endpoint on ``proxy``; ``patch``: a
+    line each rank runs first (a probe of what a constant costs)."""
     store = tempfile.mkdtemp(prefix="ppr-store-")
     procs = []
     for r in range(world):
         creds = server.creds() | {"endpoint_url": proxy.url(f"r{r}")}
         env = os.environ | {"ASYNCLOAD_CACHE_DIR": store}
-        code = RANK.format(root=str(ROOT), url=url, creds=creds, rank=r, world=world, epochs=epochs, options=options)
+        code = RANK.format(
+            root=str(ROOT), url=url, creds=creds, rank=r, world=world, epochs=epochs, options=options, patch=patch
+        )
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env))
     return [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
 
@@ -138,6 +184,25 @@ def layout(server: Any, url: str) -> dict[str, Any]:
     return {"files": files, "row_bytes": row}
 
 
+def table(results: list[dict[str, Any]]) -> str:
+    """A markdown table of ``results``: per dataset and run, the bytes of each kind over all processes (MB),
+    the opens per process (KB), and the run's bytes against one process's epoch."""
+    kinds = ("pages", "pages again", "pages again (same process)", "data file header")
+    head = "| image row | mask | run | total MB | ratio | " + " | ".join(kinds) + " | opens per process (KB) |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in results:
+        for name, run in r["runs"].items():
+            k = run["per_kind"]
+            procs = len(run["per_process"])
+            opens = sum(v for n, v in k.items() if n.startswith("open")) / procs / 1e3
+            cells = [f"{k.get(n, 0) / 1e6:.2f}" for n in kinds]
+            lines.append(
+                f"| {r['row_bytes']['images'] / 1e3:.1f} KB | {r['masks']} ({r['row_bytes']['masks']} B) | {name} | "
+                f"{run['total_bytes'] / 1e6:.1f} | {r['ratios'][name]:.3f} | " + " | ".join(cells) + f" | {opens:.1f} |"
+            )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", type=int, default=8192)
@@ -150,13 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", default="per_process_reads", help="the JSON file's name in --out")
     p.add_argument("--out", default=str(ROOT / "benchmarks/results/partition"))
     p.add_argument("--raw", action="store_true", help="keep every request in the JSON")
+    p.add_argument("--patch", choices=sorted(PATCHES), help="another cut of the reads, in the ranks (PATCHES)")
+    p.add_argument("--table", nargs="*", help="print the table of these JSON files and stop")
     args = p.parse_args(argv)
+    if args.table:
+        print(table([r for f in args.table for r in json.loads(Path(f).read_text())]))
+        return 0
 
     from harness.s3log import RequestLog
     from harness.seaweed import SeaweedServer
 
     worlds = [int(w) for w in args.worlds.split(",")]
     options = {"shuffle_window": args.window, "shuffle_block": args.block if args.block == "auto" else int(args.block)}
+    patch = PATCHES[args.patch] if args.patch else ""
     results: list[dict[str, Any]] = []
     with SeaweedServer() as server:
         server.create_bucket("ppr")
@@ -165,13 +236,13 @@ def main(argv: list[str] | None = None) -> int:
             for side in map(int, args.sides.split(",")):
                 for masks in args.masks.split(","):
                     url = build(server, "ppr", f"s{side}-{masks}", args.rows, side, masks)
-                    row = {"side": side, "masks": masks, "rows": args.rows, "options": options,
+                    row = {"side": side, "masks": masks, "rows": args.rows, "options": options, "patch": args.patch,
                            **layout(server, url), "runs": {}}  # fmt: skip
                     for world, epochs in [(1, 1)] + [(w, args.epochs) for w in worlds]:
                         name = f"{world}x{epochs}"
                         proxy.clear()
                         t0 = time.perf_counter()
-                        outs = run(proxy, server, url, world, epochs, options)
+                        outs = run(proxy, server, url, world, epochs, options, patch)
                         for e in range(epochs):  # every epoch exact over the ranks
                             assert sorted(i for o in outs for i in o[e]["rows"]) == list(range(args.rows)), (name, e)
                         got = summary(proxy.entries())
