@@ -21,7 +21,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
-from asyncload.nodestore import NodeStore
+from asyncload.nodestore import CorruptPart, NodeStore
 
 from .conftest import ROWS, WORKER_START
 from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
@@ -128,7 +128,7 @@ import os, sys, time
 sys.path.insert(0, {root!r})
 from pathlib import Path
 import asyncload.nodestore.parts as parts
-from asyncload.nodestore import NodeStore
+from asyncload.nodestore import CorruptPart, NodeStore
 
 unlink = parts.Parts.unlink
 
@@ -253,7 +253,7 @@ CHURN = """
 import sys
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from asyncload.nodestore import NodeStore
+from asyncload.nodestore import CorruptPart, NodeStore
 store = NodeStore(Path({dir!r}), {limit})
 print("ready", flush=True)
 k = {start}
@@ -285,3 +285,27 @@ def test_kill_9_at_random_moments_of_evictions_leaves_the_disk_within_the_limit(
         on_disk = sum(p.stat().st_blocks * 512 for p in root.glob("parts/*/*.rows"))
         assert 0 < on_disk <= store.used() and store.on_disk() <= limit, (i, on_disk, store.used(), limit)
         store.close()
+
+
+def test_a_shelf_used_after_its_store_closed_reads_nothing_and_writes_nothing(tmp_path) -> None:
+    """A read of an epoch abandoned as its loader closed the store: the shelf is off, a read of a part is a
+    miss (``CorruptPart``: the rows go to the source), a write is not kept, and no descriptor number the
+    store held (which the process may have reused) is written through."""
+    store = NodeStore(tmp_path / "store", None)
+    shelf = store.shelf("a|v1", "a")
+    assert shelf.put([0, 1], {"x@b": [b"a", b"b"]})
+    entries = [e["x@b"] for e in shelf.lookup([0, 1], ["x@b"]).values()]
+    store.close()
+    reused = [os.open(tmp_path, os.O_RDONLY) for _ in range(4)]  # (the numbers the store's descriptors had)
+    try:
+        assert shelf.off and store.full(shelf.id)
+        assert shelf.lookup([0, 1], ["x@b"]) == {}
+        with pytest.raises(CorruptPart):
+            shelf.get(entries)
+        assert shelf.put([2], {"x@b": [b"c"]}) is False
+        assert shelf.claim([0]) is not None
+        shelf.forget(entries[0].part)
+    finally:
+        for fd in reused:
+            os.close(fd)
+    assert sorted(os.listdir(tmp_path)) == ["store"]

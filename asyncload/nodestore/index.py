@@ -161,6 +161,8 @@ class Index:
         transaction that takes the index's write lock at once where ``write`` (so that a check and the change
         it allows are one step for the whole node)."""
         with self._lock:
+            if self.root_fd < 0:
+                raise sqlite3.OperationalError("the node store is closed")
             if self._pid != os.getpid():
                 self._db, self._pid = self._connect(), os.getpid()
             db = self._db

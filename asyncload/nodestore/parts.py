@@ -14,6 +14,7 @@ index's change and the unlink (an eviction, a drop), and anything else found the
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import threading
@@ -67,6 +68,8 @@ class Parts:
 
     def _sub(self, name: str) -> int:
         with self._lock:
+            if self.fd < 0:  # (closed: a number kept would name whatever the process opens next)
+                raise OSError(errno.EBADF, "the node store is closed", str(self.path))
             fd = self._subs.get(name)
             if fd is None:
                 fd = self._subs[name] = sub_dir(self.fd, name, self.path / name)
@@ -169,9 +172,11 @@ class Parts:
     def close(self) -> None:
         with self._lock:
             subs, self._subs = list(self._subs.values()), {}
-        for fd in [*subs, self.fd]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            fd, self.fd = self.fd, -1
+        for d in [*subs, fd]:
+            if d >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(d)
 
 
 __all__ = ["FANOUT", "CorruptPart", "Entry", "Parts"]

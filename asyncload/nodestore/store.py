@@ -271,6 +271,7 @@ class NodeStore:
                 self._shelves.clear()
         if hasattr(self, "index"):
             self.index.close()
+            self.index.root_fd = -1
         if hasattr(self, "parts"):
             self.parts.close()
         for fd in (getattr(self, "_inuse", -1), self.fd):
@@ -423,10 +424,15 @@ class NodeStore:
         st = os.fstatvfs(self.fd)
         return st.f_bavail * st.f_frsize - nbytes - LOG_ROOM >= margin(st)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` ran (its descriptors are gone: nothing is read or written any more)."""
+        return self.fd < 0
+
     def full(self, sid: int) -> bool:
         """Whether a write for shelf ``sid`` would find no room (within 2% of the limit, even after evicting
         every shelf that no process uses, or the disk at its margin)."""
-        if self.no_room is not None or not self.disk_room(BIN * ENTRY_COST):
+        if self.closed or self.no_room is not None or not self.disk_room(BIN * ENTRY_COST):
             return True
         with self.transaction(write=False) as db:
             used = Index.used(db) + self.index.disk_bytes()
@@ -493,6 +499,8 @@ class NodeStore:
 
     def drop(self, part: int) -> None:
         """Remove ``part`` (corrupt, or not kept): its rows leave the index and its room is given back."""
+        if self.closed:
+            return
         try:
             with self.transaction() as db:
                 self._drop_in(db, part)
@@ -512,6 +520,8 @@ class NodeStore:
         """The disk or the index refused. A full disk: no more rows are kept, and what is stored is still read
         (said once). Anything else (read-only, gone, damaged): the store is off in this process from now on,
         said once; the next process to open it checks the index and rebuilds it where it cannot be read."""
+        if self.closed:  # (a read of an epoch abandoned as its loader closed: nothing to say)
+            return
         if full_disk(exc):
             if self.no_room is None:
                 self.no_room = f"{type(exc).__name__}: {exc}"
@@ -564,8 +574,9 @@ class Shelf:
 
     @property
     def off(self) -> bool:
-        """Whether the store was turned off in this process (the index failed)."""
-        return self.store.disabled is not None
+        """Whether the store was turned off in this process (the index failed), or closed (the loader that
+        held it closed while a read of an abandoned epoch was still under way: that read goes to the source)."""
+        return self.store.disabled is not None or self.store.closed
 
     # -- what is there -------------------------------------------------------------------------------
     def lookup(self, rows: Sequence[int], cols: Sequence[str]) -> dict[int, dict[str, Entry]]:
@@ -620,7 +631,7 @@ class Shelf:
                 bufs.append(data)
                 off += n
         store = self.store
-        if store.disabled is not None or store.no_room is not None:
+        if self.off or store.no_room is not None:
             return False
         part = store.reserve(self.id, off, len(meta))
         if part is None:
@@ -664,6 +675,8 @@ class Shelf:
         fetches over overlapping runs of bins never both go ahead, and never wait on each other): its
         holder's name (for ``unclaim``), or None while another fetch of a live process holds one of them."""
         me, now = _owner(next(_claims) + 1), time.time()
+        if self.off:
+            return me
         try:
             with self.store.transaction() as db:
                 for b in bins:
@@ -682,6 +695,8 @@ class Shelf:
 
     def unclaim(self, bins: Sequence[int], holder: str) -> None:
         """Give back the claim ``holder`` (``claim``'s answer) took on ``bins``."""
+        if self.off:
+            return
         with contextlib.suppress(sqlite3.Error):
             with self.store.transaction() as db:
                 db.executemany(
