@@ -132,15 +132,19 @@ def build(server: Any, bucket: str, prefix: str, rows: int, side: int, masks: st
 
 
 def run(
-    proxy: Any, server: Any, url: str, world: int, epochs: int, options: dict[str, Any], patch: str = ""
+    proxy: Any, server: Any, url: str, world: int, epochs: int, options: dict[str, Any], patch: str = "", nodes: int = 1
 ) -> list[Any]:
-    """``world`` ranks of one node (a fresh node store), each with its own endpoint on ``proxy``; ``patch``: a
-    line each rank runs first (a probe of what a constant costs)."""
-    store = tempfile.mkdtemp(prefix="ppr-store-")
+    """``world`` ranks on ``nodes`` simulated nodes (a fresh node store each, and the variables torchrun gives a
+    node's ranks), each rank with its own endpoint on ``proxy``; ``patch``: code each rank runs first."""
+    local = world // nodes
+    stores = [tempfile.mkdtemp(prefix="ppr-store-") for _ in range(nodes)]
     procs = []
     for r in range(world):
         creds = server.creds() | {"endpoint_url": proxy.url(f"r{r}")}
-        env = os.environ | {"ASYNCLOAD_CACHE_DIR": store}
+        env = os.environ | {"ASYNCLOAD_CACHE_DIR": stores[r // local]}
+        if nodes > 1:
+            env |= {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(r // local),
+                    "RANK": str(r), "LOCAL_RANK": str(r % local)}  # fmt: skip
         code = RANK.format(
             root=str(ROOT), url=url, creds=creds, rank=r, world=world, epochs=epochs, options=options, patch=patch
         )
@@ -210,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--masks", default="sample,chunk")
     p.add_argument("--worlds", default="4", help="ranks of the node in each run after the solo one")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--nodes", type=int, default=1, help="simulated nodes the ranks of each run are on")
     p.add_argument("--window", type=int, default=4096, help="shuffle_window")
     p.add_argument("--block", default="auto", help="shuffle_block")
     p.add_argument("--name", default="per_process_reads", help="the JSON file's name in --out")
@@ -239,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"side": side, "masks": masks, "rows": args.rows, "options": options, "patch": args.patch,
                            **layout(server, url), "runs": {}}  # fmt: skip
                     for world, epochs in [(1, 1)] + [(w, args.epochs) for w in worlds]:
-                        name = f"{world}x{epochs}"
+                        nodes = args.nodes if world > 1 else 1
+                        name = f"{world}x{epochs}" if nodes == 1 else f"{nodes} nodes x {world // nodes}x{epochs}"
                         proxy.clear()
                         t0 = time.perf_counter()
-                        outs = run(proxy, server, url, world, epochs, options, patch)
+                        outs = run(proxy, server, url, world, epochs, options, patch, nodes)
                         for e in range(epochs):  # every epoch exact over the ranks
                             assert sorted(i for o in outs for i in o[e]["rows"]) == list(range(args.rows)), (name, e)
                         got = summary(proxy.entries())
