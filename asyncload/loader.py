@@ -84,11 +84,14 @@ class AsyncLoader:
                     paths and manifests; True, False
       cache_dir     where it lives (default: $ASYNCLOAD_CACHE_DIR, else the first on a local disk of
                     $XDG_CACHE_HOME/asyncload/blocks (~/.cache/...), $TMPDIR/asyncload-<uid>/blocks,
-                    /var/tmp/asyncload-<uid>/blocks: network and memory file systems are skipped)
-      cache_limit   bytes it may use on this machine, all datasets together: an int, or a size such
-                    as "50GB" (10^9 bytes each) or "50GiB" (2^30) ("auto", default: a quarter of the
-                    free space, at most 256 GiB); past it what is there stays and the rest is read
-                    from the store (``stats()["node_hit_rate"]``)
+                    /var/tmp/asyncload-<uid>/blocks: network and memory file systems are skipped);
+                    a directory of the user's, made private (0700), another user's refused
+      cache_limit   bytes it may use on this machine, all datasets together, as the disk holds them
+                    (whole blocks, the index included): an int, or a size such as "50GB" (10^9 bytes
+                    each) or "50GiB" (2^30) ("auto", default: a quarter of the free space, at most
+                    256 GiB); past it what is there stays and the rest is read from the store
+                    (``stats()["node_hit_rate"]``); 5% of the file system (at most 1 GiB) is never
+                    written into
 
     How it is read:
       concurrency   samples being read at once (hundreds are fine for remote stores), or "auto"
