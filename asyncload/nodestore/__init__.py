@@ -16,8 +16,10 @@ Its files, each with one job:
 - ``parts``: the part files, written whole with ``O_EXCL``, read back value by value against a CRC32;
   what the index does not know swept at open.
 - ``values``: a value as bytes and back, exactly; pickles authenticated with the user's key.
-- ``store``: ``NodeStore`` and ``Shelf``, the above put together: room and eviction within a limit that
-  counts what the disk holds, a free-space margin, claims, shelves in use, healing.
+- ``store``: ``NodeStore``, the above put together: room and eviction within a limit that counts what the
+  disk holds, a free-space margin, shelves in use, healing.
+- ``shelf``: ``Shelf``, one dataset version's rows as a process looks them up, reads, writes and claims
+  them before a fetch.
 
 Keys name what shaped the bytes: a shelf is a dataset at one version (``Source.store_key``), an entry is a
 row of a column (its name, stored bytes or decoded values, ``Source.value_tag``). Rows are the dataset's
@@ -30,7 +32,8 @@ from __future__ import annotations
 from .index import FORMAT, Unreadable
 from .parts import CorruptPart, Entry
 from .root import NotPrivate, candidates, default_root, fs_type
-from .store import BIN, CLAIM_PATIENCE_S, DEFAULT_LIMIT_CAP, ENTRY_COST, NodeStore, Shelf, open_shelf, size
+from .shelf import BIN, CLAIM_PATIENCE_S, Shelf
+from .store import DEFAULT_LIMIT_CAP, ENTRY_COST, NodeStore, open_shelf, size
 from .values import Forged, Unkeepable, decode, encode, key_path, user_key
 
 __all__ = [

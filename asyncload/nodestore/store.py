@@ -1,5 +1,6 @@
-"""``NodeStore`` and ``Shelf``: the root, the index and the parts put together — room, eviction, claims, the
-lives of shelves — and what the store does when the disk or the index fails.
+"""``NodeStore``: the root, the index and the parts put together — room, eviction, the lives of shelves —
+and what the store does when the disk or the index fails (a shelf's own reads, writes and claims:
+``shelf``).
 
 - **Bounded by what the disk holds**: at most ``limit`` bytes for the node, counting each part's allocated
   blocks and the index with its log. A write that does not fit first evicts whole shelves that no process
@@ -24,29 +25,22 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import itertools
 import logging
 import os
 import shutil
 import sqlite3
 import threading
 import time
-import zlib
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..runtime.log import log_once
 from .index import FLAG, LOG_ROOM, Index, Unreadable, damaged, full_disk
-from .parts import Entry, Parts
+from .parts import Parts
 from .root import NotPrivate, default_root, open_root, private_file, proc_path, sub_dir
-from .values import encode
+from .shelf import BIN, Shelf, alive, owner
 
 log = logging.getLogger("asyncload")
-
-#: Rows per bin: the unit a process claims before it fetches, so that one process of the node fetches a
-#: block while the others wait for it. Deep Lake's own block: a block read whole is one bin.
-BIN = 64
 
 #: The default limit: a quarter of the space free on the store's filesystem, at most this much. A node's
 #: local disk is usually shared (scratch, other jobs' checkpoints): a quarter never fills it, and 256 GiB
@@ -61,12 +55,6 @@ ENTRY_COST = 96
 MARGIN_SHARE = 0.05
 MARGIN_CAP = 1 << 30
 
-#: How long a claim on a bin holds off other processes when its holder cannot be seen to be alive (another
-#: pid namespace) or has not finished: the rows are then fetched twice, which costs bytes, never correctness.
-CLAIM_PATIENCE_S = 30.0
-
-_claims = itertools.count()
-
 
 def size(n: float) -> str:
     """Bytes as a person reads them: 3 significant figures in the unit that shows them (512 B, 2.10 MB)."""
@@ -80,31 +68,6 @@ def size(n: float) -> str:
 def margin(st: os.statvfs_result) -> int:
     """The free space of a file system (``statvfs``) the store leaves alone."""
     return min(MARGIN_CAP, int(st.f_blocks * st.f_frsize * MARGIN_SHARE))
-
-
-def _owner(claim: int = 0) -> str:
-    """Who holds a reservation (``claim`` 0) or a claim (a number of its own: two reads of one process
-    exclude each other too): the process, its pid namespace (a pid means nothing in another one: a
-    container beside this one sharing the directory) and the claim."""
-    try:
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        ns = 0
-    return f"{ns}:{os.getpid()}:{claim}"
-
-
-def _alive(owner: str) -> bool | None:
-    """Whether ``owner``'s process lives: True, False, or None where it cannot be told (another namespace)."""
-    ns, pid, _ = (owner.split(":") + ["", ""])[:3]
-    if ns != _owner().split(":")[0]:
-        return None
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, ValueError):
-        return True
-    return True
 
 
 class NodeStore:
@@ -466,7 +429,7 @@ class NodeStore:
                 if Index.used(db) + index + need > self.limit:
                     part = None
                 else:
-                    cur = db.execute("INSERT INTO parts(shelf, bytes, owner) VALUES (?, ?, ?)", (sid, need, _owner()))
+                    cur = db.execute("INSERT INTO parts(shelf, bytes, owner) VALUES (?, ?, ?)", (sid, need, owner()))
                     part = cur.lastrowid
                     Index.add_used(db, need)
         except sqlite3.Error as exc:
@@ -490,8 +453,8 @@ class NodeStore:
 
     def _reclaim_in(self, db: sqlite3.Connection) -> list[int]:
         """Reservations of processes that died before their part was whole: their room back."""
-        dead = [(p, n) for p, n, owner in db.execute("SELECT id, bytes, owner FROM parts WHERE done = 0")
-                if _alive(owner) is False]  # fmt: skip
+        dead = [(p, n) for p, n, who in db.execute("SELECT id, bytes, owner FROM parts WHERE done = 0")
+                if alive(who) is False]  # fmt: skip
         for p, n in dead:
             db.execute("DELETE FROM parts WHERE id = ?", (p,))
             Index.add_used(db, -n)
@@ -560,156 +523,6 @@ class NodeStore:
         self._quiet.add(shelf.key)
 
 
-class Shelf:
-    """One dataset version's rows in the node's store, as this process reads and writes them. Every call
-    that touches the disk or the index blocks: the read stage makes them on a pool thread."""
-
-    def __init__(self, store: NodeStore, key: str, label: str, sid: int, inuse_fd: int) -> None:
-        self.store = store
-        self.key = key
-        self.label = label
-        self.id = sid
-        self._inuse_fd = inuse_fd
-        self.users = 1  # the readers of this process holding it (``NodeStore.shelf``, ``release``)
-
-    @property
-    def off(self) -> bool:
-        """Whether the store was turned off in this process (the index failed), or closed (the loader that
-        held it closed while a read of an abandoned epoch was still under way: that read goes to the source)."""
-        return self.store.disabled is not None or self.store.closed
-
-    # -- what is there -------------------------------------------------------------------------------
-    def lookup(self, rows: Sequence[int], cols: Sequence[str]) -> dict[int, dict[str, Entry]]:
-        """Of ``rows`` (the dataset's row numbers), those present for every column of ``cols``, with where each
-        lies."""
-        found: dict[int, dict[str, Entry]] = {}
-        if not rows or self.off:
-            return found
-        want = sorted(set(rows))
-        try:
-            with self.store.transaction(write=False) as db:
-                for col in cols:
-                    for lo in range(0, len(want), 500):
-                        chunk = want[lo : lo + 500]
-                        q = (f"SELECT row, part, off, len, crc, how FROM entries WHERE shelf = ? AND col = ? "
-                             f"AND row IN ({','.join('?' * len(chunk))})")  # fmt: skip
-                        for r, *e in db.execute(q, (self.id, col, *chunk)):
-                            found.setdefault(r, {})[col] = Entry(*e)
-        except sqlite3.Error as exc:
-            self.store.failed(exc)
-            return {}
-        return {r: e for r, e in found.items() if len(e) == len(cols)}
-
-    def get(self, entries: Sequence[Entry]) -> list[Any]:
-        """The values of ``entries``, each checked against its CRC32 (``CorruptPart`` names the part)."""
-        if entries:
-            self.store.announce(self)
-        return self.store.parts.read(entries)
-
-    def forget(self, part: int) -> None:
-        """Drop a part found corrupt: its rows leave the index, its file goes."""
-        self.store.drop(part)
-
-    def quiet(self) -> None:
-        """This shelf's rows are read through: no line says they are kept (``NodeStore.quiet``)."""
-        self.store.quiet(self)
-
-    # -- writing -------------------------------------------------------------------------------------
-    def put(self, rows: Sequence[int], cols: Mapping[str, Sequence[Any]]) -> bool:
-        """Write ``rows`` (the dataset's row numbers; their values per column key) as one part. False where the
-        store did not keep them (over its limit, the disk at its margin or refusing, the shelf evicted);
-        ``Unkeepable`` where a value cannot be kept exactly. Rows another process wrote meanwhile keep that
-        process's copy."""
-        bufs: list[bytes | memoryview] = []
-        meta: list[tuple[str, int, int, int, int, str]] = []
-        off = 0
-        for col, values in cols.items():
-            for r, v in zip(rows, values, strict=True):
-                data, how = encode(v)
-                n = data.nbytes if isinstance(data, memoryview) else len(data)
-                meta.append((col, int(r), off, n, zlib.crc32(data), how))
-                bufs.append(data)
-                off += n
-        store = self.store
-        if self.off or store.no_room is not None:
-            return False
-        part = store.reserve(self.id, off, len(meta))
-        if part is None:
-            return False
-        try:
-            store.parts.write(part, bufs)
-        except OSError as exc:
-            store.drop(part)
-            store.failed(exc)
-            return False
-        try:
-            with store.transaction() as db:
-                row = db.execute("SELECT bytes FROM parts WHERE id = ?", (part,)).fetchone()
-                kept = row is not None  # (else its shelf was evicted: the part is no one's)
-                if kept:
-                    before = db.total_changes
-                    db.executemany(
-                        "INSERT OR IGNORE INTO entries VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(self.id, c, r, part, o, n, crc, how) for c, r, o, n, crc, how in meta],
-                    )
-                    if db.total_changes == before:  # every row was written by another process meanwhile
-                        db.execute("DELETE FROM parts WHERE id = ?", (part,))
-                        Index.add_used(db, -row[0])
-                        part_kept = False
-                    else:
-                        db.execute("UPDATE parts SET done = 1 WHERE id = ?", (part,))
-                        part_kept = True
-        except sqlite3.Error as exc:
-            store.drop(part)
-            store.failed(exc)
-            return False
-        if not kept or not part_kept:
-            store.parts.unlink([part])
-        if kept:
-            store.announce(self)
-        return kept
-
-    # -- one fetch per node --------------------------------------------------------------------------
-    def claim(self, bins: Sequence[int]) -> str | None:
-        """The node-wide claim of every bin of ``bins`` for a fetch, all or none in one step (so that two
-        fetches over overlapping runs of bins never both go ahead, and never wait on each other): its
-        holder's name (for ``unclaim``), or None while another fetch of a live process holds one of them."""
-        me, now = _owner(next(_claims) + 1), time.time()
-        if self.off:
-            return me
-        try:
-            with self.store.transaction() as db:
-                for b in bins:
-                    row = db.execute(
-                        "SELECT owner, since FROM claims WHERE shelf = ? AND bin = ?", (self.id, b)
-                    ).fetchone()
-                    if row is not None and _alive(row[0]) is not False:
-                        if now - row[1] < CLAIM_PATIENCE_S:  # (past it: a holder stuck, fetched regardless)
-                            return None
-                db.executemany(
-                    "INSERT OR REPLACE INTO claims VALUES (?, ?, ?, ?)", [(self.id, b, me, now) for b in bins]
-                )
-        except sqlite3.Error as exc:
-            self.store.failed(exc)
-        return me
-
-    def unclaim(self, bins: Sequence[int], holder: str) -> None:
-        """Give back the claim ``holder`` (``claim``'s answer) took on ``bins``."""
-        if self.off:
-            return
-        with contextlib.suppress(sqlite3.Error):
-            with self.store.transaction() as db:
-                db.executemany(
-                    "DELETE FROM claims WHERE shelf = ? AND bin = ? AND owner = ?", [(self.id, b, holder) for b in bins]
-                )
-
-    def release(self) -> None:
-        """One reader of this process is done with the shelf. When none is left, its in-use lock goes, so
-        that the shelf may be evicted for another's rows (a long-lived process, a notebook, that read one
-        version and then another does not keep the old one from being evicted)."""
-        self.store.release(self)
-
-
 def open_shelf(key: str | None, label: str, root: str | os.PathLike[str] | None, limit: int | None) -> Shelf | None:
     """The node store's shelf for the dataset version ``key`` under ``root`` (None: ``default_root``), or
     None where it is not kept (no version, a store that cannot be used here)."""
@@ -740,4 +553,4 @@ def _warn_off(root: Path, exc: BaseException) -> None:
     )  # fmt: skip
 
 
-__all__ = ["BIN", "CLAIM_PATIENCE_S", "DEFAULT_LIMIT_CAP", "ENTRY_COST", "NodeStore", "Shelf", "open_shelf", "size"]
+__all__ = ["DEFAULT_LIMIT_CAP", "ENTRY_COST", "MARGIN_CAP", "MARGIN_SHARE", "NodeStore", "margin", "open_shelf", "size"]
