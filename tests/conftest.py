@@ -212,3 +212,18 @@ def _no_failing_deep_lake_read_in_this_process(monkeypatch: pytest.MonkeyPatch):
         f"{len(failed)} Deep Lake read(s) failed inside the pytest process: read failing datasets through the "
         "default reader process (not processes=0) or in a subprocess"
     )
+
+
+#: xdist groups that start first, in this order: the longest single runs (the operator's offline install and
+#: ``make gpu-check``, 3-7 minutes; the process storms, one after another on one worker) overlap the rest of
+#: the suite instead of ending it alone. ``loadgroup`` hands out work in collection order.
+FIRST_GROUPS = ("operator", "process_storms")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        marker = item.get_closest_marker("xdist_group")
+        group = (marker.args[0] if marker.args else marker.kwargs.get("name")) if marker else None
+        return FIRST_GROUPS.index(group) if group in FIRST_GROUPS else len(FIRST_GROUPS)
+
+    items.sort(key=rank)  # stable: within a rank, collection order
