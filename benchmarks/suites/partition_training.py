@@ -103,7 +103,8 @@ class Config:
             return f"full shuffle (`shuffle_block=1`), {self.world} ranks"
         if self.scope == "global":
             return f'`shuffle_scope="global"`, {self.world} ranks'
-        return f'`shuffle_scope="node"`, {self.nodes} nodes × {self.world // self.nodes} ranks'
+        r = self.world // self.nodes
+        return f'`shuffle_scope="node"`, {self.nodes} nodes × {r} rank{"s" if r > 1 else ""}'
 
 
 #: The first experiment: one world of 8 ranks, only the nodes changing.
@@ -262,14 +263,18 @@ def paired(rs: list[Run], base: list[Run]) -> list[float]:
 
 
 def verdict(c: Config, rs: list[Run], base: list[Run]) -> dict[str, Any]:
-    """Whether the node-stable order's mean is within the global shuffle's seeds (same world), and by how much."""
+    """Where an order's mean lies against the global shuffle's seeds in the same world: within their range,
+    or above or below it and by how much (points), with the paired per-seed differences beside it, because a
+    range of 3 seeds can be narrower than the differences the seeds make to every order."""
     m, g = summary(rs), summary(base)
     d = paired(rs, base)
+    above, below = m["mean"] - g["max"], g["min"] - m["mean"]
     return {
         "config": c.name, "nodes": c.nodes, "ranks_per_node": c.world // c.nodes, "world": c.world,
-        "node": m, "global": g, "difference_points": m["mean"] - g["mean"],
-        "paired_points": d, "within_range": g["min"] <= m["mean"] <= g["max"],
-        "within_std": abs(m["mean"] - g["mean"]) <= max(g["std"], m["std"]),
+        "order": c.label, "mean": m, "global": g, "difference_points": m["mean"] - g["mean"], "paired_points": d,
+        "within_range": g["min"] <= m["mean"] <= g["max"],
+        "position": "within" if g["min"] <= m["mean"] <= g["max"] else
+        (f"above by {above:.2f}" if above > 0 else f"below by {below:.2f}"),
     }  # fmt: skip
 
 
@@ -282,6 +287,8 @@ def report(runs: list[Run], s: Settings, cs: list[Config], url: str, extra: dict
     base = {c.world: by[c.name] for c in cs if c.scope == "global" and c.block > 1}
     judged = [c for c in cs if c.scope == "node" and len(base.get(c.world, [])) > 1]
     verdicts = [verdict(c, by[c.name], base[c.world]) for c in sorted(judged, key=lambda c: (c.nodes, c.world))]
+    # the full shuffle judged the same way: how much a range of 3 seeds can tell
+    calibration = [verdict(c, by[c.name], base[c.world]) for c in cs if c.block == 1 and len(base.get(c.world, [])) > 1]
     steps = s.train_rows // s.batch
     lines = [
         "# Training quality: the node-stable order against a global shuffle",
@@ -297,18 +304,20 @@ def report(runs: list[Run], s: Settings, cs: list[Config], url: str, extra: dict
         'Is the node-stable order\'s mean held-out mIoU within the range of the 3 seeds of `shuffle_scope="global"` '
         "in the same world?",
         "",
-        "| nodes × ranks per node | node-stable mIoU, mean ± std | global, same world: mean ± std (range) | "
-        "difference (paired per seed) | within the global range? |",
+        "| order | mIoU, mean ± std | global, same world: mean ± std (range) | difference of the means (paired, "
+        "per seed) | within the global range? |",
         "|---|---|---|---|---|",
     ]
-    for v in verdicts:
-        m, g, d = v["node"], v["global"], v["paired_points"]
+    for v in verdicts + calibration:
+        m, g, d = v["mean"], v["global"], v["paired_points"]
+        name = v["order"] + (" (calibration: the same test)" if v in calibration else "")
         lines.append(
-            f"| {v['nodes']} × {v['ranks_per_node']} ({v['world']} ranks) | {m['mean']:.1f} ± {m['std']:.1f} | "
-            f"{g['mean']:.1f} ± {g['std']:.1f} ({g['min']:.1f}–{g['max']:.1f}) | {v['difference_points']:+.1f} "
-            f"({', '.join(f'{x:+.1f}' for x in d)}) | **{'yes' if v['within_range'] else 'no'}**"
-            f"{'' if v['within_range'] else (' (within one std)' if v['within_std'] else ' (beyond one std)')} |"
+            f"| {name} | {m['mean']:.2f} ± {m['std']:.2f} | {g['mean']:.2f} ± {g['std']:.2f} ({g['min']:.2f}–"
+            f"{g['max']:.2f}) | {v['difference_points']:+.2f} ({', '.join(f'{x:+.1f}' for x in d)}) | "
+            f"**{'yes' if v['within_range'] else 'no'}**{'' if v['within_range'] else ', ' + v['position']} |"
         )
+    if extra.get("reading"):
+        lines += ["", f"Reading: {extra['reading']}"]
     for w in worlds:
         ws = [c for c in cs if c.world == w]
         lines += [
@@ -368,6 +377,7 @@ def report(runs: list[Run], s: Settings, cs: list[Config], url: str, extra: dict
         '- "Rows rank 0 reads over the run": the share of the training rows in rank 0\'s batches over all epochs '
         "(seed 0); the node-stable order keeps it to its node's part, which shows the partition is in force.",
         f"- Runs: {extra['command']}.",
+        *(f"- {n}" for n in extra.get("notes", [])),
         "",
         "## What the figures can and cannot show",
         "",
@@ -399,6 +409,7 @@ def report(runs: list[Run], s: Settings, cs: list[Config], url: str, extra: dict
     (out / "training_quality.md").write_text(text)
     doc = {
         "settings": asdict(s), "configs": [asdict(c) for c in cs], "dataset": url, "verdicts": verdicts,
+        "calibration": calibration,
         "summary": {c.name: summary(by[c.name]) for c in cs}, "runs": [asdict(r) for r in runs], **extra,
     }  # fmt: skip
     (out / "training_quality.json").write_text(json.dumps(doc, indent=1))
@@ -427,10 +438,15 @@ def earlier(path: str, s: Settings) -> tuple[list[Run], list[Config], dict[str, 
     cs = [Config.parse(renamed(c["name"], world), s) for c in doc["configs"]]
     reach = {renamed(k, world): v for k, v in doc["reach"].items()}
     loads = doc.get("loads", [])
+    # what an earlier part said of its load, where its loads are not in the list (the first JSON kept none)
+    before = doc.get("load_before", "" if loads else f"{doc['load']}; then ")
     command = doc["command"].strip()
     if not command.startswith("`"):  # (the first JSON's command was bare)
         command = f"`{command}`"
-    return runs, cs, {"reach": reach, "loads": loads, "date": doc["date"], "command": command, "load": doc["load"]}
+    return runs, cs, {
+        "reach": reach, "loads": loads, "date": doc["date"], "command": command, "load": doc["load"],
+        "load_before": before, "notes": doc.get("notes", []), "reading": doc.get("reading", ""),
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,12 +463,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", help="a training_quality.json of the same settings whose runs join this report")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/partition"))
     ap.add_argument("--from-json", help="rewrite the report from a training_quality.json, training nothing")
+    ap.add_argument("--note", help="a sentence for the report's 'What was run' (kept with merges)")
+    ap.add_argument("--reading", help="what the verdict table says, in words, under it (with --from-json)")
     a = ap.parse_args(argv)
     s = Settings(epochs=a.epochs, seeds=tuple(a.seeds))
     path = ROOT / f"data/bench/photo-clips-{s.size}px-{s.train_rows // s.clip}x{s.clip}+{s.val_rows}-jpg"
     url = f"file://{path}"
     if a.from_json:
         runs, cs, extra = earlier(a.from_json, s)
+        extra["notes"] = [*extra["notes"], *([a.note] if a.note else [])]
+        extra["reading"] = a.reading or extra.get("reading", "")
         print(report(runs, s, cs, url, {**extra, "machine": machine()}, Path(a.out)))
         return 0
     todo = [Config.parse(n, s) for n in a.configs]
@@ -474,8 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     data = load_rows(DeepLakeSource(url, ("images", "masks")))
     reach = {**old["reach"], **{c.name: rank_reach(c, s.seeds[0], s) for c in todo}}
     loads: list[float] = list(old["loads"])
-    before = f"{old['load']}; then " if a.merge and not old["loads"] else ""  # (the first JSON kept no loads)
-    plan = [(c, seed) for seed in s.seeds for c in todo]
+    before = old.get("load_before", "")
+    notes = [*old.get("notes", []), *([a.note] if a.note else [])]
+    done = {(r.order, r.seed) for r in runs}  # a merged report's runs are not run again (a resumed experiment)
+    plan = [(c, seed) for seed in s.seeds for c in todo if (c.name, seed) not in done]
     text = ""
     for k, (c, seed) in enumerate(plan):
         print(f"run {k + 1}/{len(plan)}: {c.name} seed {seed}", flush=True)
@@ -487,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         extra = {
-            "reach": reach, "loads": loads, "machine": machine(), "command": command,
+            "reach": reach, "loads": loads, "machine": machine(), "command": command, "notes": notes,
+            "load_before": before,
             "date": f"{started} to {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}",
             "load": f"{before}1-minute load average at the end of each run {min(loads):.1f}–{max(loads):.1f} on "
             f"{os.cpu_count()} cores (other engineers' tests sharing them; these runs at nice 19)",
