@@ -55,12 +55,11 @@ from .engine.options import LoaderOptions
 from .engine.progress import DATASET_KEYS, EpochProgress, check_dataset, check_dataset_version, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_rank_world
-from .engine.slowest import RankBoard, slowest
-from .engine.slowest import log_line as slowest_line
+from .engine.slowest import RankBoard, exchange
 from .engine.stats import ROW, Stats, row, summed
 from .errors import ConfigError, portable
 from .loader import AsyncLoader
-from .runtime.log import log_once, log_once_forked
+from .runtime.log import log_once_forked
 from .sources.base import Source
 
 log = logging.getLogger("asyncload")
@@ -170,7 +169,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         point survives only ``set_epoch`` of its own epoch."""
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ConfigError(f"epoch={epoch!r} is not allowed: an int >= 0")
-        if epoch != self.epoch and self.stats().get("batches_yielded"):
+        if self._board is not None and epoch != self.epoch and self.stats().get("batches_yielded"):
             self.report_ranks()  # the epoch that ends here, unless the Lightning callback did at its end
         if epoch == self.epoch:
             self._set(epoch, self._start)
@@ -369,15 +368,11 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         if board is None or epoch == self._reported:
             return
         self._reported = epoch
-        try:
-            board.post(epoch, self.stats(wait_s, step_s))
-            if board.rank == 0:
-                self._ranks = slowest(*board.read(epoch))
-                log.info("%s", slowest_line(epoch, board.world, self._ranks))
-        except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail training
-            log_once(f"asyncload: the ranks' figures could not be exchanged ({type(exc).__name__}: {exc}); the "
-                     "slowest rank is not reported", key="slowest-rank")  # fmt: skip
+        found = exchange(board, epoch, self.stats(wait_s, step_s))
+        if found is None:
             self._board = None
+        elif found:
+            self._ranks = found
 
     def close(self) -> None:
         """Stop the epoch this process is iterating, if any (``DataLoader(num_workers=0)`` iterates here;

@@ -114,8 +114,8 @@ class AsyncLoadCallback(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Every rank posts its epoch's figures; rank 0 names the slowest rank in stats() and the log.
+        timed = self.log_stats_every_n_steps is not None  # the loop's own wait and steps, where measured
         for ds in self.datasets:
-            timed = self.log_stats_every_n_steps is not None
             ds.report_ranks(self._wait_s if timed else None, self._step_s if timed else None)
         if trainer.logger is not None and trainer.global_rank == 0 and self.log_stats_every_n_steps is not None:
             trainer.logger.log_metrics(self.figures(), step=trainer.global_step)

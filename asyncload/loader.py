@@ -30,13 +30,11 @@ from .engine.progress import EpochProgress, dataset_of
 from .engine.ranks import check_ranks_agree
 from .engine.sampler import PROCESS_GROUP, EpochSampler, Ranges, Shard, resolve_shard
 from .engine.shard import ShardEpochs
-from .engine.slowest import RankBoard, slowest
-from .engine.slowest import log_line as slowest_line
+from .engine.slowest import RankBoard, exchange
 from .engine.stats import Stats
 from .errors import ConfigError
 from .processes.fanout import FanoutIterator, WorkerPool
 from .processes.isolated import IsolatedSource
-from .runtime.log import log_once
 from .runtime.mainmod import unreachable_from_main
 from .runtime.settings import check as _check
 from .sources.base import Source
@@ -361,19 +359,14 @@ class AsyncLoader:
         return it
 
     def _report_ranks(self, epoch: int) -> None:
-        """At an epoch's end, on every rank of the process group: post this rank's figures; on rank 0, read
-        every rank's and name the slowest (``engine.slowest``: a few hundred bytes a rank, no collective)."""
-        board = self._board
-        assert board is not None
-        try:
-            board.post(epoch, self.stats())
-            if board.rank == 0:
-                self._ranks = slowest(*board.read(epoch))
-                log.info("%s", slowest_line(epoch, board.world, self._ranks))
-        except Exception as exc:  # noqa: BLE001 - a report, never a reason to fail the epoch
-            log_once(f"asyncload: the ranks' figures could not be exchanged ({type(exc).__name__}: {exc}); the "
-                     "slowest rank is not reported", key="slowest-rank")  # fmt: skip
+        """At an epoch's end, on every rank of the process group: post this rank's figures; on rank 0, name
+        the slowest rank (``engine.slowest``: a few hundred bytes a rank, no collective)."""
+        assert self._board is not None
+        found = exchange(self._board, epoch, self.stats())
+        if found is None:
             self._board = None
+        elif found:
+            self._ranks = found
 
     def stats(self) -> dict[str, Any]:
         """Figures of the current (or last) epoch, of this rank (``rank``): throughput, reads in flight,

@@ -25,6 +25,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from ..runtime.log import log_once
 from .stats import TRAINING_BOUND
 
 log = logging.getLogger("asyncload")
@@ -82,6 +83,26 @@ class RankBoard:
         return posted, missing
 
 
+def exchange(board: RankBoard, epoch: int, stats: dict[str, Any]) -> dict[str, Any] | None:
+    """Post this rank's ``stats`` of ``epoch``; on rank 0, read every rank's, log the slowest and return its
+    figures (``{}`` on other ranks). None where the store failed: said once, and the caller stops reporting
+    (a report is never a reason to fail training)."""
+    try:
+        board.post(epoch, stats)
+        if board.rank != 0:
+            return {}
+        found = slowest(*board.read(epoch))
+        log.info("%s", log_line(epoch, board.world, found))
+        return found
+    except Exception as exc:  # noqa: BLE001 - whatever the store raised
+        log_once(
+            f"asyncload: the ranks' figures could not be exchanged ({type(exc).__name__}: {exc}); the slowest rank "
+            "is not reported",
+            key="slowest-rank",
+        )
+        return None
+
+
 def slowest(posted: list[dict[str, Any]], missing: list[int]) -> dict[str, Any]:
     """``stats()``'s figures of the slowest rank (module doc), from the ranks' posts."""
     out: dict[str, Any] = {"ranks_reported": len(posted), "ranks_not_finished": missing}
@@ -125,4 +146,4 @@ def log_line(epoch: int, world: int, found: dict[str, Any]) -> str:
     )
 
 
-__all__ = ["GRACE_S", "RankBoard", "log_line", "slowest"]
+__all__ = ["GRACE_S", "RankBoard", "exchange", "log_line", "slowest"]
