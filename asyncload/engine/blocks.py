@@ -55,8 +55,9 @@ from typing import Any
 
 import numpy as np
 
-from ..nodestore import CorruptPart, Entry, Unkeepable, size
+from ..nodestore import CorruptPart, Entry, Unkeepable
 from ..runtime.log import log_once
+from ..runtime.sizes import format_size
 from ..sources.base import Columns, Source
 from .budget import part_bytes
 from .keeping import Claim, Const, Keeping
@@ -384,9 +385,9 @@ class BlockReads:
             self._full = True
             shelf.quiet()  # (the one line said is this one: no "is kept in" before or after it)
             log_once(
-                f"asyncload: cache_limit {size(shelf.limit)} cannot hold half a window of {self.source.url} "
+                f"asyncload: cache_limit {format_size(shelf.limit)} cannot hold half a window of {self.source.url} "
                 f"({half:,} rows): reading it through without keeping it; set cache_limit to at least "
-                f"{size(_suggest(2 * need + shelf.limit - shelf.room()))}, a smaller shuffle_window, or cache=False",
+                f"{format_size(_suggest(2 * need + shelf.limit - shelf.room()))}, a smaller shuffle_window, or cache=False",
                 logging.WARNING,
                 key=f"cache_limit too small {shelf.where} {self.source.url}",
             )

@@ -33,7 +33,7 @@ from .index import FORMAT, Unreadable
 from .parts import CorruptPart, Entry
 from .root import NotPrivate, candidates, default_root, fs_type
 from .shelf import BIN, CLAIM_PATIENCE_S, Shelf
-from .store import DEFAULT_LIMIT_CAP, ENTRY_COST, NodeStore, open_shelf, size
+from .store import DEFAULT_LIMIT_CAP, ENTRY_COST, NodeStore, open_shelf
 from .values import Forged, Unkeepable, decode, encode, key_path, user_key
 
 __all__ = [
@@ -57,6 +57,5 @@ __all__ = [
     "fs_type",
     "key_path",
     "open_shelf",
-    "size",
     "user_key",
 ]

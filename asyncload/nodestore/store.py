@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..runtime.log import log_once
+from ..runtime.sizes import format_size
 from .index import FLAG, LOG_ROOM, Index, Unreadable, damaged, full_disk
 from .parts import Parts
 from .root import NotPrivate, default_root, open_root, private_file, proc_path, sub_dir
@@ -54,15 +55,6 @@ ENTRY_COST = 96
 #: The free space the store never writes into: this share of the file system's size, at most ``MARGIN_CAP``.
 MARGIN_SHARE = 0.05
 MARGIN_CAP = 1 << 30
-
-
-def size(n: float) -> str:
-    """Bytes as a person reads them: 3 significant figures in the unit that shows them (512 B, 2.10 MB)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
-    return f"{n:.0f} B"
 
 
 def margin(st: os.statvfs_result) -> int:
@@ -131,7 +123,7 @@ class NodeStore:
                 freed = self.parts.sweep(known, sorted(listed))
                 if freed or lost:
                     log.info("asyncload: node block store at %s: %s of parts no index row names removed, %d parts "
-                             "whose files are gone forgotten", self.root, size(freed), len(lost))  # fmt: skip
+                             "whose files are gone forgotten", self.root, format_size(freed), len(lost))  # fmt: skip
             except (OSError, sqlite3.Error) as exc:
                 if not full_disk(exc):
                     raise
@@ -448,7 +440,7 @@ class NodeStore:
         Index.add_used(db, -nbytes)
         with contextlib.suppress(OSError):
             os.unlink(str(sid), dir_fd=self._inuse)
-        log.info("asyncload: node block store: evicted shelf %d (%s), used by no process", sid, size(nbytes))
+        log.info("asyncload: node block store: evicted shelf %d (%s), used by no process", sid, format_size(nbytes))
         return parts
 
     def _reclaim_in(self, db: sqlite3.Connection) -> list[int]:
@@ -515,7 +507,7 @@ class NodeStore:
         with contextlib.suppress(OSError, sqlite3.Error):
             log.info(
                 "asyncload: node block store: %s is kept in %s (limit %s for this node, %s used)",
-                shelf.label, self.root, size(self.limit), size(self.on_disk()),
+                shelf.label, self.root, format_size(self.limit), format_size(self.on_disk()),
             )  # fmt: skip
 
     def quiet(self, shelf: Shelf) -> None:
@@ -553,4 +545,4 @@ def _warn_off(root: Path, exc: BaseException) -> None:
     )  # fmt: skip
 
 
-__all__ = ["DEFAULT_LIMIT_CAP", "ENTRY_COST", "MARGIN_CAP", "MARGIN_SHARE", "NodeStore", "margin", "open_shelf", "size"]
+__all__ = ["DEFAULT_LIMIT_CAP", "ENTRY_COST", "MARGIN_CAP", "MARGIN_SHARE", "NodeStore", "margin", "open_shelf"]

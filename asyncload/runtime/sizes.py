@@ -15,7 +15,7 @@ from __future__ import annotations
 import numbers
 import re
 
-__all__ = ["SIZE_FORMS", "parse_size"]
+__all__ = ["SIZE_FORMS", "format_size", "parse_size"]
 
 #: What the parser accepts, in the words an error message needs.
 SIZE_FORMS = "a number of bytes, or a size such as '500MB' (10^6), '512MiB' (2^20) or '2G' (2^30)"
@@ -36,3 +36,13 @@ def parse_size(value: int | str) -> int:
     power = "kmgt".index(prefix.lower()) + 1
     base = 1024 if binary or not b else 1000
     return int(float(number) * base**power)
+
+
+def format_size(n: float) -> str:
+    """Bytes as a person reads them, in the units ``parse_size`` reads back: 3 significant figures in the
+    power of 1000 that shows them (512 B, 377 KB, 2.1 MB), so that a limit of "2MB" is never "0.0 GB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.3g} {unit}" if v < 1000 else f"{v:,.0f} {unit}"
+    return f"{n:.0f} B"
