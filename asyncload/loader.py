@@ -153,6 +153,11 @@ class AsyncLoader:
                     reader is replaced and what it held is read again; a batch whose read kills a
                     reader again is narrowed down to its rows (``ReaderCrashError``, or skipped with
                     ``on_error="skip"``); one death more ends the epoch with ``WorkerError``
+      shared_reader True (default): where the node block store is on, that reader process is the
+                    node's (one per ``cache_dir``), shared by every loader of the node, so that
+                    Deep Lake's pages and headers are fetched once per node, not once per rank and
+                    DataLoader worker (``nodereader``); a loader whose shared reader dies reads in
+                    one of its own from then on. False: a reader process per loader
       mp_context    "forkserver" (default: a worker starts as a fork of a server that imported
                     torch once) or "spawn", for the ``processes=K`` workers. A reader process always
                     starts by spawn: it imports the source and Deep Lake, never torch
@@ -213,7 +218,7 @@ class AsyncLoader:
         if pickled is not None:
             self._isolated = IsolatedSource(
                 source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
-                stall_timeout=o.stall_timeout,
+                stall_timeout=o.stall_timeout, node_root=o.shared_reader_root(source),
             )  # fmt: skip
             # Now, not at the first epoch: the reader's start and its open of the store overlap with the
             # open here and with whatever the training script does before its first batch. A source whose

@@ -19,6 +19,7 @@ import numbers
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from ..errors import ConfigError
@@ -113,6 +114,7 @@ class LoaderOptions:
         "auto", "'auto' or an int >= 0 (0: read in this process)", lambda v: v == "auto" or v >= 0
     )
     max_restarts: int = setting(3, "an int >= 0", lambda v: v >= 0)
+    shared_reader: bool = True
     mp_context: MpContext = setting(
         "forkserver", "'spawn' or 'forkserver' (never 'fork': Deep Lake and event loops do not survive it)"
     )
@@ -164,6 +166,15 @@ class LoaderOptions:
         """Whether ``source`` is read through the node block store: ``cache=True``, or ``"auto"`` and the
         source is remote."""
         return self.cache is True or (self.cache == "auto" and not source.local)
+
+    def shared_reader_root(self, source: Source[Any]) -> Path | None:
+        """Where the node's shared reader of ``source`` is found (``processes.nodereader``): the node
+        store's root, where ``shared_reader`` is on and ``source`` is read through the store; else None."""
+        if not (self.shared_reader and self.wants_cache(source)):
+            return None
+        from ..nodestore import default_root
+
+        return Path(self.cache_dir).expanduser() if self.cache_dir is not None else default_root()
 
     @property
     def cpu_pool(self) -> int:

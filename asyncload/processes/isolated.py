@@ -48,6 +48,7 @@ import pickle
 import queue
 import select
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -55,6 +56,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..engine.protocol import Failure
@@ -65,6 +68,7 @@ from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source
 from ..sources.mixed import Composition, composition_of
+from .nodereader import NodeReader, NodeUnavailable, connect
 from .recovery import Alone, Ended, Recovery, beat_interval, drive_async, read_limit
 
 if TYPE_CHECKING:
@@ -91,9 +95,10 @@ class _Request:
 
 @dataclass
 class _Reader:
-    """One live reader process, the parent's end of its pipe and the thread that reads that end."""
+    """One live reader process, the parent's end of its pipe and the thread that reads that end. ``proc``
+    is a ``NodeReader`` where the reader is the node's, shared with the node's other loaders (``nodereader``)."""
 
-    proc: BaseProcess
+    proc: BaseProcess | NodeReader
     conn: Connection
     stopping: bool = False
     thread: threading.Thread | None = field(default=None, repr=False)
@@ -150,6 +155,13 @@ def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int
         r.conn.send(None)
     except OSError:
         pass
+    node = r.proc
+    if isinstance(node, NodeReader):  # the node's: it goes on serving the others, and exits after the last
+        r.reap(lambda: (node.leave(), (node.pid, None))[1])
+        if r.thread is not None and r.thread is not threading.current_thread():
+            r.thread.join(timeout)
+        r.conn.close()
+        return
 
     def kill() -> tuple[int | None, int | None]:
         pid = r.proc.pid
@@ -167,7 +179,9 @@ class IsolatedSource(Source[Any]):
     ``inner`` in this process, which has opened it (length, version, columns, row numbers).
     ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
     which the reader must then import (``runtime.procs.start_child``). ``max_restarts``: deaths per epoch that are
-    survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``)."""
+    survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``). ``node_root``: the
+    node store's root, where the node's shared reader is found or started (``nodereader``); None: a reader
+    process of this source's own."""
 
     def __init__(
         self,
@@ -178,8 +192,11 @@ class IsolatedSource(Source[Any]):
         max_restarts: int = 3,
         timeout: float = 10.0,
         stall_timeout: float = 120.0,
+        node_root: Path | None = None,
     ) -> None:
         super().__init__(inner.url, inner.columns)
+        #: where the node's shared reader is; None once it failed this source (it reads in its own from then on)
+        self._node_root = None if needs_main else node_root
         self.inner = inner
         self._context = context
         self._max_restarts = max_restarts
@@ -341,6 +358,31 @@ class IsolatedSource(Source[Any]):
         return r
 
     def _spawn(self) -> None:
+        """Connect to the node's shared reader (``nodereader``), or start a reader of this source's own
+        (lock held): one that cannot be reached, or that ended once, is not tried again."""
+        if self._node_root is not None:
+            try:
+                return self._join_node(self._node_root)
+            except NodeUnavailable as exc:
+                log.warning("asyncload: %s reads in a reader process of its own: %s", self.url, exc)
+                self._node_root = None
+        self._spawn_own()
+
+    def _join_node(self, root: Path) -> None:
+        """Connect to the node's reader and send it this source (lock held). A failed check closes the
+        connection: the reader has opened nothing for it."""
+        conn, node = connect(root)
+        r = _Reader(node, conn)
+        try:
+            checked = self.inner.reader_copy()
+            payload = ForkingPickler.dumps(checked)
+        except BaseException:
+            _stop_reader([r], self._timeout)
+            raise
+        self._send(r, ("source", self.inner.reader_module, bytes(payload), list(sys.path)))
+        self._started(r)
+
+    def _spawn_own(self) -> None:
         """Start a reader (lock held). By spawn: a new interpreter that imports the source's module and Deep
         Lake and nothing of torch (``_procs``), in less time and memory than a fork of a server that preloaded
         torch. The source follows as its first message, once ``reader_copy`` has checked here what the
@@ -355,6 +397,10 @@ class IsolatedSource(Source[Any]):
             _stop_reader([r], self._timeout)
             raise
         self._send(r, checked)  # a reader that died meanwhile is handled as any death, by its receiver thread
+        self._started(r)
+
+    def _started(self, r: _Reader) -> None:
+        """``r`` has its source: configure it, make it the live reader and start its receiver (lock held)."""
         if self._configured is not None:
             self._send(r, ("configure", *self._configured))
         self._send(r, ("stall_timeout", self._stall_timeout))
@@ -410,7 +456,11 @@ class IsolatedSource(Source[Any]):
     def _died(self, r: _Reader) -> None:
         """Reap ``r``; replace it (a crash within the budget, or a stall within its deadline) and fail what
         it held with ``_Died``, or with the error that ends the epoch (``recovery``)."""
-        pid, exitcode = r.reap(functools.partial(reap_process, r.proc, self._timeout))
+        node = r.proc
+        if isinstance(node, NodeReader):
+            pid, exitcode = r.reap(functools.partial(node.reap, self._timeout))
+        else:
+            pid, exitcode = r.reap(functools.partial(reap_process, node, self._timeout))
         r.conn.close()
         now = time.monotonic()
         with self._lock:
@@ -423,6 +473,11 @@ class IsolatedSource(Source[Any]):
             self._inflight.clear()
             rows = sorted(i for req in held for i in req.indices)
             name = f"reader process (pid {pid}) for {self.url}"
+            note = None
+            if isinstance(node, NodeReader):  # from now on this source reads in a reader of its own
+                self._node_root = None
+                name = f"the node's shared reader process (pid {pid}) for {self.url}"
+                note = None if exitcode is not None else "ended (its exit status went to the loader that started it)"
             what = "reads of indices"
             policy = self._policy
             stalled = r.stuck_since is not None
@@ -431,7 +486,7 @@ class IsolatedSource(Source[Any]):
                 charged = False
                 fatal: WorkerError | StallError | None = policy.stalled(r.stuck_since, rows, now)
             else:
-                ended = Ended(pid, exitcode)
+                ended = Ended(pid, exitcode, note=note)
                 charged = not self._alone
                 fatal = policy.charge(name, ended, rows, what) if charged else None
             if fatal is None:

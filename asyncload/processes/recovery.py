@@ -84,9 +84,13 @@ class Ended:
     exitcode: int | None
     stalled: bool = False
     silent_s: float = 0.0
+    #: what is known of its end where the exit code is not (the node's shared reader, another loader's child)
+    note: str | None = None
 
     @property
     def how(self) -> str:
+        if self.note is not None and not self.stalled:
+            return self.note
         if self.stalled:
             return f"stopped answering (no answer for {self.silent_s:.1f} s: killed)"
         return how_it_ended(self.exitcode)

@@ -1,0 +1,170 @@
+"""The node's shared Deep Lake reader (``processes.nodereader``, issue 61): the loaders of one node (one node
+store) read through one reader process, so that Deep Lake's pages are fetched once per node; it admits only
+this user's processes that hold the user's key; its death costs each loader a restart and nothing else; and
+it ends with its last loader. The wire bytes of one node's ranks are counted at a real S3 server's port."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import struct
+import time
+from multiprocessing import AuthenticationError
+from multiprocessing.connection import Client
+from pathlib import Path
+
+import pytest
+
+from asyncload import AsyncLoader, DeepLakeSource
+from asyncload.processes.nodereader import connect
+
+from .conftest import ROWS, pids_gone, reader_pids
+from .remote_fixtures import seaweed  # noqa: F401 - fixture
+from .sources import CrashingSource
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _indices(batches) -> list[int]:
+    return [int(i) for b in batches for i in b["index"]]
+
+
+def _gone_soon(pids: list[int], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not pids_gone(pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def test_the_loaders_of_one_node_read_through_one_reader_that_ends_with_the_last(seg_url, tmp_path) -> None:
+    opts = {"shuffle": True, "seed": 2, "cache": True, "cache_dir": str(tmp_path / "node")}
+    a = AsyncLoader(DeepLakeSource(seg_url), 8, rank=0, world_size=2, **opts)
+    b = AsyncLoader(DeepLakeSource(seg_url), 8, rank=1, world_size=2, **opts)
+    got = _indices(a) + _indices(b)
+    pid = a._isolated.pid
+    assert pid is not None and b._isolated.pid == pid  # one reader for both
+    assert "asyncload.processes.nodereader" in _cmdline(pid) and pid not in reader_pids()
+    assert set(got) == set(range(ROWS)) and len(got) == ROWS + ROWS % 2  # (an odd last row padded: ``remainder``)
+    readers = tmp_path / "node" / "readers"
+    assert (readers.stat().st_mode & 0o777) == 0o700 and (readers / "reader.sock").is_socket()
+    a.close()
+    time.sleep(0.3)
+    assert not pids_gone([pid])  # it serves b still
+    assert set(_indices(b) + _indices(a)) == set(range(ROWS))  # a closed loader joins it again
+    a.close()
+    b.close()
+    assert _gone_soon([pid]) and not (readers / "reader.sock").exists()
+    off = AsyncLoader(DeepLakeSource(seg_url), 8, shared_reader=False, **opts)
+    assert off._isolated.pid in reader_pids()  # a reader of its own
+    off.close()
+
+
+def test_a_crash_of_the_shared_reader_costs_each_loader_a_restart_and_loses_nothing(seg_url, tmp_path, caplog) -> None:
+    crash = {17}
+    opts = {"shuffle": True, "seed": 5, "shuffle_block": 1, "concurrency": 4, "cache": True,
+            "cache_dir": str(tmp_path / "node")}  # fmt: skip
+    expected = [
+        _indices(AsyncLoader(DeepLakeSource(seg_url), 8, rank=r, world_size=2, processes=0, shuffle=True, seed=5,
+                             shuffle_block=1))
+        for r in (0, 1)
+    ]  # fmt: skip
+    loaders = [
+        AsyncLoader(CrashingSource(seg_url, crash, sig=signal.SIGSEGV, once_dir=str(tmp_path)), 8, rank=r,
+                    world_size=2, **opts)
+        for r in (0, 1)
+    ]  # fmt: skip
+    shared = loaders[0]._isolated.pid
+    assert loaders[1]._isolated.pid == shared
+    with caplog.at_level(logging.WARNING, logger="asyncload"):
+        its = [iter(lo) for lo in loaders]
+        got: list[list[int]] = [[], []]
+        live = [0, 1]
+        while live:  # both loaders' reads in flight together, through the one reader
+            for r in list(live):
+                try:
+                    got[r] += [int(i) for i in next(its[r])["index"]]
+                except StopIteration:
+                    live.remove(r)
+    assert got == expected  # every row once, in the order one process gives, on both loaders
+    restarts = [lo.stats()["worker_restarts"] for lo in loaders]
+    assert all(n >= 1 for n in restarts) and sum(restarts) <= 3, restarts
+    words = [r.getMessage() for r in caplog.records if "node's shared reader process" in r.getMessage()]
+    assert words and all(f"pid {shared}" in m for m in words), words
+    own = [lo._isolated.pid for lo in loaders]
+    assert shared not in own and len(set(own)) == 2 and set(own) <= set(reader_pids())  # each its own now
+    for lo in loaders:
+        lo.close()
+    assert _gone_soon([shared, *own])
+
+
+def test_the_shared_reader_admits_only_a_holder_of_the_users_key(tmp_path) -> None:
+    root = tmp_path / "node"
+    conn, node = connect(root)
+    readers = os.open(root / "readers", os.O_RDONLY | os.O_DIRECTORY)
+    address = f"/proc/self/fd/{readers}/reader.sock"
+    try:
+        with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
+            Client(address, family="AF_UNIX", authkey=os.urandom(32))
+        # A process without the key that skips the challenge and sends a pickle that would run code there:
+        marker = tmp_path / "ran"
+
+        class Evil:
+            def __reduce__(self):
+                return (os.system, (f"touch {marker}",))
+
+        evil = pickle.dumps(Evil())
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(10)
+            s.connect(address)
+            s.sendall(struct.pack("!i", len(evil)) + evil)
+            while s.recv(4096):  # the server's challenge; then it hangs up on the wrong answer
+                pass
+        time.sleep(0.5)
+        assert not marker.exists()
+        again, node2 = connect(root)  # and it still serves this user's loaders
+        assert node2.pid == node.pid
+        again.close()
+        node2.leave()
+    finally:
+        os.close(readers)
+        conn.close()
+        node.leave()
+    assert _gone_soon([node.pid])
+
+
+@pytest.mark.xdist_group("process_storms")
+@pytest.mark.timeout(420)
+def test_four_ranks_of_one_node_pull_deep_lakes_pages_once(seaweed, tmp_path) -> None:  # noqa: F811
+    """4 ranks × 2 epochs on one node, a node store and one endpoint, as in a real job: what the S3 server's
+    port sees is within 5% of one process's single epoch, and no page is fetched twice; each rank with a
+    reader of its own (``shared_reader=False``, the control) fetches pages again."""
+    from benchmarks.suites.per_process_reads import build, run, summary
+    from harness.s3log import RequestLog
+
+    seaweed.create_bucket("noderead")
+    url = build(seaweed, "noderead", "s66", 1024, 66, "sample")
+    options = {"shuffle_window": 4096, "shuffle_block": "auto"}
+    totals, again = {}, {}
+    with RequestLog(("127.0.0.1", seaweed.port), ["r0"]) as proxy:
+        for name, world, epochs, opts in [("solo", 1, 1, options), ("shared", 4, 2, options),
+                                          ("own", 4, 2, {**options, "shared_reader": False})]:  # fmt: skip
+            proxy.clear()
+            outs = run(proxy, seaweed, url, world, epochs, opts, one_endpoint=True)
+            for e in range(epochs):
+                assert sorted(i for o in outs for i in o[e]["rows"]) == list(range(1024)), (name, e)
+            got = summary(proxy.entries())
+            totals[name] = got["total_bytes"]
+            kinds = got["per_kind"]
+            again[name] = kinds.get("pages again (same process)", 0) / kinds["pages"]
+    assert totals["shared"] <= 1.05 * totals["solo"], totals
+    assert again["shared"] == 0, again
+    assert again["own"] > 0.05, again  # the control: without the shared reader, pages are fetched again
