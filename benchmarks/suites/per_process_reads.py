@@ -19,8 +19,10 @@ Results: ``per_process_reads.json`` in ``--out``.
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,21 +38,34 @@ if str(ROOT) not in sys.path:
 RANK = """
 import json, sys, time
 sys.path.insert(0, {root!r})
-from asyncload import AsyncLoader, DeepLakeSource
+from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
 {patch}
 src = DeepLakeSource({url!r}, creds={creds!r})
-loader = AsyncLoader(src, rank={rank}, world_size={world}, batch_size=32, shuffle=True, seed=1, **{options!r})
+opts = dict(rank={rank}, world_size={world}, batch_size=32, shuffle=True, seed=1, **{options!r})
+workers = {workers}
+if workers:
+    from torch.utils.data import DataLoader
+    ds = AsyncIterableDataset(src, **opts)
+else:
+    loader = AsyncLoader(src, **opts)
 out = []
 for e in range({epochs}):
-    loader.set_epoch(e)
     t0, first, rows = time.perf_counter(), None, []
-    for b in loader:
+    if workers:
+        ds.set_epoch(e)
+        batches = DataLoader(ds, batch_size=None, num_workers=workers, multiprocessing_context="forkserver")
+    else:
+        loader.set_epoch(e)
+        batches = loader
+    for b in batches:
         first = first if first is not None else time.perf_counter() - t0
         rows += [int(i) for i in b["index"]]
-    s = loader.stats()
-    out.append({{"rows": sorted(rows), "hits": s["node_hits"], "misses": s["node_misses"], "remote": s["remote_bytes"],
-                "first_batch_s": round(first, 3), "epoch_s": round(time.perf_counter() - t0, 2)}})
-loader.close()
+    s = {{}} if workers else loader.stats()
+    out.append({{"rows": sorted(rows), "hits": s.get("node_hits"), "misses": s.get("node_misses"),
+                "remote": s.get("remote_bytes"), "first_batch_s": round(first, 3),
+                "epoch_s": round(time.perf_counter() - t0, 2)}})
+if not workers:
+    loader.close()
 print(json.dumps(out))
 """
 
@@ -132,24 +147,51 @@ def build(server: Any, bucket: str, prefix: str, rows: int, side: int, masks: st
 
 
 def run(
-    proxy: Any, server: Any, url: str, world: int, epochs: int, options: dict[str, Any], patch: str = "", nodes: int = 1
+    proxy: Any,
+    server: Any,
+    url: str,
+    world: int,
+    epochs: int,
+    options: dict[str, Any],
+    patch: str = "",
+    nodes: int = 1,
+    one_endpoint: bool = False,
+    workers: int = 0,
 ) -> list[Any]:
     """``world`` ranks on ``nodes`` simulated nodes (a fresh node store each, and the variables torchrun gives a
-    node's ranks), each rank with its own endpoint on ``proxy``; ``patch``: code each rank runs first."""
+    node's ranks), each rank with its own endpoint on ``proxy`` (``one_endpoint``: all on the first, as in a
+    real job, so that a node's ranks can share one reader: the requests are then known by node only);
+    ``patch``: code each rank runs first; ``workers``: DataLoader workers of each rank (``AsyncIterableDataset``)."""
     local = world // nodes
     stores = [tempfile.mkdtemp(prefix="ppr-store-") for _ in range(nodes)]
     procs = []
     for r in range(world):
-        creds = server.creds() | {"endpoint_url": proxy.url(f"r{r}")}
+        creds = server.creds() | {"endpoint_url": proxy.url("r0" if one_endpoint else f"r{r}")}
         env = os.environ | {"ASYNCLOAD_CACHE_DIR": stores[r // local]}
         if nodes > 1:
             env |= {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(local), "GROUP_RANK": str(r // local),
                     "RANK": str(r), "LOCAL_RANK": str(r % local)}  # fmt: skip
         code = RANK.format(
-            root=str(ROOT), url=url, creds=creds, rank=r, world=world, epochs=epochs, options=options, patch=patch
+            root=str(ROOT),
+            url=url,
+            creds=creds,
+            rank=r,
+            world=world,
+            epochs=epochs,
+            options=options,
+            patch=patch,
+            workers=workers,
         )
         procs.append(subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env))
-    return [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
+    try:
+        return [json.loads(p.communicate(timeout=900)[0].strip().splitlines()[-1]) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for store in stores:
+            shutil.rmtree(store, ignore_errors=True)
 
 
 def summary(entries: list[Any]) -> dict[str, Any]:
@@ -222,6 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--raw", action="store_true", help="keep every request in the JSON")
     p.add_argument("--patch", choices=sorted(PATCHES), help="another cut of the reads, in the ranks (PATCHES)")
     p.add_argument("--table", nargs="*", help="print the table of these JSON files and stop")
+    p.add_argument("--workers", type=int, default=0, help="DataLoader workers of each rank after the solo run")
+    p.add_argument(
+        "--one-endpoint",
+        action="store_true",
+        help="every rank on one endpoint (a node's ranks may share a reader; bytes by node, not process)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="OPTION=VALUE",
+        help="an AsyncLoader option for every rank (a Python literal), e.g. shared_reader=False",
+    )
     args = p.parse_args(argv)
     if args.table:
         print(table([r for f in args.table for r in json.loads(Path(f).read_text())]))
@@ -232,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
 
     worlds = [int(w) for w in args.worlds.split(",")]
     options = {"shuffle_window": args.window, "shuffle_block": args.block if args.block == "auto" else int(args.block)}
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        options[k] = ast.literal_eval(v)
     patch = PATCHES[args.patch] if args.patch else ""
     results: list[dict[str, Any]] = []
     with SeaweedServer() as server:
@@ -242,13 +300,16 @@ def main(argv: list[str] | None = None) -> int:
                 for masks in args.masks.split(","):
                     url = build(server, "ppr", f"s{side}-{masks}", args.rows, side, masks)
                     row = {"side": side, "masks": masks, "rows": args.rows, "options": options, "patch": args.patch,
+                           "one_endpoint": args.one_endpoint,
                            **layout(server, url), "runs": {}}  # fmt: skip
                     for world, epochs in [(1, 1)] + [(w, args.epochs) for w in worlds]:
                         nodes = args.nodes if world > 1 else 1
+                        workers = args.workers if world > 1 else 0
                         name = f"{world}x{epochs}" if nodes == 1 else f"{nodes} nodes x {world // nodes}x{epochs}"
+                        name += f" ({workers} workers each)" if workers else ""
                         proxy.clear()
                         t0 = time.perf_counter()
-                        outs = run(proxy, server, url, world, epochs, options, patch, nodes)
+                        outs = run(proxy, server, url, world, epochs, options, patch, nodes, args.one_endpoint, workers)
                         for e in range(epochs):  # every epoch exact over the ranks
                             assert sorted(i for o in outs for i in o[e]["rows"]) == list(range(args.rows)), (name, e)
                         got = summary(proxy.entries())
