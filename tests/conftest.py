@@ -83,7 +83,10 @@ def live_children() -> list:
 
 
 def reader_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "asyncload-reader-receive"]
+    """A reader's threads, which live with it across epochs: its receiver, and where this process started the
+    node's shared reader (``nodereader``), the thread that reaps it once its last loader, here or elsewhere, left."""
+    names = ("asyncload-reader-receive", "asyncload-node-reader-reap")
+    return [t for t in threading.enumerate() if t.name in names]
 
 
 def child_pids(parent: int | None = None) -> list[int]:
