@@ -1,0 +1,218 @@
+"""The node's shared Deep Lake reader itself (``nodereader`` is the loader's side, and says why): a process
+that listens on ``<root>/readers/reader.sock``, admits this user's processes that hold the user's key, and
+reads for each what it asks, as a loader's own reader process does (``isolated``), in the same frames.
+Loaders that send the same pickled source share one opened handle. It exits once its last loader has left.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import errno
+import functools
+import hashlib
+import importlib
+import logging
+import os
+import pickle
+import queue
+import select
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any
+
+from ..runtime.loop import LoopThread, start_thread
+from ..runtime.procs import run_child
+from .isolated import _answer, _send_all
+from .nodereader import SOCKET, NodeUnavailable, _address, _key, _peer
+
+log = logging.getLogger("asyncload")
+
+#: Seconds the server waits for the next loader once the last has left, before it exits (none: a loader keeps
+#: its connection across its epochs; a loader that comes as the server stops starts the next one).
+IDLE_S = 0.0
+#: Seconds it waits for its first loader (the one that started it connects at once).
+FIRST_IDLE_S = 30.0
+
+
+@dataclass
+class _Shared:
+    """One source the server reads for every loader that sent it."""
+
+    source: Any
+    opened: threading.Lock = field(default_factory=threading.Lock)
+    is_open: bool = False
+    clients: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # client → its configure()
+
+
+class _Server:
+    def __init__(self, dfd: int, key: bytes) -> None:
+        self.key = key
+        self.dfd = dfd
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(_address(dfd))
+        self.inode = os.stat(SOCKET, dir_fd=dfd, follow_symlinks=False).st_ino
+        self.sock.listen(64)
+        self.lock = threading.Lock()
+        self.clients = 0
+        self.stopping = False
+        self.left_at = time.monotonic() + FIRST_IDLE_S - IDLE_S  # no loader yet: wait longer for the first
+        self.sources: dict[str, _Shared] = {}
+        self.pending: set[concurrent.futures.Future[Any]] = set()
+        self.lt = LoopThread("asyncload-node-reader-loop", cpu_workers=1)
+        self.lt.start()
+        self.next_id = 0
+
+    def serve(self) -> None:
+        """Accept loaders until the last has left and none came for ``IDLE_S``; then stop."""
+        while True:
+            readable, _, _ = select.select([self.sock], [], [], 0.05)
+            with self.lock:
+                if not readable and not self.clients and time.monotonic() - self.left_at >= IDLE_S:
+                    self.stopping = True  # (under the lock: a loader accepted from now on is refused)
+                    break
+            if not readable:
+                continue
+            try:
+                raw, _ = self.sock.accept()
+            except OSError:
+                continue
+            start_thread(self._admit, raw, name="asyncload-node-reader-client")
+        self._close_listener()
+        concurrent.futures.wait(list(self.pending), timeout=30)  # never leave a Deep Lake read running
+        self.lt.stop()
+        for shared in self.sources.values():
+            with contextlib.suppress(Exception):
+                shared.source.close()
+
+    def _close_listener(self) -> None:
+        """Stop listening; remove the socket's name only if it is still ours (a loader may already have
+        started the next server on that name)."""
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            if os.stat(SOCKET, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
+                os.unlink(SOCKET, dir_fd=self.dfd)
+
+    def _admit(self, raw: socket.socket) -> None:
+        """A new connection: the peer must be this user's and hold the key (both ways) before anything it
+        sends is unpickled; then it is served until it leaves."""
+        with self.lock:
+            if self.stopping:
+                raw.close()
+                return
+            self.clients += 1
+            self.next_id += 1
+            me = self.next_id
+        conn = Connection(raw.detach())
+        try:
+            _, uid = _peer(conn.fileno())
+            if uid != os.getuid():
+                return
+            deliver_challenge(conn, self.key)
+            answer_challenge(conn, self.key)
+            self._serve_client(me, conn)
+        except (OSError, EOFError, Exception) as exc:  # noqa: BLE001 - one loader's failure is its own
+            if not isinstance(exc, (OSError, EOFError)):
+                log.warning("asyncload: the node's reader dropped a loader: %s: %s", type(exc).__name__, exc)
+        finally:
+            conn.close()
+            with self.lock:
+                self.clients -= 1
+                if not self.clients:
+                    self.left_at = time.monotonic()
+
+    def _shared(self, module: str, payload: bytes, path: list[str]) -> _Shared:
+        """The source these pickled bytes describe, unpickled once and opened once for every loader that
+        sends the same bytes. ``path``: the loader's ``sys.path``, whose entries this process lacks are
+        added (as ``multiprocessing``'s spawn gives a child its parent's), so that its module imports here."""
+        digest = hashlib.sha256(payload).hexdigest()
+        with self.lock:
+            shared = self.sources.get(digest)
+        if shared is None:
+            with self.lock:
+                sys.path.extend(p for p in path if isinstance(p, str) and p not in sys.path)
+            importlib.import_module(module)
+            source = pickle.loads(payload)
+            with self.lock:
+                shared = self.sources.setdefault(digest, _Shared(source))
+        with shared.opened:
+            if not shared.is_open:
+                shared.is_open = True
+                with contextlib.suppress(Exception):  # a failure here is each read's to raise
+                    shared.source.open()
+        return shared
+
+    def _serve_client(self, me: int, conn: Connection) -> None:
+        msg = conn.recv()
+        if not (isinstance(msg, tuple) and len(msg) == 4 and msg[0] == "source"):
+            return
+        _, module, payload, path = msg
+        out: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        sender = start_thread(_send_all, conn, out, name="asyncload-node-reader-send")
+        try:
+            shared = self._shared(module, payload, path)
+            out.put(("ready", 0, None, (0, 0)))
+            source = shared.source
+            while True:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    break
+                if msg is None:
+                    break
+                if msg[0] == "configure":
+                    self._configure(shared, me, msg[1], msg[2])
+                    continue
+                if msg[0] == "stall_timeout":
+                    source.set_stall_timeout(msg[1])
+                    continue
+                _, rid, indices, raw = msg
+                f = self.lt.submit(source.read(indices, raw))
+                with self.lock:
+                    self.pending.add(f)
+                f.add_done_callback(self._done)
+                f.add_done_callback(functools.partial(_answer, out, source, rid))
+        finally:
+            with self.lock:
+                if "shared" in locals():
+                    shared.clients.pop(me, None)
+            out.put(None)
+            sender.join(5)
+
+    def _done(self, f: concurrent.futures.Future[Any]) -> None:
+        with self.lock:
+            self.pending.discard(f)
+
+    def _configure(self, shared: _Shared, me: int, requests: int, samples: int | None) -> None:
+        """The source is sized for every loader it serves: the sum of what each keeps in flight."""
+        with self.lock:
+            shared.clients[me] = (requests, samples)
+            total_r = sum(r for r, _ in shared.clients.values())
+            sized = [s for _, s in shared.clients.values()]
+            total_s = None if any(s is None for s in sized) else sum(s for s in sized if s is not None)
+        shared.source.configure(total_r, total_s)
+
+
+def _serve(where: str) -> None:
+    try:
+        dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        st = os.fstat(dfd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:  # (the loader made it so: ``readers_dir``)
+            raise NodeUnavailable(f"{where} is not this user's private directory")
+        server = _Server(dfd, _key())
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        return  # another server took the name first: the loader that started this one connects to that
+    os.write(1, b"listening\n")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the loader that waited has read its line
+    server.serve()
+
+
+def main() -> None:
+    """The server's entry (``python -c``): ``argv[1]`` is the readers directory."""
+    run_child(dict(os.environ), _serve, sys.argv[1])
