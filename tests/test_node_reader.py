@@ -168,3 +168,21 @@ def test_four_ranks_of_one_node_pull_deep_lakes_pages_once(seaweed, tmp_path) ->
     assert totals["shared"] <= 1.05 * totals["solo"], totals
     assert again["shared"] == 0, again
     assert again["own"] > 0.05, again  # the control: without the shared reader, pages are fetched again
+
+
+def test_a_source_the_shared_reader_cannot_take_is_refused_to_that_loader_alone(tmp_path) -> None:
+    from asyncload.processes.isolated import _read_frame
+
+    root = tmp_path / "node"
+    conn, node = connect(root)
+    other, node2 = connect(root)
+    try:
+        conn.send(("source", "no_such_module_of_asyncload", b"not a pickle", []))
+        kind, _, why, _ = _read_frame(conn.fileno())
+        assert kind == "refused" and "ModuleNotFoundError" in why and "no_such_module_of_asyncload" in why
+        assert not pids_gone([node.pid]) and node2.pid == node.pid  # it goes on serving the node's loaders
+    finally:
+        for c, n in ((conn, node), (other, node2)):
+            c.close()
+            n.leave()
+    assert _gone_soon([node.pid])

@@ -380,6 +380,15 @@ class IsolatedSource(Source[Any]):
             _stop_reader([r], self._timeout)
             raise
         self._send(r, ("source", self.inner.reader_module, bytes(payload), list(sys.path)))
+        try:  # its first answer: it has unpickled the source (its open follows), or it could not
+            ready = select.select([conn], [], [], _START_ALLOWANCE)[0]
+            kind, _, why, _ = _read_frame(conn.fileno()) if ready else ("refused", 0, "no answer", None)
+        except (EOFError, OSError) as exc:
+            kind, why = "refused", f"it hung up ({type(exc).__name__})"
+        if kind != "ready":
+            _stop_reader([r], self._timeout)
+            raise NodeUnavailable(f"the node's reader (pid {node.pid}) did not take this source: {why}")
+        r.ready_at = time.monotonic()
         self._started(r)
 
     def _spawn_own(self) -> None:

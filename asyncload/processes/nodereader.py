@@ -35,6 +35,7 @@ import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from multiprocessing import AuthenticationError
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
@@ -168,11 +169,13 @@ def connect(root: Path) -> tuple[Connection, NodeReader]:
 
 
 def _dial(dfd: int, key: bytes) -> Connection | None:
+    """A connection to the server that listens, or None where none does (no socket, refused, or one that
+    hung up during the challenge: it was stopping as this loader came)."""
     try:
         return Client(_address(dfd), family="AF_UNIX", authkey=key)
-    except (FileNotFoundError, ConnectionRefusedError):
+    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError):
         return None
-    except (OSError, EOFError) as exc:  # a server stopping as we came, or a failed challenge
+    except (OSError, AuthenticationError) as exc:  # a failed challenge: not this user's key
         raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
 
 

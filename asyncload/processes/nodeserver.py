@@ -81,6 +81,8 @@ class _Server:
                 raw, _ = self.sock.accept()
             except OSError:
                 continue
+            with self.lock:  # counted now, so that the loop does not stop under a loader being admitted
+                self.clients += 1
             start_thread(self._admit, raw, name="asyncload-node-reader-client")
         self._close_listener()
         concurrent.futures.wait(list(self.pending), timeout=30)  # never leave a Deep Lake read running
@@ -101,10 +103,6 @@ class _Server:
         """A new connection: the peer must be this user's and hold the key (both ways) before anything it
         sends is unpickled; then it is served until it leaves."""
         with self.lock:
-            if self.stopping:
-                raw.close()
-                return
-            self.clients += 1
             self.next_id += 1
             me = self.next_id
         conn = Connection(raw.detach())
@@ -126,9 +124,10 @@ class _Server:
                     self.left_at = time.monotonic()
 
     def _shared(self, module: str, payload: bytes, path: list[str]) -> _Shared:
-        """The source these pickled bytes describe, unpickled once and opened once for every loader that
-        sends the same bytes. ``path``: the loader's ``sys.path``, whose entries this process lacks are
-        added (as ``multiprocessing``'s spawn gives a child its parent's), so that its module imports here."""
+        """The source these pickled bytes describe, unpickled once for every loader that sends the same
+        bytes (``_open`` opens it once). ``path``: the loader's ``sys.path``, whose entries this process
+        lacks are added (as ``multiprocessing``'s spawn gives a child its parent's), so that its module
+        imports here."""
         digest = hashlib.sha256(payload).hexdigest()
         with self.lock:
             shared = self.sources.get(digest)
@@ -139,12 +138,15 @@ class _Server:
             source = pickle.loads(payload)
             with self.lock:
                 shared = self.sources.setdefault(digest, _Shared(source))
+        return shared
+
+    @staticmethod
+    def _open(shared: _Shared) -> None:
         with shared.opened:
             if not shared.is_open:
                 shared.is_open = True
                 with contextlib.suppress(Exception):  # a failure here is each read's to raise
                     shared.source.open()
-        return shared
 
     def _serve_client(self, me: int, conn: Connection) -> None:
         msg = conn.recv()
@@ -154,8 +156,13 @@ class _Server:
         out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         sender = start_thread(_send_all, conn, out, name="asyncload-node-reader-send")
         try:
-            shared = self._shared(module, payload, path)
-            out.put(("ready", 0, None, (0, 0)))
+            try:
+                shared = self._shared(module, payload, path)
+            except Exception as exc:  # noqa: BLE001 - said to that loader, which reads in a reader of its own
+                out.put(("refused", 0, f"{type(exc).__name__}: {exc}", (0, 0)))
+                return
+            out.put(("ready", 0, None, (0, 0)))  # before the open: the loader's reads queue meanwhile
+            self._open(shared)
             source = shared.source
             while True:
                 try:
