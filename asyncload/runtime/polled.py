@@ -14,6 +14,14 @@ them all in one callback, settles each finished one into a plain asyncio future,
 it first looks again on the loop's next turns (``SPINS``), since a local read is quicker than a timer. A
 poll costs one ``is_completed()`` call per pending future; the delay it adds to a read is at most one
 period (epoll's timer resolution makes the shortest period ~1 ms).
+
+Paced by how long reads take: the poller keeps a running mean of how long the futures it settled had
+waited (``lag``). Looking sooner than ``lag / LAG_SHARE`` after a completion, or spinning on the loop's
+turns, finds nothing when reads take tens or hundreds of milliseconds (a store across a WAN, ~0.7 s for a
+column read of 32 PNG rows at 50 ms): there the period starts at that share of a read's time and backs off
+to at most ``MAX_SLOW_DELAY``, so the delay it adds stays within ``1 / LAG_SHARE`` of a read's time, while
+the wake-ups of a waiting loop (each a context switch and a scan) fall by up to 8x.
+Local reads (a lag under ``SPIN_LAG``) are polled as before. The figures: benchmarks/results/cpu/.
 """
 
 from __future__ import annotations
@@ -42,6 +50,15 @@ MAX_DELAY = 0.002
 #: the 1 ms a timer costs, and while reads keep completing each turn hands them on at once. A look costs
 #: ~0.2 us per pending read (``is_completed()``), 13 us for 64.
 SPINS = 4
+#: A read's time over the first period after a completion: the delay the poller adds to a read stays within
+#: 1/32 (3%) of how long reads take, never above ``MAX_SLOW_DELAY``.
+LAG_SHARE = 32
+#: The longest period, for reads that take ``LAG_SHARE * MAX_SLOW_DELAY`` (512 ms) or more.
+MAX_SLOW_DELAY = 0.016
+#: Reads that take less than this (local disk, memory) are looked for on the loop's next turns (``SPINS``).
+SPIN_LAG = 0.002
+#: Weight of each settled future's wait in the running mean ``lag``.
+LAG_WEIGHT = 0.125
 
 
 class _Poller:
@@ -49,30 +66,44 @@ class _Poller:
 
     def __init__(self) -> None:
         # No reference to the loop: the loop is this poller's key in a weak dictionary.
-        self.pending: list[tuple[Pollable, asyncio.Future[Any]]] = []
+        self.pending: list[tuple[Pollable, asyncio.Future[Any], float]] = []  # (future, waiter, added at)
         self.delay = MIN_DELAY
         self.spins = 0
+        self.lag = 0.0  # running mean of how long settled futures waited here (seconds; 0: none yet)
         self.scheduled: asyncio.Handle | None = None
+
+    def _floor(self) -> float:
+        """The first period after a completion: a share of how long reads take, at least ``MIN_DELAY``."""
+        return min(max(self.lag / LAG_SHARE, MIN_DELAY), MAX_SLOW_DELAY)
+
+    def _ceiling(self) -> float:
+        """The longest period: ``MAX_DELAY``, or more for reads that take long enough to afford it."""
+        return min(max(self.lag / LAG_SHARE, MAX_DELAY), MAX_SLOW_DELAY)
 
     def add(self, loop: asyncio.AbstractEventLoop, fut: Pollable) -> asyncio.Future[Any]:
         waiter = loop.create_future()
-        self.pending.append((fut, waiter))
+        self.pending.append((fut, waiter, loop.time()))
         if self.scheduled is None:
-            self.delay, self.spins = MIN_DELAY, 0
+            self.delay, self.spins = self._floor(), 0 if self.lag < SPIN_LAG else SPINS
             self.scheduled = loop.call_soon(self.poll)
         return waiter
 
     def poll(self) -> None:
         self.scheduled = None
-        still: list[tuple[Pollable, asyncio.Future[Any]]] = []
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        still: list[tuple[Pollable, asyncio.Future[Any], float]] = []
         settled = False
-        for fut, waiter in self.pending:
+        for entry in self.pending:
+            fut, waiter, added = entry
             if waiter.done():  # its awaiting task was cancelled: the read is abandoned, never cancelled
                 continue
             if not fut.is_completed():
-                still.append((fut, waiter))
+                still.append(entry)
                 continue
             settled = True
+            waited = now - added
+            self.lag = waited if not self.lag else self.lag + LAG_WEIGHT * (waited - self.lag)
             try:
                 value = fut.result()  # does not block: the read has completed
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, as ``await`` would
@@ -80,21 +111,21 @@ class _Poller:
             else:
                 waiter.set_result(value)
         self.pending = still
-        loop = asyncio.get_running_loop()
         if not still:
-            _pollers.pop(loop, None)
-            return
+            return  # idle: kept (with its ``lag``) for the loop's next reads, scheduled again by ``add``
         if settled:
-            self.delay, self.spins = MIN_DELAY, 0
+            # Reads that take long are not looked for on the next turns: none would be found there.
+            self.delay, self.spins = self._floor(), 0 if self.lag < SPIN_LAG else SPINS
         if self.spins < SPINS:
             self.spins += 1
             self.scheduled = loop.call_soon(self.poll)
             return
         self.scheduled = loop.call_later(self.delay, self.poll)
-        self.delay = min(self.delay * 2, MAX_DELAY)
+        self.delay = min(self.delay * 2, self._ceiling())
 
 
-#: Weak: a loop closed with reads pending (its poll never runs again) is not kept alive by its poller.
+#: Weak: a loop closed with reads pending (its poll never runs again) is not kept alive by its poller. A
+#: poller with nothing pending stays, idle (no callback scheduled), keeping what it learnt of reads' time.
 _pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Poller] = weakref.WeakKeyDictionary()
 
 

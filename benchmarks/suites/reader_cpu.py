@@ -1,0 +1,374 @@
+"""Where the isolated reader process's CPU goes, and the same run for two checkouts (before/after).
+
+    nice -n 5 .venv/bin/python benchmarks/suites/reader_cpu.py --tree /tmp/base --tree . \\
+        --dataset png --where local --where s3 --reps 3 [--set decode=store] [--out benchmarks/results/cpu]
+
+Each run is a fresh process (``--child``) that imports asyncload from the checkout named by ``--tree``
+(``PYTHONPATH``; the reader process it spawns inherits the path), builds ``AsyncLoader(DeepLakeSource(url),
+32, shuffle=True, seed=0)`` with the defaults (``processes="auto"``: one reader process) and a private, empty
+node store, waits ``--settle`` seconds so that the reader's start-up (interpreter, imports, its open of the
+dataset) is over and can be counted apart, then reads one whole epoch. From ``/proc`` it records:
+
+- the reader process's CPU at the end of the settle (start-up) and at the end of the epoch, and its
+  threads' CPU by name (sampled every 0.1 s, so threads that end are counted as of their last sample);
+- the training process's own CPU over the epoch (``getrusage``), and its threads by name;
+- samples/s over the epoch (first ``next()`` to the last batch).
+
+Runs alternate between trees within a repetition, so a change in load hits both. ``--where s3`` serves the
+dataset from a SeaweedFS server on loopback (``harness.seaweed``; no emulated latency: loopback round trips);
+``local`` reads the directory under ``data/bench``. The report (``--out``) is markdown plus the raw JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DATASETS = {"png": "data/bench/photos-1000-png", "jpeg": "data/bench/photos-4000-jpg"}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _threads(pid: int) -> dict[int, tuple[str, float]]:
+    """tid → (name, CPU seconds) of ``pid``'s live threads, from ``schedstat`` (nanoseconds on a CPU, exact):
+    ``stat``'s utime and stime are tick samples, which miss most of Deep Lake's storage threads' short bursts
+    (summed over threads they showed a tenth of what ``perf`` and the process total saw)."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        out[int(t)] = (name, ns / 1e9)
+    return out
+
+
+def _python_names(pid: int) -> dict[int, str]:
+    """OS thread id → Python thread name of ``pid`` (``py-spy dump``): Python threads all show as ``python``."""
+    spy = str(Path(sys.executable).with_name("py-spy"))
+    try:
+        text = subprocess.run([spy, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                              timeout=20).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(m[1]): m[2] for m in re.finditer(r'Thread (\d+) \([^)]*\): "([^"]*)"', text)}
+
+
+def _proc_cpu(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+    except OSError:
+        return 0.0
+    fields = s[s.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    s = f.read()
+            except OSError:
+                continue
+            if int(s[s.rindex(")") + 2 :].split()[1]) == pid:
+                kids.append(int(d))
+    return kids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return ""
+
+
+def _group(name: str) -> str:
+    return re.sub(r"[-_]?\d+$", "", name) or name
+
+
+class _Sampler:
+    """Every 0.5 s, the last CPU seen of each thread of each watched process (threads that end keep theirs)."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self.seen: dict[tuple[int, int], tuple[str, float]] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.5):
+            self.sample()
+
+    def sample(self) -> None:
+        for pid in list(self.pids):
+            for tid, v in _threads(pid).items():
+                self.seen[(pid, tid)] = v
+
+    def snapshot(self, pid: int) -> dict[int, tuple[str, float]]:
+        self.sample()
+        return {tid: v for (p, tid), v in self.seen.items() if p == pid}
+
+
+def _by_group(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], names: dict[int, str]
+) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for tid, (name, cpu) in after.items():
+        out[_group(names.get(tid, name))] += cpu - before.get(tid, (name, 0.0))[1]
+    return dict(out)
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One measured run in this (fresh) process."""
+    import resource
+
+    from asyncload import AsyncLoader, DeepLakeSource
+    from asyncload.tools.coldstore import cold_cache_dir
+
+    me = os.getpid()
+    sampler = _Sampler()
+    with cold_cache_dir() as cache:
+        t0 = time.perf_counter()
+        src = DeepLakeSource(spec["url"], creds=spec.get("creds"), **spec.get("source_options", {}))
+        loader = AsyncLoader(src, batch_size=32, shuffle=True, seed=0, cache_dir=cache, **spec.get("options", {}))
+        readers = _children(me)
+        cmdlines = {k: _cmdline(k) for k in readers}
+        sampler.pids.extend(readers)
+        time.sleep(spec["settle"])
+        startup = {k: _proc_cpu(k) for k in readers}
+        r_before = {k: sampler.snapshot(k) for k in readers}
+        names = {k: _python_names(k) for k in readers}
+        names[me] = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        m_before = _threads(me)
+        perf = _profile(spec, readers)
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t1 = time.perf_counter()
+        n = 0
+        for batch in loader:
+            n += len(batch["index"])
+        t2 = time.perf_counter()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        # any reader started during the epoch (a replacement) is counted too
+        readers_now = [k for k in _children(me) if k not in readers]
+        end = {k: _proc_cpu(k) for k in readers + readers_now}
+        names[me].update({t.native_id: t.name for t in threading.enumerate() if t.native_id is not None})
+        r_after = {k: sampler.snapshot(k) for k in readers}
+        m_after = _threads(me)
+        stats = loader.stats()
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait(30)
+        loader.close()
+    sampler.stop.set()
+    own = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+    reader_epoch = sum(end[k] - startup.get(k, 0.0) for k in end)
+    groups: dict[str, float] = defaultdict(float)
+    for k in readers:
+        for g, v in _by_group(r_before[k], r_after[k], names[k]).items():
+            groups[g] += v
+    return {
+        "rows": n,
+        "epoch_s": t2 - t1,
+        "open_s": t1 - t0 - spec["settle"],
+        "samples_per_s": n / (t2 - t1),
+        "readers": len(readers) + len(readers_now),
+        "children": {str(k): [cmdlines.get(k) or _cmdline(k), startup.get(k), end.get(k)] for k in end},
+        "reader_startup_cpu_s": sum(startup.values()),
+        "reader_epoch_cpu_s": reader_epoch,
+        "main_epoch_cpu_s": own,
+        "reader_threads_s": dict(groups),
+        "main_threads_s": _by_group(m_before, m_after, names[me]),
+        "retries": stats.get("retries"),
+        "load": os.getloadavg()[0],
+    }
+
+
+def _profile(spec: dict[str, Any], readers: list[int]) -> subprocess.Popen[bytes] | None:
+    """``perf record`` (``spec["perf"]``: the output file) or ``py-spy record`` (``spec["pyspy"]``) of the reader
+    over the epoch: for shares of where its CPU goes, never for the throughput of the same run."""
+    if not readers:
+        return None
+    reader = max(readers, key=_proc_cpu)
+    if spec.get("perf"):
+        cmd = ["perf", "record", "-F", "997", "-g", "-p", str(reader), "-o", spec["perf"]]
+    elif spec.get("pyspy"):
+        spy = str(Path(sys.executable).with_name("py-spy"))
+        cmd = [spy, "record", "--pid", str(reader), "--rate", "500", "--threads", "--format", "raw", "--native",
+               "--output", spec["pyspy"]]  # fmt: skip
+    else:
+        return None
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    return p
+
+
+def _run_child(tree: str, spec: dict[str, Any], prefix: list[str]) -> dict[str, Any]:
+    """``tree``: a checkout, optionally with environment variables for the run: ``path@KEY=VALUE,KEY=VALUE``, loader options as ``opt.NAME=JSON``, source options as ``src.NAME=JSON``."""
+    path, _, extra = tree.partition("@")
+    env = dict(os.environ, PYTHONPATH=str(Path(path).resolve()))
+    for kv in extra.split(","):
+        if kv.startswith("src."):  # a source option: src.storage_concurrency=64
+            k, v = kv[4:].split("=", 1)
+            spec = {**spec, "source_options": {**spec.get("source_options", {}), k: json.loads(v)}}
+        elif kv.startswith("opt."):  # a loader option for this tree's runs: opt.processes=0
+            k, v = kv[4:].split("=", 1)
+            spec = {**spec, "options": {**spec["options"], k: json.loads(v)}}
+        elif kv:
+            k, v = kv.split("=", 1)
+            env[k] = v
+    cmd = [*prefix, sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    p = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"error": f"rc {p.returncode}: {p.stderr[-2000:]}"}
+    return json.loads(lines[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--tree", action="append", help="a checkout whose asyncload to run (repeatable)")
+    ap.add_argument("--dataset", action="append", choices=sorted(DATASETS))
+    ap.add_argument("--where", action="append", choices=["local", "s3", "wan"])
+    ap.add_argument("--rtt", type=float, default=50.0, help="round trip of --where wan, ms")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=4.0)
+    ap.add_argument("--set", action="append", default=[], help="loader option key=value (json value)")
+    ap.add_argument("--out", help="a folder for report.md and results.json")
+    ap.add_argument("--label", default="run")
+    a = ap.parse_args(argv)
+    if a.child:
+        print(json.dumps(child(json.loads(a.child))))
+        sys.stdout.flush()
+        os._exit(0)
+    options = {}
+    for kv in a.set:
+        k, v = kv.split("=", 1)
+        try:
+            options[k] = json.loads(v)
+        except json.JSONDecodeError:
+            options[k] = v
+    trees = a.tree or ["."]
+    datasets, wheres = a.dataset or ["png"], a.where or ["local"]
+    server = None
+    urls: dict[tuple[str, str], tuple[str, dict[str, str] | None]] = {}
+    prefix: dict[str, list[str]] = {}
+    stack = contextlib.ExitStack()
+    sys.path.insert(0, str(ROOT))
+    if "s3" in wheres:
+        from harness.seaweed import SeaweedServer
+
+        server = SeaweedServer().start()
+        stack.callback(server.close)
+        server.create_bucket("cpu")
+    if "wan" in wheres:
+        from benchmarks.testbeds.world import world
+
+        wld = stack.enter_context(world())
+        wld.set_rtt(a.rtt)
+        print(f"wan: {wld.net.describe()}", flush=True)
+        ns = getattr(wld.net, "ns", None)
+        prefix["wan"] = ["ip", "netns", "exec", ns["client"]] if ns else []
+    try:
+        for d in datasets:
+            local = ROOT / DATASETS[d]
+            urls[(d, "local")] = (str(local), None)
+            if server is not None:
+                server.put_tree("cpu", d, local)
+                urls[(d, "s3")] = (f"s3://cpu/{d}", server.creds())
+            if "wan" in wheres:
+                wld.server.put_tree(wld.bucket, d, local)
+                urls[(d, "wan")] = (wld.url(d, local=False), wld.reader_creds(local=False))
+        results: list[dict[str, Any]] = []
+        for d in datasets:
+            for w in wheres:
+                url, creds = urls[(d, w)]
+                for rep in range(a.reps):
+                    for tree in trees:
+                        spec = {"url": url, "creds": creds, "settle": a.settle, "options": options}
+                        r = _run_child(tree, spec, prefix.get(w, []))
+                        r.update(dataset=d, where=w, tree=tree, rep=rep)
+                        results.append(r)
+                        print(_line(r), flush=True)
+    finally:
+        stack.close()
+    table = _table(results, trees)
+    print(table)
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{a.label}.json").write_text(json.dumps(results, indent=1))
+        (out / f"{a.label}.md").write_text(table + "\n")
+    return 0
+
+
+def _per(r: dict[str, Any], key: str) -> float:
+    return 1000 * r[key] / r["rows"]
+
+
+def _line(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"{r['dataset']} {r['where']} {r['tree']}: {r['error']}"
+    top = sorted(r["reader_threads_s"].items(), key=lambda kv: -kv[1])[:6]
+    return (
+        f"{r['dataset']} {r['where']} {r['tree']} rep {r['rep']}: {r['samples_per_s']:.0f}/s, reader start-up "
+        f"{r['reader_startup_cpu_s']:.2f} s, reader epoch {_per(r, 'reader_epoch_cpu_s'):.2f} ms/sample, main "
+        f"{_per(r, 'main_epoch_cpu_s'):.2f} ms/sample; reader threads (ms/sample): "
+        + ", ".join(f"{g} {1000 * v / r['rows']:.2f}" for g, v in top)
+        + "; training process threads: "
+        + ", ".join(f"{g} {1000 * v / r['rows']:.2f}" for g, v in sorted(r["main_threads_s"].items(), key=lambda kv: -kv[1])[:7])
+        + f"; load {r['load']:.1f}"
+    )
+
+
+def _table(results: list[dict[str, Any]], trees: list[str]) -> str:
+    rows = ["| dataset | where | tree | samples/s | reader start-up CPU s | reader ms/sample (epoch) | reader ms/sample "
+            "(start-up + epoch) | training process ms/sample | tree ms/sample (start-up + epoch) | runs |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        if "error" not in r:
+            keyed[(r["dataset"], r["where"], r["tree"])].append(r)
+    for (d, w, t), rs in keyed.items():
+        med = statistics.median
+
+        def m(f: Any) -> float:
+            return med([f(r) for r in rs])
+
+        rows.append(
+            f"| {d} | {w} | {t} | {m(lambda r: r['samples_per_s']):.0f} | {m(lambda r: r['reader_startup_cpu_s']):.2f} "
+            f"| {m(lambda r: _per(r, 'reader_epoch_cpu_s')):.2f} "
+            f"| {m(lambda r: 1000 * (r['reader_epoch_cpu_s'] + r['reader_startup_cpu_s']) / r['rows']):.2f} "
+            f"| {m(lambda r: _per(r, 'main_epoch_cpu_s')):.2f} "
+            f"| {m(lambda r: 1000 * (r['reader_epoch_cpu_s'] + r['reader_startup_cpu_s'] + r['main_epoch_cpu_s']) / r['rows']):.2f} "
+            f"| {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)}) |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
