@@ -186,3 +186,41 @@ def test_a_source_the_shared_reader_cannot_take_is_refused_to_that_loader_alone(
             c.close()
             n.leave()
     assert _gone_soon([node.pid])
+
+
+def _servers_of(cache: Path) -> list[int]:
+    """The node's shared readers of the node store at ``cache``, wherever in the process tree they are."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                line = _cmdline(int(pid))
+            except OSError:
+                continue
+            if "asyncload.processes.nodeserver" in line and str(cache) in line:
+                found.append(int(pid))
+    return found
+
+
+@pytest.mark.xdist_group("process_storms")
+def test_dataloader_workers_read_through_the_nodes_reader_and_a_crash_of_it_loses_nothing(seg_url, tmp_path) -> None:
+    from torch.utils.data import DataLoader
+
+    from asyncload import AsyncIterableDataset
+
+    cache = tmp_path / "node"
+    # One row that kills the first process that reads it: the node's reader (a second such row would be read
+    # by the worker itself once the node's reader is gone, and end it: DataLoader's to report, as before).
+    crash = CrashingSource(seg_url, {40}, sig=signal.SIGSEGV, once_dir=str(tmp_path))
+    ds = AsyncIterableDataset(crash, batch_size=8, shuffle=True, seed=1, cache=True, cache_dir=str(cache))
+    servers: set[int] = set()
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = []
+        for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="forkserver"):
+            got += [int(i) for i in b["index"]]
+            servers |= set(_servers_of(cache))
+        assert sorted(got) == list(range(ROWS)), epoch  # the crashes cost nothing, in workers that may not start children
+    assert servers  # the workers read through the node's reader (a daemonic worker could not start one of its own)
+    assert (tmp_path / "row-40").exists()  # and row 40 did kill it
+    assert _gone_soon(_servers_of(cache))

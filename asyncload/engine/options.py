@@ -187,14 +187,17 @@ class LoaderOptions:
     def reader_processes(self, source: Source[Any]) -> int:
         """Worker processes that read ``source``: ``processes``, or with ``"auto"`` one reader process for a
         source whose native reads can crash the process that runs them (``Source.isolate_reads``: Deep
-        Lake), so that a crash costs a restarted reader, not the training run. 0 inside a daemonic
-        process (a DataLoader worker), which may not start children: there the worker itself is the
-        isolation, and DataLoader reports its death."""
+        Lake), so that a crash costs a restarted reader, not the training run. Inside a daemonic process (a
+        DataLoader worker), which may not start children: 1 where the node's shared reader reads for it
+        (``shared_reader_root``: it is no child of the worker's); else 0, the worker itself the isolation,
+        whose death DataLoader reports."""
         if self.processes != "auto":
             return int(self.processes)
         if not source.isolate_reads:
             return 0
         if multiprocessing.current_process().daemon:
+            if self.shared_reader_root(source) is not None:  # not a child of this worker's (``nodereader``)
+                return 1
             log_once(
                 f"asyncload: {source.url} is read in this daemonic process (pid {os.getpid()}, a DataLoader worker): "
                 "it cannot start a reader process, so a crash of a native read ends this worker and DataLoader "

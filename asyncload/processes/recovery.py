@@ -213,9 +213,10 @@ class Recovery:
             note = f" (restart {self.crashes} of {self.max_restarts} this epoch)"
         else:
             note = " (read alone, to find the row that kills it)"
+        who = f"a new reader (pid {new_pid})" if new_pid is not None else "this process"  # (a DataLoader worker)
         log.warning(
-            "asyncload: %s %s holding %s %s; a new reader (pid %s) reads them again%s",
-            name, ended.how, held, _short(list(rows), limit=1024), new_pid, note,
+            "asyncload: %s %s holding %s %s; %s reads them again%s",
+            name, ended.how, held, _short(list(rows), limit=1024), who, note,
         )  # fmt: skip
 
     def crash_error(self, rows: Sequence[int], ended: Sequence[Ended]) -> ReaderCrashError:
