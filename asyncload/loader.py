@@ -148,7 +148,8 @@ class AsyncLoader:
                     0: read in this process (turns the isolation off). K: K worker processes, each
                     with its own event loop and store handle, share the epoch (CPU-heavy transforms
                     scale). Their batches come back through shared memory; transform/collate_fn must
-                    be picklable. Inside a DataLoader worker (daemonic) "auto" reads in that worker
+                    be picklable. Inside a DataLoader worker (daemonic) "auto" reads through the
+                    node's shared reader where there is one (``shared_reader``), else in that worker
       max_restarts  deaths of reader processes per epoch that are survived (default 3): the dead
                     reader is replaced and what it held is read again; a batch whose read kills a
                     reader again is narrowed down to its rows (``ReaderCrashError``, or skipped with
@@ -157,7 +158,8 @@ class AsyncLoader:
                     node's (one per ``cache_dir``), shared by every loader of the node, so that
                     Deep Lake's pages and headers are fetched once per node, not once per rank and
                     DataLoader worker (``nodereader``); a loader whose shared reader dies reads in
-                    one of its own from then on. False: a reader process per loader
+                    one of its own (a DataLoader worker: reads in itself) from then on. False: a
+                    reader process per loader
       mp_context    "forkserver" (default: a worker starts as a fork of a server that imported
                     torch once) or "spawn", for the ``processes=K`` workers. A reader process always
                     starts by spawn: it imports the source and Deep Lake, never torch
