@@ -136,7 +136,8 @@ def log_line(epoch: int, world: int, found: dict[str, Any]) -> str:
     if "slowest_rank" not in found:
         return f"asyncload: epoch {epoch}: no rank's figures reached rank 0"
     others = [e for r, e in enumerate(found["ranks_elapsed_s"]) if r != found["slowest_rank"] and e is not None]
-    span = f"{min(others):.1f}-{max(others):.1f} s" if others else "-"
+    lo, hi = (f"{min(others):.1f}", f"{max(others):.1f}") if others else ("-", "-")
+    span = "-" if not others else f"{lo} s" if lo == hi else f"{lo}-{hi} s"
     frac = found["slowest_rank_wait_frac"]
     waited = f"{frac:.0%}" if frac is not None else "?"
     return (
