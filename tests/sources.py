@@ -247,3 +247,15 @@ class Rows(Source[None]):
         if self.delay:
             await asyncio.sleep(self.delay)
         return {"x": np.asarray(indices, dtype=np.int64)}
+
+
+class NotForTheNodeReader(DeepLakeSource):
+    """A real Deep Lake dataset whose unpickling fails in the node's shared reader only (``nodeserver``), as a
+    source of the user's could fail where its module cannot be imported: every other process reads it."""
+
+    def __setstate__(self, state: dict) -> None:
+        import sys
+
+        if "asyncload.processes.nodeserver" in sys.modules:
+            raise RuntimeError("this source is not read by the node's reader")
+        super().__setstate__(state)

@@ -224,3 +224,17 @@ def test_dataloader_workers_read_through_the_nodes_reader_and_a_crash_of_it_lose
     assert servers  # the workers read through the node's reader (a daemonic worker could not start one of its own)
     assert (tmp_path / "row-40").exists()  # and row 40 did kill it
     assert _gone_soon(_servers_of(cache))
+
+
+def test_a_loader_whose_source_the_nodes_reader_refuses_reads_in_a_reader_of_its_own(seg_url, tmp_path, caplog) -> None:
+    from .sources import NotForTheNodeReader
+
+    with caplog.at_level(logging.WARNING, logger="asyncload"):
+        with AsyncLoader(NotForTheNodeReader(seg_url), 8, shuffle=True, cache=True, cache_dir=str(tmp_path / "n")) as lo:
+            got = _indices(lo)
+            own_reader = lo._isolated.pid in reader_pids()  # a child of this process's, spawned
+            restarts = lo.stats()["worker_restarts"]
+    assert sorted(got) == list(range(ROWS)) and restarts == 0  # nothing died, nothing was lost
+    assert own_reader
+    said = [r.getMessage() for r in caplog.records if "did not take" in r.getMessage()]
+    assert len(said) == 1 and "not read by the node's reader" in said[0] and "a reader process of its own" in said[0]

@@ -110,6 +110,8 @@ class _Reader:
     #: its death (``_died``) or a stop (``_stop_reader``); ``end_lock`` makes that one of them, once
     ended: tuple[int | None, int | None] | None = None
     end_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: why the node's shared reader would not take this source (it lives on for the node's other loaders)
+    refused: str | None = None
 
     def reap(self, how: Callable[[], tuple[int | None, int | None]]) -> tuple[int | None, int | None]:
         """Join and release the process once (``how`` does it), whichever thread asks first."""
@@ -381,7 +383,7 @@ class IsolatedSource(Source[Any]):
     def _join_node(self, root: Path) -> None:
         """Connect to the node's reader and send it this source (lock held). A failed check closes the
         connection: the reader has opened nothing for it."""
-        conn, node = connect(root)
+        conn, node = connect(root, self.inner.reader_module)
         r = _Reader(node, conn)
         try:
             checked = self.inner.reader_copy()
@@ -389,16 +391,9 @@ class IsolatedSource(Source[Any]):
         except BaseException:
             _stop_reader([r], self._timeout)
             raise
+        # Its answer comes to the receiver thread, not here, so that the reader's import of the source's
+        # module and its open overlap this process's open: "ready", or "refused" (``_died``).
         self._send(r, ("source", self.inner.reader_module, bytes(payload), list(sys.path)))
-        try:  # its first answer: it has unpickled the source (its open follows), or it could not
-            ready = select.select([conn], [], [], _START_ALLOWANCE)[0]
-            kind, _, why, _ = _read_frame(conn.fileno()) if ready else ("refused", 0, "no answer", None)
-        except (EOFError, OSError) as exc:
-            kind, why = "refused", f"it hung up ({type(exc).__name__})"
-        if kind != "ready":
-            _stop_reader([r], self._timeout)
-            raise NodeUnavailable(f"the node's reader (pid {node.pid}) did not take this source: {why}")
-        r.ready_at = time.monotonic()
         self._started(r)
 
     def _spawn_own(self) -> None:
@@ -443,6 +438,9 @@ class IsolatedSource(Source[Any]):
         if kind == "ready":
             r.ready_at = now
             return
+        if kind == "refused":  # the node's reader could not take the source; it hangs up next (``_died``)
+            r.refused = str(payload)
+            return
         self._counts = counts
         with self._lock:
             self._last_answer = now
@@ -476,6 +474,9 @@ class IsolatedSource(Source[Any]):
         """Reap ``r``; replace it (a crash within the budget, or a stall within its deadline) and fail what
         it held with ``_Died``, or with the error that ends the epoch (``recovery``)."""
         node = r.proc
+        if isinstance(node, NodeReader) and r.refused is not None:
+            self._refused(r, node)
+            return
         if isinstance(node, NodeReader):
             pid, exitcode = r.reap(functools.partial(node.reap, self._timeout))
         else:
@@ -530,6 +531,34 @@ class IsolatedSource(Source[Any]):
             _settle(req.loop, req.fut, error, True)
         for loop, w in waiters:
             _settle(loop, w, None)
+
+    def _refused(self, r: _Reader, node: NodeReader) -> None:
+        """The node's reader would not take this source: read in a reader of this source's own from now
+        on, the reads sent meanwhile sent to it as they were (nothing died: no restart is counted)."""
+        r.reap(lambda: (node.leave(), (node.pid, None))[1])
+        r.conn.close()
+        with self._lock:
+            if r.stopping or self._holder[0] is not r:
+                return
+            self._holder[0] = None
+            held = list(self._inflight.values())
+            self._inflight.clear()
+            self._node_root = None
+            log.warning(
+                "asyncload: the node's shared reader (pid %d) did not take %s (%s): it reads in %s",
+                node.pid, self.url, r.refused,
+                "this process" if multiprocessing.current_process().daemon else "a reader process of its own",
+            )  # fmt: skip
+            error: BaseException
+            try:
+                self._spawn()
+                error = _Died(Ended(node.pid, None, stalled=True, note="did not take this source"))
+            except Exception as exc:  # noqa: BLE001 - as for a replaced reader (``_died``)
+                error = self._fatal = WorkerError(
+                    f"asyncload: no reader process could read {self.url}: {type(exc).__name__}: {exc}"
+                )
+        for req in held:
+            _settle(req.loop, req.fut, error, True)
 
     # -- reads -----------------------------------------------------------------------------------
     async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:

@@ -136,9 +136,10 @@ class NodeReader:
             os.close(fd)
 
 
-def connect(root: Path) -> tuple[Connection, NodeReader]:
+def connect(root: Path, module: str = "deeplake") -> tuple[Connection, NodeReader]:
     """A connection to the node's reader under ``root``, started here if none listens (one start per node:
-    the connect and the start are one step under ``reader.lock``)."""
+    the connect and the start are one step under ``reader.lock``). ``module``: what a server started here
+    imports at once, while this loader checks its bucket and opens its dataset (the source's ``reader_module``)."""
     key = _key()
     try:
         dfd = readers_dir(root)
@@ -153,7 +154,7 @@ def connect(root: Path) -> tuple[Connection, NodeReader]:
             if conn is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(SOCKET, dir_fd=dfd)  # a server that died without removing it
-                popen = _start(root / "readers")
+                popen = _start(root / "readers", module)
                 conn = _dial(dfd, key)
                 if conn is None:
                     raise NodeUnavailable(f"the node's reader (pid {popen.pid}) listens, yet refused a connection")
@@ -179,13 +180,13 @@ def _dial(dfd: int, key: bytes) -> Connection | None:
         raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
 
 
-def _start(where: Path) -> subprocess.Popen[bytes]:
+def _start(where: Path, module: str) -> subprocess.Popen[bytes]:
     """Start the server and wait until it listens (its first line on stdout). Its environment is this
     process's, with one BLAS thread (``runtime.procs``: numpy's threads would spin in a process that does
     no linear algebra); it stays in this job's process group, so that what ends the job ends it."""
     env = dict(os.environ, **{v: os.environ.get(v, "1") for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
     code = "from asyncload.processes.nodeserver import main; main()"
-    popen = subprocess.Popen([sys.executable, "-c", code, str(where)], stdin=subprocess.DEVNULL,
+    popen = subprocess.Popen([sys.executable, "-c", code, str(where), module], stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, env=env, close_fds=True)  # fmt: skip
     assert popen.stdout is not None
     readable, _, _ = select.select([popen.stdout], [], [], START_S)

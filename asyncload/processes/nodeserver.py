@@ -204,7 +204,14 @@ class _Server:
         shared.source.configure(total_r, total_s)
 
 
-def _serve(where: str) -> None:
+def _early_import(module: str) -> None:
+    """Import the first loader's source module (Deep Lake) now, while that loader checks its bucket and opens
+    its dataset; its source, when it comes, imports it again (``_shared``), then without the wait or the error."""
+    with contextlib.suppress(Exception):
+        importlib.import_module(module)
+
+
+def _serve(where: str, module: str) -> None:
     try:
         dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         st = os.fstat(dfd)
@@ -217,9 +224,12 @@ def _serve(where: str) -> None:
         return  # another server took the name first: the loader that started this one connects to that
     os.write(1, b"listening\n")
     os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the loader that waited has read its line
+    if module != "__main__":
+        start_thread(_early_import, module, name="asyncload-node-reader-import")
     server.serve()
 
 
 def main() -> None:
-    """The server's entry (``python -c``): ``argv[1]`` is the readers directory."""
-    run_child(dict(os.environ), _serve, sys.argv[1])
+    """The server's entry (``python -c``): ``argv[1]`` is the readers directory, ``argv[2]`` the module to
+    import at once."""
+    run_child(dict(os.environ), _serve, sys.argv[1], sys.argv[2])
