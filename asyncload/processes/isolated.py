@@ -484,13 +484,9 @@ class IsolatedSource(Source[Any]):
         r.conn.close()
         now = time.monotonic()
         with self._lock:
-            if r.stopping or self._holder[0] is not r:
-                # ``close()`` came first (it took the live reader and failed what it held): a reader that
-                # died as it was being stopped is not replaced, or the new one would outlive the loader.
+            held = self._detach(r)
+            if held is None:
                 return
-            self._holder[0] = None
-            held = list(self._inflight.values())
-            self._inflight.clear()
             rows = sorted(i for req in held for i in req.indices)
             name = f"reader process (pid {pid}) for {self.url}"
             note = None
@@ -532,17 +528,26 @@ class IsolatedSource(Source[Any]):
         for loop, w in waiters:
             _settle(loop, w, None)
 
+    def _detach(self, r: _Reader) -> list[_Request] | None:
+        """``r`` ended: it is no longer the live reader, and what it held is returned (lock held). None where
+        ``close()`` came first (it took the live reader and failed what it held): a reader that ended as it
+        was being stopped is not replaced, or the new one would outlive the loader."""
+        if r.stopping or self._holder[0] is not r:
+            return None
+        self._holder[0] = None
+        held = list(self._inflight.values())
+        self._inflight.clear()
+        return held
+
     def _refused(self, r: _Reader, node: NodeReader) -> None:
         """The node's reader would not take this source: read in a reader of this source's own from now
         on, the reads sent meanwhile sent to it as they were (nothing died: no restart is counted)."""
         r.reap(lambda: (node.leave(), (node.pid, None))[1])
         r.conn.close()
         with self._lock:
-            if r.stopping or self._holder[0] is not r:
+            held = self._detach(r)
+            if held is None:
                 return
-            self._holder[0] = None
-            held = list(self._inflight.values())
-            self._inflight.clear()
             self._node_root = None
             log.warning(
                 "asyncload: the node's shared reader (pid %d) did not take %s (%s): it reads in %s",
