@@ -10,13 +10,17 @@ node store, waits ``--settle`` seconds so that the reader's start-up (interprete
 dataset) is over and can be counted apart, then reads one whole epoch. From ``/proc`` it records:
 
 - the reader process's CPU at the end of the settle (start-up) and at the end of the epoch, and its
-  threads' CPU by name (sampled every 0.1 s, so threads that end are counted as of their last sample);
+  threads' CPU by name (``schedstat``, exact; sampled every 0.5 s, so a thread that ends is counted as of
+  its last sample; ``stat``'s tick counts beside it, which miss most of Deep Lake's storage threads);
 - the training process's own CPU over the epoch (``getrusage``), and its threads by name;
 - samples/s over the epoch (first ``next()`` to the last batch).
 
 Runs alternate between trees within a repetition, so a change in load hits both. ``--where s3`` serves the
 dataset from a SeaweedFS server on loopback (``harness.seaweed``; no emulated latency: loopback round trips);
-``local`` reads the directory under ``data/bench``. The report (``--out``) is markdown plus the raw JSON.
+``local`` reads the directory under ``data/bench``; ``--where wan`` (alone: it leaves the orchestrator in the
+server's network namespace) serves it from SeaweedFS behind the packet-level delay line of ``make bench``
+(``benchmarks.testbeds.world``, root; ``--rtt``), each run in the client's namespace. The report (``--out``)
+is markdown plus the raw JSON.
 """
 
 from __future__ import annotations
@@ -59,6 +63,25 @@ def _threads(pid: int) -> dict[int, tuple[str, float]]:
         except (OSError, ValueError, IndexError):
             continue
         out[int(t)] = (name, ns / 1e9)
+    return out
+
+
+def _thread_ticks(pid: int) -> dict[int, tuple[str, float]]:
+    """tid → (name, CPU seconds) from ``stat``'s utime + stime: what ``/proc`` per-thread tables usually
+    show, kept beside ``schedstat`` to show how much of Deep Lake's threads it misses."""
+    out: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tids:
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2 :].split()
+        out[int(t)] = (st[st.index("(") + 1 : st.rindex(")")], (int(fields[11]) + int(fields[12])) / TICK)
     return out
 
 
@@ -161,6 +184,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         time.sleep(spec["settle"])
         startup = {k: _proc_cpu(k) for k in readers}
         r_before = {k: sampler.snapshot(k) for k in readers}
+        ticks_before = {k: _thread_ticks(k) for k in readers}
         names = {k: _python_names(k) for k in readers}
         names[me] = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         m_before = _threads(me)
@@ -177,6 +201,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         end = {k: _proc_cpu(k) for k in readers + readers_now}
         names[me].update({t.native_id: t.name for t in threading.enumerate() if t.native_id is not None})
         r_after = {k: sampler.snapshot(k) for k in readers}
+        ticks_after = {k: _thread_ticks(k) for k in readers}
         m_after = _threads(me)
         stats = loader.stats()
         if perf is not None:
@@ -190,7 +215,12 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     for k in readers:
         for g, v in _by_group(r_before[k], r_after[k], names[k]).items():
             groups[g] += v
+    ticks: dict[str, float] = defaultdict(float)
+    for k in readers:
+        for g, v in _by_group(ticks_before[k], ticks_after[k], names[k]).items():
+            ticks[g] += v
     return {
+        "reader_threads_ticks_s": dict(ticks),
         "rows": n,
         "epoch_s": t2 - t1,
         "open_s": t1 - t0 - spec["settle"],
@@ -260,7 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="loader option key=value (json value)")
     ap.add_argument("--out", help="a folder for report.md and results.json")
     ap.add_argument("--label", default="run")
+    ap.add_argument("--summarize", nargs="+", help="results JSON files: print before/after tables (first tree = before)")
     a = ap.parse_args(argv)
+    if a.summarize:
+        print(summarize([r for f in a.summarize for r in json.loads(Path(f).read_text())]))
+        return 0
     if a.child:
         print(json.dumps(child(json.loads(a.child))))
         sys.stdout.flush()
@@ -274,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             options[k] = v
     trees = a.tree or ["."]
     datasets, wheres = a.dataset or ["png"], a.where or ["local"]
+    if "wan" in wheres and len(set(wheres)) > 1:
+        # the world leaves this process in the server's network namespace: loopback and local runs from
+        # here would not reach their own server (nor read as a user's process does)
+        ap.error("--where wan runs alone (one invocation for wan, another for local and s3)")
     server = None
     urls: dict[tuple[str, str], tuple[str, dict[str, str] | None]] = {}
     prefix: dict[str, list[str]] = {}
@@ -368,6 +406,53 @@ def _table(results: list[dict[str, Any]], trees: list[str]) -> str:
             f"| {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)}) |"
         )
     return "\n".join(rows)
+
+
+def summarize(results: list[dict[str, Any]]) -> str:
+    """Per dataset and place: each tree's medians, the reader's threads, and each tree's ratio to the first."""
+    med = statistics.median
+    keyed: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for r in results:
+        if "error" not in r:
+            keyed[(r["dataset"], r["where"])][r["tree"]].append(r)
+    groups = ["B", "asyncload-reader-loop", "MainQueueThread", "asyncload-reader-send", "MainThread"]
+    out = [
+        "| dataset | where | tree | samples/s | reader start-up CPU s | reader ms/sample, epoch | reader, start-up "
+        "included | training process | tree, start-up included | reader threads, epoch (ms/sample): Deep Lake "
+        "storage B_* (ticks) / loop / MainQueueThread / send / main | training process's receive thread | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (d, w), trees in keyed.items():
+        first: dict[str, float] | None = None
+        for tree, rs in trees.items():
+            n = med([r["rows"] for r in rs])
+            m = {
+                "sps": med([r["samples_per_s"] for r in rs]),
+                "start": med([r["reader_startup_cpu_s"] for r in rs]),
+                "reader": med([_per(r, "reader_epoch_cpu_s") for r in rs]),
+                "reader_all": med([1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"]) / r["rows"] for r in rs]),
+                "main": med([_per(r, "main_epoch_cpu_s") for r in rs]),
+                "tree": med([1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"] + r["main_epoch_cpu_s"]) / r["rows"]
+                             for r in rs]),  # fmt: skip
+            }
+            th = {g: med([1000 * r["reader_threads_s"].get(g, 0.0) / r["rows"] for r in rs]) for g in groups}
+            had = [r for r in rs if "reader_threads_ticks_s" in r]  # (runs before the probe kept them: none)
+            ticks = f"{med([1000 * r['reader_threads_ticks_s'].get('B', 0.0) / r['rows'] for r in had]):.2f}" if had else "-"
+            recv = med([1000 * r["main_threads_s"].get("asyncload-reader-receive", 0.0) / r["rows"] for r in rs])
+            ratio = "" if first is None else " ({:.2f}x)"
+
+            def cell(k: str, fmt: str = "{:.2f}") -> str:
+                return fmt.format(m[k]) + (ratio.format(m[k] / first[k]) if first and first[k] else "")
+
+            out.append(
+                f"| {d} ({n:,.0f} rows) | {w} | {tree} | {cell('sps', '{:.0f}')} | {cell('start')} | {cell('reader')} "
+                f"| {cell('reader_all')} | {cell('main')} | {cell('tree')} | {th['B']:.2f} ({ticks}) / "
+                f"{th['asyncload-reader-loop']:.2f} / {th['MainQueueThread']:.2f} / {th['asyncload-reader-send']:.2f} / "
+                f"{th['MainThread']:.2f} | {recv:.3f} | {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)};"
+                f" load {min(r['load'] for r in rs):.0f}-{max(r['load'] for r in rs):.0f}) |"
+            )
+            first = first or m
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
