@@ -445,8 +445,9 @@ def decode_stage(source: Any, options: Any) -> DecodeStage | None:
     stored bytes and decoded here, Deep Lake's included: it costs less CPU than the store's decode and its
     reads are smaller (benchmarks/results/decode.md). PNG too, measured again with the reader process:
     ``decode="store"`` (Deep Lake decodes in the reader's native threads, and the pixels, 2.2x the stored
-    bytes, cross to this process) cost 1.25x the CPU per sample of the process tree on local disk and 1.30x
-    at 50 ms (packet-level), 1,000 photo-like 256x256 PNG rows with lz4 masks (benchmarks/results/cpu/).
+    bytes, cross to this process) cost 1.25x the CPU per sample of the process tree on local disk and 1.29x
+    at 50 ms (packet-level), 1,000 photo-like 256x256 PNG rows with lz4 masks; for JPEG 2.25x and 2.56x
+    (benchmarks/results/cpu/).
     lz4 masks need an image column of the same loader to take their size from; without one, the store
     decodes them, and the log says so once."""
     from ..errors import ConfigError
