@@ -373,7 +373,9 @@ class IsolatedSource(Source[Any]):
                 return
             except NodeUnavailable as exc:
                 where = "in this process (a DataLoader worker)" if daemon else "in a reader process of its own"
-                log.warning("asyncload: %s reads %s: %s", self.url, where, exc)
+                # (the message, not the error: its traceback would hold this source in the log's records)
+                level = logging.INFO if exc.said else logging.WARNING  # (said: the node store warns itself)
+                log.log(level, "asyncload: %s reads %s: %s", self.url, where, str(exc))
                 self._node_root = None
         if daemon:  # may not start children: reads here from now on, as a worker without the node's reader does
             self._here = True

@@ -51,7 +51,12 @@ START_S = 30.0
 
 
 class NodeUnavailable(RuntimeError):
-    """The node's reader cannot be reached or started here: the loader reads in a process of its own."""
+    """The node's reader cannot be reached or started here: the loader reads in a process of its own.
+    ``said``: the node store says why itself (its directory cannot be used), so this need not warn too."""
+
+    def __init__(self, message: str, *, said: bool = False) -> None:
+        super().__init__(message)
+        self.said = said
 
 
 def readers_dir(root: Path) -> int:
@@ -144,7 +149,7 @@ def connect(root: Path, module: str = "deeplake") -> tuple[Connection, NodeReade
     try:
         dfd = readers_dir(root)
     except OSError as exc:
-        raise NodeUnavailable(f"{root}/readers: {exc}") from exc
+        raise NodeUnavailable(f"{root}/readers: {exc}", said=True) from exc
     try:
         lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:

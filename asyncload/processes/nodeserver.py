@@ -115,7 +115,7 @@ class _Server:
             self._serve_client(me, conn)
         except (OSError, EOFError, Exception) as exc:  # noqa: BLE001 - one loader's failure is its own
             if not isinstance(exc, (OSError, EOFError)):
-                log.warning("asyncload: the node's reader dropped a loader: %s: %s", type(exc).__name__, exc)
+                log.warning("asyncload: the node's reader dropped a loader: %s: %s", type(exc).__name__, str(exc))
         finally:
             conn.close()
             with self.lock:
