@@ -790,6 +790,38 @@ def _send_all(conn: Connection, out: queue.SimpleQueue[Any]) -> None:
             _write_frame(fd, ("failed", msg[1], Failure(exc), msg[3]))
 
 
+def _serve_requests(
+    conn: Connection,
+    source: Source[Any],
+    lt: LoopThread,
+    out: queue.SimpleQueue[Any],
+    pending: set[concurrent.futures.Future[Any]],
+    configure: Callable[[int, int | None], None],
+) -> None:
+    """Read what one loader asks, concurrently on ``lt``, until it says stop or hangs up: each read's answer
+    goes to ``out`` (its sender thread), each read in flight is in ``pending`` until it ends (so that no Deep
+    Lake read is left running at exit). Shared by a loader's own reader (``_serve_reads``) and the node's
+    (``nodeserver``), whose ``configure`` sizes its source for every loader it serves."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        if msg[0] == "configure":
+            configure(*msg[1:])
+            continue
+        if msg[0] == "stall_timeout":
+            source.set_stall_timeout(msg[1])
+            continue
+        _, rid, indices, raw = msg
+        f = lt.submit(source.read(indices, raw))
+        pending.add(f)
+        f.add_done_callback(pending.discard)
+        f.add_done_callback(functools.partial(_answer, out, source, rid))
+
+
 def _serve_reads(conn: Connection, module: str) -> None:
     """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned. The
     source's module (Deep Lake) is imported before the source arrives, while the parent checks its access."""
@@ -814,24 +846,7 @@ def _serve_reads(conn: Connection, module: str) -> None:
             source.open()
         except Exception:  # noqa: BLE001
             pass
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            if msg is None:
-                break
-            if msg[0] == "configure":
-                source.configure(*msg[1:])
-                continue
-            if msg[0] == "stall_timeout":
-                source.set_stall_timeout(msg[1])
-                continue
-            _, rid, indices, raw = msg
-            f = lt.submit(source.read(indices, raw))
-            pending.add(f)
-            f.add_done_callback(pending.discard)
-            f.add_done_callback(functools.partial(_answer, out, source, rid))
+        _serve_requests(conn, source, lt, out, pending, source.configure)
     finally:
         concurrent.futures.wait(list(pending), timeout=30)  # never leave a Deep Lake read running
         lt.stop()

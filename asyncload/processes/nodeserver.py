@@ -27,7 +27,7 @@ from typing import Any
 
 from ..runtime.loop import LoopThread, start_thread
 from ..runtime.procs import run_child
-from .isolated import _answer, _send_all
+from .isolated import _send_all, _serve_requests
 from .nodereader import SOCKET, NodeUnavailable, _address, _key, _peer
 
 log = logging.getLogger("asyncload")
@@ -163,36 +163,14 @@ class _Server:
                 return
             out.put(("ready", 0, None, (0, 0)))  # before the open: the loader's reads queue meanwhile
             self._open(shared)
-            source = shared.source
-            while True:
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    break
-                if msg is None:
-                    break
-                if msg[0] == "configure":
-                    self._configure(shared, me, msg[1], msg[2])
-                    continue
-                if msg[0] == "stall_timeout":
-                    source.set_stall_timeout(msg[1])
-                    continue
-                _, rid, indices, raw = msg
-                f = self.lt.submit(source.read(indices, raw))
-                with self.lock:
-                    self.pending.add(f)
-                f.add_done_callback(self._done)
-                f.add_done_callback(functools.partial(_answer, out, source, rid))
+            configure = functools.partial(self._configure, shared, me)
+            _serve_requests(conn, shared.source, self.lt, out, self.pending, configure)
         finally:
             with self.lock:
                 if "shared" in locals():
                     shared.clients.pop(me, None)
             out.put(None)
             sender.join(5)
-
-    def _done(self, f: concurrent.futures.Future[Any]) -> None:
-        with self.lock:
-            self.pending.discard(f)
 
     def _configure(self, shared: _Shared, me: int, requests: int, samples: int | None) -> None:
         """The source is sized for every loader it serves: the sum of what each keeps in flight."""
