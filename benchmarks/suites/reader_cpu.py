@@ -45,10 +45,20 @@ DATASETS = {"png": "data/bench/photos-1000-png", "jpeg": "data/bench/photos-4000
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _threads(pid: int) -> dict[int, tuple[str, float]]:
-    """tid → (name, CPU seconds) of ``pid``'s live threads, from ``schedstat`` (nanoseconds on a CPU, exact):
-    ``stat``'s utime and stime are tick samples, which miss most of Deep Lake's storage threads' short bursts
-    (summed over threads they showed a tenth of what ``perf`` and the process total saw)."""
+def _schedstat_s(task: str) -> float:
+    with open(f"{task}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e9
+
+
+def _ticks_s(task: str) -> float:
+    with open(f"{task}/stat") as f:
+        st = f.read()
+    fields = st[st.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _per_thread(pid: int, cpu_s: Any) -> dict[int, tuple[str, float]]:
+    """tid → (name, CPU seconds by ``cpu_s``) of ``pid``'s live threads."""
     out: dict[int, tuple[str, float]] = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -58,31 +68,23 @@ def _threads(pid: int) -> dict[int, tuple[str, float]]:
         try:
             with open(f"/proc/{pid}/task/{t}/comm") as f:
                 name = f.read().strip()
-            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
-                ns = int(f.read().split()[0])
+            out[int(t)] = (name, cpu_s(f"/proc/{pid}/task/{t}"))
         except (OSError, ValueError, IndexError):
             continue
-        out[int(t)] = (name, ns / 1e9)
     return out
+
+
+def _threads(pid: int) -> dict[int, tuple[str, float]]:
+    """tid → (name, CPU seconds) of ``pid``'s live threads, from ``schedstat`` (nanoseconds on a CPU, exact):
+    ``stat``'s utime and stime are tick samples, which miss most of Deep Lake's storage threads' short bursts
+    (summed over threads they showed a tenth of what ``perf`` and the process total saw)."""
+    return _per_thread(pid, _schedstat_s)
 
 
 def _thread_ticks(pid: int) -> dict[int, tuple[str, float]]:
     """tid → (name, CPU seconds) from ``stat``'s utime + stime: what ``/proc`` per-thread tables usually
     show, kept beside ``schedstat`` to show how much of Deep Lake's threads it misses."""
-    out: dict[int, tuple[str, float]] = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for t in tids:
-        try:
-            with open(f"/proc/{pid}/task/{t}/stat") as f:
-                st = f.read()
-        except OSError:
-            continue
-        fields = st[st.rindex(")") + 2 :].split()
-        out[int(t)] = (st[st.index("(") + 1 : st.rindex(")")], (int(fields[11]) + int(fields[12])) / TICK)
-    return out
+    return _per_thread(pid, _ticks_s)
 
 
 def _python_names(pid: int) -> dict[int, str]:
