@@ -59,7 +59,9 @@ def test_the_readme_installs_this_project_and_contributing_says_how_long_make_te
     assert not re.search(r"xdist|--dist loadgroup|crash_report", README)
     for command in ("make run", "make test"):  # the two set-up commands, with what they print and take
         assert re.search(rf"^{command} +# ", README, re.M) and f"**`{command}`**" in README, command
-    assert "It prints:" in README and re.search(r"`make test`.*?\d+-\d+ minutes on this project's 2-core machine", README, re.S)
+    assert "It prints:" in README and re.search(
+        r"`make test`.*?\d+-\d+ minutes on this project's 2-core machine", README, re.S
+    )
 
 
 def reference_tables():  # docs/reference_tables.py: what docs/conf.py renders the reference tables with

@@ -220,7 +220,9 @@ def test_dataloader_workers_read_through_the_nodes_reader_and_a_crash_of_it_lose
         for b in DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="forkserver"):
             got += [int(i) for i in b["index"]]
             servers |= set(_servers_of(cache))
-        assert sorted(got) == list(range(ROWS)), epoch  # the crashes cost nothing, in workers that may not start children
+        assert sorted(got) == list(range(ROWS)), (
+            epoch
+        )  # the crashes cost nothing, in workers that may not start children
     assert servers  # the workers read through the node's reader (a daemonic worker could not start one of its own)
     assert (tmp_path / "row-40").exists()  # and row 40 did kill it
     assert _gone_soon(_servers_of(cache))
@@ -230,7 +232,9 @@ def test_a_loader_whose_source_the_nodes_reader_refuses_reads_in_a_reader_of_its
     from .sources import NotForTheNodeReader
 
     with caplog.at_level(logging.WARNING, logger="asyncload"):
-        with AsyncLoader(NotForTheNodeReader(seg_url), 8, shuffle=True, cache=True, cache_dir=str(tmp_path / "n")) as lo:
+        with AsyncLoader(
+            NotForTheNodeReader(seg_url), 8, shuffle=True, cache=True, cache_dir=str(tmp_path / "n")
+        ) as lo:
             got = _indices(lo)
             own_reader = lo._isolated.pid in reader_pids()  # a child of this process's, spawned
             restarts = lo.stats()["worker_restarts"]

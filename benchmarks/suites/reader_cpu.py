@@ -292,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="loader option key=value (json value)")
     ap.add_argument("--out", help="a folder for report.md and results.json")
     ap.add_argument("--label", default="run")
-    ap.add_argument("--summarize", nargs="+", help="results JSON files: print before/after tables (first tree = before)")
+    ap.add_argument(
+        "--summarize", nargs="+", help="results JSON files: print before/after tables (first tree = before)"
+    )
     a = ap.parse_args(argv)
     if a.summarize:
         print(summarize([r for f in a.summarize for r in json.loads(Path(f).read_text())]))
@@ -380,7 +382,9 @@ def _line(r: dict[str, Any]) -> str:
         f"{_per(r, 'main_epoch_cpu_s'):.2f} ms/sample; reader threads (ms/sample): "
         + ", ".join(f"{g} {1000 * v / r['rows']:.2f}" for g, v in top)
         + "; training process threads: "
-        + ", ".join(f"{g} {1000 * v / r['rows']:.2f}" for g, v in sorted(r["main_threads_s"].items(), key=lambda kv: -kv[1])[:7])
+        + ", ".join(
+            f"{g} {1000 * v / r['rows']:.2f}" for g, v in sorted(r["main_threads_s"].items(), key=lambda kv: -kv[1])[:7]
+        )
         + f"; load {r['load']:.1f}"
     )
 
@@ -394,10 +398,9 @@ def _table(results: list[dict[str, Any]], trees: list[str]) -> str:
         if "error" not in r:
             keyed[(r["dataset"], r["where"], r["tree"])].append(r)
     for (d, w, t), rs in keyed.items():
-        med = statistics.median
 
-        def m(f: Any) -> float:
-            return med([f(r) for r in rs])
+        def m(f: Any, rs: list[dict[str, Any]] = rs) -> float:
+            return statistics.median([f(r) for r in rs])
 
         rows.append(
             f"| {d} | {w} | {t} | {m(lambda r: r['samples_per_s']):.0f} | {m(lambda r: r['reader_startup_cpu_s']):.2f} "
@@ -432,18 +435,28 @@ def summarize(results: list[dict[str, Any]]) -> str:
                 "sps": med([r["samples_per_s"] for r in rs]),
                 "start": med([r["reader_startup_cpu_s"] for r in rs]),
                 "reader": med([_per(r, "reader_epoch_cpu_s") for r in rs]),
-                "reader_all": med([1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"]) / r["rows"] for r in rs]),
+                "reader_all": med(
+                    [1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"]) / r["rows"] for r in rs]
+                ),
                 "main": med([_per(r, "main_epoch_cpu_s") for r in rs]),
-                "tree": med([1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"] + r["main_epoch_cpu_s"]) / r["rows"]
-                             for r in rs]),  # fmt: skip
+                "tree": med(
+                    [
+                        1000 * (r["reader_epoch_cpu_s"] + r["reader_startup_cpu_s"] + r["main_epoch_cpu_s"]) / r["rows"]
+                        for r in rs
+                    ]
+                ),  # fmt: skip
             }
             th = {g: med([1000 * r["reader_threads_s"].get(g, 0.0) / r["rows"] for r in rs]) for g in groups}
             had = [r for r in rs if "reader_threads_ticks_s" in r]  # (runs before the probe kept them: none)
-            ticks = f"{med([1000 * r['reader_threads_ticks_s'].get('B', 0.0) / r['rows'] for r in had]):.2f}" if had else "-"
+            ticks = (
+                f"{med([1000 * r['reader_threads_ticks_s'].get('B', 0.0) / r['rows'] for r in had]):.2f}"
+                if had
+                else "-"
+            )
             recv = med([1000 * r["main_threads_s"].get("asyncload-reader-receive", 0.0) / r["rows"] for r in rs])
             ratio = "" if first is None else " ({:.2f}x)"
 
-            def cell(k: str, fmt: str = "{:.2f}") -> str:
+            def cell(k: str, fmt: str = "{:.2f}", m: Any = m, first: Any = first, ratio: str = ratio) -> str:
                 return fmt.format(m[k]) + (ratio.format(m[k] / first[k]) if first and first[k] else "")
 
             out.append(

@@ -69,7 +69,9 @@ def main() -> None:
     a = ap.parse_args()
     for rep in range(a.reps):
         before, now = measure(_read_frame_zeroed), measure(_read_frame)
-        print(f"rep {rep}: zeroed bytearray {before:.4f} ms/sample, numpy.empty {now:.4f} ms/sample ({now / before:.2f}x)")
+        print(
+            f"rep {rep}: zeroed bytearray {before:.4f} ms/sample, numpy.empty {now:.4f} ms/sample ({now / before:.2f}x)"
+        )
 
 
 if __name__ == "__main__":
