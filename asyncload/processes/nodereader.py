@@ -19,7 +19,10 @@ one dataset, one selection, one set of keys) share one opened handle, and so Dee
 What it does not change: a loader that loses the node's reader (it died, or was killed stuck) handles that as
 the death of its own reader (``isolated``: reads in flight read again, alone, in a reader process of its own)
 and keeps that private reader for its life, so that crash narrowing names the right rows whatever the other
-loaders send. The server exits once its last loader has left.
+loaders send (a DataLoader worker, which may not start children, reads in itself from then on, as workers
+without the node's reader do). The server is this module's only process that is no ``multiprocessing`` child:
+started with ``subprocess``, so that a daemonic DataLoader worker may start it and its end is not tied to the
+loader that started it. It exits once its last loader has left.
 """
 
 from __future__ import annotations
