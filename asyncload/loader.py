@@ -226,7 +226,7 @@ class AsyncLoader:
             # open here and with whatever the training script does before its first batch. A source whose
             # open draws its rows starts its reader once opened here, so that the reader reads those rows.
             if source.opens_alike:
-                self._isolated.start()
+                self._isolated.start(early=True)
         opening = time.perf_counter()
         try:
             self.source = source.open()

@@ -52,7 +52,7 @@ def test_the_loaders_of_one_node_read_through_one_reader_that_ends_with_the_last
     got = _indices(a) + _indices(b)
     pid = a._isolated.pid
     assert pid is not None and b._isolated.pid == pid  # one reader for both
-    assert "asyncload.processes.nodeserver" in _cmdline(pid) and pid not in reader_pids()
+    assert "asyncload.processes.nodeserver import server_main" in _cmdline(pid) and pid not in reader_pids()
     assert set(got) == set(range(ROWS)) and len(got) == ROWS + ROWS % 2  # (an odd last row padded: ``remainder``)
     readers = tmp_path / "node" / "readers"
     assert (readers.stat().st_mode & 0o777) == 0o700 and (readers / "reader.sock").is_socket()
@@ -197,7 +197,7 @@ def _servers_of(cache: Path) -> list[int]:
                 line = _cmdline(int(pid))
             except OSError:
                 continue
-            if "asyncload.processes.nodeserver" in line and str(cache) in line:
+            if "server_main" in line and str(cache) in line:
                 found.append(int(pid))
     return found
 

@@ -69,7 +69,7 @@ from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
 from ..sources.base import Columns, Source
 from ..sources.mixed import Composition, composition_of
-from .nodereader import NodeReader, NodeUnavailable, connect
+from .nodereader import Launch, NodeReader, NodeUnavailable, handshake, launch
 from .recovery import Alone, Ended, Recovery, beat_interval, drive_async, read_limit
 
 if TYPE_CHECKING:
@@ -203,6 +203,8 @@ class IsolatedSource(Source[Any]):
         #: reads run in this process: a daemonic one (a DataLoader worker), which may not start a reader of
         #: its own, whose shared reader could not be reached or ended
         self._here = False
+        #: ``start(early=True)``'s connection to the node's reader, until ``_join_node`` completes it
+        self._launched: Launch | None = None
         self.inner = inner
         self._context = context
         self._max_restarts = max_restarts
@@ -313,9 +315,17 @@ class IsolatedSource(Source[Any]):
         r = self._holder[0]
         return r.proc.pid if r is not None else None
 
-    def start(self) -> None:
-        """Start the reader now, if none is live (the loader calls it at construction)."""
+    def start(self, early: bool = False) -> None:
+        """Start the reader now, if none is live (the loader calls it at construction). ``early`` (before the
+        loader's own open): the node's shared reader is only connected to (started if none runs), so that its
+        start overlaps that open; the next call completes it (``_join_node``)."""
         with self._lock:
+            if early and self._holder[0] is None and self._node_root is not None and self._launched is None:
+                try:
+                    self._launched = launch(self._node_root, self.inner.reader_module)
+                except NodeUnavailable as exc:
+                    self._no_node(exc)
+                return
             self._live()
 
     def begin_epoch(self, stats: Stats) -> None:
@@ -347,6 +357,9 @@ class IsolatedSource(Source[Any]):
         with self._lock:
             holder = [self._holder[0]]
             self._holder[0] = None
+            if self._launched is not None:  # connected early, never completed: the server drops it
+                self._launched.close()
+                self._launched = None
             held = list(self._inflight.values())
             self._inflight.clear()
         _stop_reader(holder, self._timeout, bool(held))
@@ -372,20 +385,26 @@ class IsolatedSource(Source[Any]):
                 self._join_node(self._node_root)
                 return
             except NodeUnavailable as exc:
-                where = "in this process (a DataLoader worker)" if daemon else "in a reader process of its own"
-                # (the message, not the error: its traceback would hold this source in the log's records)
-                level = logging.INFO if exc.said else logging.WARNING  # (said: the node store warns itself)
-                log.log(level, "asyncload: %s reads %s: %s", self.url, where, str(exc))
-                self._node_root = None
+                self._no_node(exc)
         if daemon:  # may not start children: reads here from now on, as a worker without the node's reader does
             self._here = True
             return
         self._spawn_own()
 
+    def _no_node(self, exc: NodeUnavailable) -> None:
+        """The node's reader cannot be had: this source reads in a reader of its own from now on (lock held)."""
+        where = "in this process (a DataLoader worker)" if multiprocessing.current_process().daemon else (
+            "in a reader process of its own")  # fmt: skip
+        # (the message, not the error: its traceback would hold this source in the log's records)
+        level = logging.INFO if exc.said else logging.WARNING  # (said: the node store warns itself)
+        log.log(level, "asyncload: %s reads %s: %s", self.url, where, str(exc))
+        self._node_root = None
+
     def _join_node(self, root: Path) -> None:
-        """Connect to the node's reader and send it this source (lock held). A failed check closes the
-        connection: the reader has opened nothing for it."""
-        conn, node = connect(root, self.inner.reader_module)
+        """Connect to the node's reader (or complete ``start(early=True)``'s connection) and send it this
+        source (lock held). A failed check closes the connection: the reader has opened nothing for it."""
+        got, self._launched = self._launched, None
+        conn, node = handshake(got if got is not None else launch(root, self.inner.reader_module))
         r = _Reader(node, conn)
         try:
             checked = self.inner.reader_copy()

@@ -39,7 +39,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from pathlib import Path
 
 from ..runtime.loop import start_thread
@@ -48,9 +48,6 @@ log = logging.getLogger("asyncload")
 
 SOCKET = "reader.sock"
 LOCK = "reader.lock"
-#: Seconds a new server may take to listen (an interpreter and asyncload's imports, ~0.2 s; Deep Lake is
-#: imported later, while the first loader checks its bucket).
-START_S = 30.0
 
 
 class NodeUnavailable(RuntimeError):
@@ -144,11 +141,24 @@ class NodeReader:
             os.close(fd)
 
 
-def connect(root: Path, module: str = "deeplake") -> tuple[Connection, NodeReader]:
-    """A connection to the node's reader under ``root``, started here if none listens (one start per node:
-    the connect and the start are one step under ``reader.lock``). ``module``: what a server started here
-    imports at once, while this loader checks its bucket and opens its dataset (the source's ``reader_module``)."""
-    key = _key()
+@dataclass
+class Launch:
+    """A connection to the node's reader made, not yet authenticated (``handshake``): the socket, and the
+    server's ``Popen`` where this process started it."""
+
+    sock: socket.socket
+    popen: subprocess.Popen[bytes] | None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def launch(root: Path, module: str = "deeplake") -> Launch:
+    """Connect to the node's reader under ``root``, starting it where none listens, without waiting for it:
+    a new server's socket is bound and listening here, under ``reader.lock``, before the server starts (it is
+    handed the socket), so that every loader of the node connects at once and one server is ever started.
+    ``handshake`` then waits for the server, once this loader has done its own open meanwhile. ``module``:
+    what a server started here imports at once (the source's ``reader_module``)."""
     try:
         dfd = readers_dir(root)
     except OSError as exc:
@@ -157,53 +167,79 @@ def connect(root: Path, module: str = "deeplake") -> tuple[Connection, NodeReade
         lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            popen = None
-            conn = _dial(dfd, key)
-            if conn is None:
+            sock, popen = _connect(dfd), None
+            if sock is None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(SOCKET, dir_fd=dfd)  # a server that died without removing it
-                popen = _start(root / "readers", module)
-                conn = _dial(dfd, key)
-                if conn is None:
-                    raise NodeUnavailable(f"the node's reader (pid {popen.pid}) listens, yet refused a connection")
+                popen = _start(dfd, root / "readers", module)
+                sock = _connect(dfd)
+                if sock is None:
+                    raise NodeUnavailable(f"the node's reader (pid {popen.pid}) refused a connection")
         finally:
             os.close(lock)  # (releases the lock)
     finally:
         os.close(dfd)
-    pid, uid = _peer(conn.fileno())
+    return Launch(sock, popen)
+
+
+def handshake(got: Launch) -> tuple[Connection, NodeReader]:
+    """Prove the user's key to the server and have it prove its own (the challenge of
+    ``multiprocessing.connection``, both ways), and check its uid: the connection, and the server as a
+    ``NodeReader``. Waits for a server still starting (its imports, ~0.2 s)."""
+    key = _key()
+    conn = Connection(got.sock.detach())
+    try:
+        answer_challenge(conn, key)
+        deliver_challenge(conn, key)
+        # Its pid as it says (it holds the key now): the kernel's record of the listening socket names the
+        # process that made it listen, which is the loader that started the server (``_start``).
+        pid = int(conn.recv_bytes(32))
+        _, uid = _peer(conn.fileno())
+    except (OSError, EOFError, ValueError, AuthenticationError) as exc:  # a server stopping as we came, or another key
+        conn.close()
+        raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
     if uid != os.getuid():  # in a private directory only the user or root could listen: refuse root too
         conn.close()
-        raise NodeUnavailable(f"the node's reader socket under {root} is served by uid {uid}, not this user's")
+        raise NodeUnavailable(f"the node's reader socket is served by uid {uid}, not this user's")
+    popen = got.popen
     return conn, NodeReader(pid, popen if popen is not None and popen.pid == pid else None)
 
 
-def _dial(dfd: int, key: bytes) -> Connection | None:
-    """A connection to the server that listens, or None where none does (no socket, refused, or one that
-    hung up during the challenge: it was stopping as this loader came)."""
+def connect(root: Path, module: str = "deeplake") -> tuple[Connection, NodeReader]:
+    """``launch`` and ``handshake`` in one: a connection to the node's reader, ready."""
+    return handshake(launch(root, module))
+
+
+def _connect(dfd: int) -> socket.socket | None:
+    """A socket connected to the server that listens, or None where none does."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        return Client(_address(dfd), family="AF_UNIX", authkey=key)
-    except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError):
+        sock.connect(_address(dfd))
+    except (FileNotFoundError, ConnectionRefusedError):
+        sock.close()
         return None
-    except (OSError, AuthenticationError) as exc:  # a failed challenge: not this user's key
-        raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
+    return sock
 
 
-def _start(where: Path, module: str) -> subprocess.Popen[bytes]:
-    """Start the server and wait until it listens (its first line on stdout). Its environment is this
-    process's, with one BLAS thread (``runtime.procs``: numpy's threads would spin in a process that does
-    no linear algebra); it stays in this job's process group, so that what ends the job ends it."""
-    env = dict(os.environ, **{v: os.environ.get(v, "1") for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-    code = "from asyncload.processes.nodeserver import main; main()"
-    popen = subprocess.Popen([sys.executable, "-c", code, str(where), module], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, env=env, close_fds=True)  # fmt: skip
-    assert popen.stdout is not None
-    readable, _, _ = select.select([popen.stdout], [], [], START_S)
-    line = popen.stdout.readline() if readable else b""
-    popen.stdout.close()
-    if line.strip() != b"listening":
+def _start(dfd: int, where: Path, module: str) -> subprocess.Popen[bytes]:
+    """Bind and listen on the node's socket here, then start the server with it (it accepts what queued
+    meanwhile). Its environment is this process's, with one BLAS thread (``runtime.procs``: numpy's threads
+    would spin in a process that does no linear algebra); it stays in this job's process group, so that what
+    ends the job ends it."""
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listening.bind(_address(dfd))
+        listening.listen(64)
+        env = dict(os.environ, **{v: os.environ.get(v, "1") for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
+        code = "from asyncload.processes.nodeserver import server_main; server_main()"
+        fd = listening.fileno()
+        popen = subprocess.Popen([sys.executable, "-c", code, str(where), module, str(fd)], stdin=subprocess.DEVNULL,
+                                 env=env, close_fds=True, pass_fds=(fd,))  # fmt: skip
+    except OSError as exc:
         with contextlib.suppress(OSError):
-            popen.kill()
-        code_ = popen.wait()
-        raise NodeUnavailable(f"the node's reader did not start (exit code {code_}; its error is on stderr)")
+            os.unlink(SOCKET, dir_fd=dfd)
+        raise NodeUnavailable(f"the node's reader could not be started: {type(exc).__name__}: {exc}") from exc
+    finally:
+        listening.close()  # (the server holds it now)
     start_thread(popen.wait, name="asyncload-node-reader-reap")  # a child of ours: never left a zombie
     return popen

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import errno
 import functools
 import hashlib
 import importlib
@@ -26,9 +25,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..runtime.loop import LoopThread, start_thread
-from ..runtime.procs import run_child
-from .isolated import _send_all, _serve_requests
-from .nodereader import SOCKET, NodeUnavailable, _address, _key, _peer
+from .nodereader import SOCKET, NodeUnavailable, _key, _peer
 
 log = logging.getLogger("asyncload")
 
@@ -50,13 +47,11 @@ class _Shared:
 
 
 class _Server:
-    def __init__(self, dfd: int, key: bytes) -> None:
+    def __init__(self, dfd: int, sock: socket.socket, key: bytes) -> None:
         self.key = key
         self.dfd = dfd
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(_address(dfd))
-        self.inode = os.stat(SOCKET, dir_fd=dfd, follow_symlinks=False).st_ino
-        self.sock.listen(64)
+        self.sock = sock  # bound and listening already (``nodereader._start``)
+        self.inode = os.stat(SOCKET, dir_fd=dfd, follow_symlinks=False).st_ino  # (to remove it only if ours)
         self.lock = threading.Lock()
         self.clients = 0
         self.stopping = False
@@ -112,6 +107,7 @@ class _Server:
                 return
             deliver_challenge(conn, self.key)
             answer_challenge(conn, self.key)
+            conn.send_bytes(str(os.getpid()).encode())  # (``nodereader.handshake``)
             self._serve_client(me, conn)
         except (OSError, EOFError, Exception) as exc:  # noqa: BLE001 - one loader's failure is its own
             if not isinstance(exc, (OSError, EOFError)):
@@ -149,6 +145,8 @@ class _Server:
                     shared.source.open()
 
     def _serve_client(self, me: int, conn: Connection) -> None:
+        from .isolated import _send_all, _serve_requests  # (here: the server listens before it imports them)
+
         msg = conn.recv()
         if not (isinstance(msg, tuple) and len(msg) == 4 and msg[0] == "source"):
             return
@@ -189,25 +187,27 @@ def _early_import(module: str) -> None:
         importlib.import_module(module)
 
 
-def _serve(where: str, module: str) -> None:
-    try:
-        dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        st = os.fstat(dfd)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:  # (the loader made it so: ``readers_dir``)
-            raise NodeUnavailable(f"{where} is not this user's private directory")
-        server = _Server(dfd, _key())
-    except OSError as exc:
-        if exc.errno != errno.EADDRINUSE:
-            raise
-        return  # another server took the name first: the loader that started this one connects to that
-    os.write(1, b"listening\n")
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # the loader that waited has read its line
+def serve(dfd: int, sock: socket.socket, module: str) -> None:
+    """Serve the node's loaders on ``sock`` (bound and listening in ``dfd``: ``nodereader.server_main``), the
+    first loader's source module imported at once, until the last loader has left."""
+    server = _Server(dfd, sock, _key())
     if module != "__main__":
         start_thread(_early_import, module, name="asyncload-node-reader-import")
     server.serve()
 
 
-def main() -> None:
+def server_main() -> None:
     """The server's entry (``python -c``): ``argv[1]`` is the readers directory, ``argv[2]`` the module to
-    import at once."""
-    run_child(dict(os.environ), _serve, sys.argv[1], sys.argv[2])
+    import at once, ``argv[3]`` the listening socket the loader that started it made (``nodereader._start``)."""
+    from ..runtime.procs import run_child
+
+    run_child(dict(os.environ), _serve, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+
+
+def _serve(where: str, module: str, fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(dfd)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:  # (the loader made it so: ``readers_dir``)
+        raise NodeUnavailable(f"{where} is not this user's private directory")
+    serve(dfd, sock, module)
