@@ -7,9 +7,10 @@ up to 128 KiB and keeps them in the process that read them; each process that ne
 not hold fetches the whole page again, and each opens the dataset and reads every data file's first 32 KiB
 for itself. One reader for the node holds them once.
 
-How: the first loader of a node (a node is the node store's root, ``cache_dir``) that needs a reader starts
-one (``nodeserver``: this module is the loader's side), which listens on ``<root>/readers/reader.sock``; every later
-loader connects to it. The socket lives in the store's private directory (``nodestore.root``: the user's,
+How: the first loader of a node (a node is the node store's root, ``cache_dir``) that needs a reader binds
+and listens on ``<root>/readers/reader.sock`` and starts the server with that socket (``nodeserver``: this
+module is the loader's side); every loader connects at once (``launch``) and completes the connection once
+it has opened its own handle (``handshake``), so that no loader waits for the server's start. The socket lives in the store's private directory (``nodestore.root``: the user's,
 0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
 ``multiprocessing.connection``, both ways) and the server checks its peer's uid (``SO_PEERCRED``) before
 anything is unpickled. A loader then speaks to it as to its own reader process (``isolated``): its source
