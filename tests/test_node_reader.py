@@ -242,3 +242,32 @@ def test_a_loader_whose_source_the_nodes_reader_refuses_reads_in_a_reader_of_its
     assert own_reader
     said = [r.getMessage() for r in caplog.records if "did not take" in r.getMessage()]
     assert len(said) == 1 and "not read by the node's reader" in said[0] and "a reader process of its own" in said[0]
+
+
+def test_a_loader_never_reads_an_older_dataset_through_the_shared_reader(tmp_path) -> None:
+    """A dataset made again at its URL while another loader of the node reads through the shared reader: the
+    new loader's source is opened anew there (its ``store_key`` differs), never served the old handle."""
+    import shutil
+
+    import deeplake
+    import numpy as np
+
+    def make(url: str, value: int) -> None:
+        ds = deeplake.create(url)
+        ds.add_column("images", deeplake.types.Image(dtype="uint8", sample_compression="png"))
+        ds.append({"images": list(np.full((16, 8, 8, 3), value, np.uint8))})
+        ds.commit()
+
+    path = tmp_path / "again"
+    url = "file://" + str(path)
+    make(url, 1)
+    opts = {"cache": True, "cache_dir": str(tmp_path / "node"), "with_index": False}
+    first = AsyncLoader(DeepLakeSource(url, columns=["images"]), 8, **opts)
+    assert int(next(iter(first))["images"].max()) == 1
+    shutil.rmtree(path)
+    make(url, 9)  # the same URL, the same first commit id: only the dataset's id tells them apart
+    second = AsyncLoader(DeepLakeSource(url, columns=["images"]), 8, **opts)
+    assert second._isolated.pid == first._isolated.pid  # one node reader for both
+    assert {int(b["images"].max()) for b in second} == {9}
+    second.close()
+    first.close()

@@ -204,7 +204,7 @@ class IsolatedSource(Source[Any]):
         #: its own, whose shared reader could not be reached or ended
         self._here = False
         #: ``start(early=True)``'s connection to the node's reader, until ``_join_node`` completes it
-        self._launched: Launch | None = None
+        self._launched: concurrent.futures.Future[tuple[Connection, NodeReader]] | None = None
         self.inner = inner
         self._context = context
         self._max_restarts = max_restarts
@@ -317,16 +317,31 @@ class IsolatedSource(Source[Any]):
 
     def start(self, early: bool = False) -> None:
         """Start the reader now, if none is live (the loader calls it at construction). ``early`` (before the
-        loader's own open): the node's shared reader is only connected to (started if none runs), so that its
-        start overlaps that open; the next call completes it (``_join_node``)."""
+        loader's own open): the node's shared reader is connected to (started if none runs) and sent this
+        source by a thread, so that the server's start and its open of the dataset overlap the loader's own
+        open, as a reader of the loader's own does; the next call waits for it (``_join_node``)."""
         with self._lock:
             if early and self._holder[0] is None and self._node_root is not None and self._launched is None:
                 try:
-                    self._launched = launch(self._node_root, self.inner.reader_module)
+                    got = launch(self._node_root, self.inner.reader_module)
                 except NodeUnavailable as exc:
                     self._no_node(exc)
+                    return
+                try:
+                    msg = self._source_message()
+                except BaseException:
+                    got.close()
+                    raise
+                self._launched = fut = concurrent.futures.Future()
+                start_thread(_connect_node, got, msg, fut, name="asyncload-node-reader-connect")
                 return
             self._live()
+
+    def _source_message(self) -> tuple[str, str, bytes, list[str]]:
+        """What the node's reader is sent first: this source as a reader process is given it (``reader_copy``:
+        what this process checked, not checked again), pickled, with what imports it there."""
+        payload = ForkingPickler.dumps(self.inner.reader_copy())
+        return ("source", self.inner.reader_module, bytes(payload), list(sys.path))
 
     def begin_epoch(self, stats: Stats) -> None:
         """A new epoch: its restarts and stalls are counted in ``stats`` and against a fresh budget; a
@@ -357,8 +372,8 @@ class IsolatedSource(Source[Any]):
         with self._lock:
             holder = [self._holder[0]]
             self._holder[0] = None
-            if self._launched is not None:  # connected early, never completed: the server drops it
-                self._launched.close()
+            if self._launched is not None:  # connected early, never used: let the server go
+                self._launched.add_done_callback(_drop_node)
                 self._launched = None
             held = list(self._inflight.values())
             self._inflight.clear()
@@ -401,21 +416,21 @@ class IsolatedSource(Source[Any]):
         self._node_root = None
 
     def _join_node(self, root: Path) -> None:
-        """Connect to the node's reader (or complete ``start(early=True)``'s connection) and send it this
-        source (lock held). A failed check closes the connection: the reader has opened nothing for it."""
-        got, self._launched = self._launched, None
-        conn, node = handshake(got if got is not None else launch(root, self.inner.reader_module))
-        r = _Reader(node, conn)
-        try:
-            checked = self.inner.reader_copy()
-            payload = ForkingPickler.dumps(checked)
-        except BaseException:
-            _stop_reader([r], self._timeout)
-            raise
-        # Its answer comes to the receiver thread, not here, so that the reader's import of the source's
-        # module and its open overlap this process's open: "ready", or "refused" (``_died``).
-        self._send(r, ("source", self.inner.reader_module, bytes(payload), list(sys.path)))
-        self._started(r)
+        """Connect to the node's reader and send it this source, or wait for ``start(early=True)``'s thread
+        that does (lock held). A failed check sends nothing: the reader has opened nothing for this source.
+        The reader's answer comes to the receiver thread, not here: "ready", or "refused" (``_refused``)."""
+        fut, self._launched = self._launched, None
+        if fut is None:
+            got = launch(root, self.inner.reader_module)
+            try:
+                msg = self._source_message()
+            except BaseException:
+                got.close()
+                raise
+            fut = concurrent.futures.Future()
+            _connect_node(got, msg, fut)
+        conn, node = fut.result()  # (NodeUnavailable where it failed)
+        self._started(_Reader(node, conn))
 
     def _spawn_own(self) -> None:
         """Start a reader (lock held). By spawn: a new interpreter that imports the source's module and Deep
@@ -693,6 +708,29 @@ class IsolatedSource(Source[Any]):
 
     def __repr__(self) -> str:
         return f"IsolatedSource({self.inner!r})"
+
+
+def _connect_node(got: Launch, msg: object, fut: concurrent.futures.Future[tuple[Connection, NodeReader]]) -> None:
+    """Complete a connection to the node's reader (``nodereader.handshake``: it waits for a server still
+    starting) and send it the source; the outcome into ``fut``. Holds nothing of the source's (a thread of
+    ``start(early=True)`` must not keep it alive)."""
+    try:
+        conn, node = handshake(got)
+        try:
+            conn.send(msg)
+        except OSError:
+            pass  # it is ending: the receiver thread will see its EOF
+        fut.set_result((conn, node))
+    except BaseException as exc:  # noqa: BLE001 - the loader's to raise (``_join_node``)
+        fut.set_exception(exc)
+
+
+def _drop_node(fut: concurrent.futures.Future[tuple[Connection, NodeReader]]) -> None:
+    """A connection made early and never used (the loader closed first): closed, the server left to others."""
+    if fut.exception() is None:
+        conn, node = fut.result()
+        conn.close()
+        node.leave()
 
 
 # -- answers on the wire --------------------------------------------------------------------------

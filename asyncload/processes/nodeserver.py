@@ -41,9 +41,17 @@ class _Shared:
     """One source the server reads for every loader that sent it."""
 
     source: Any
-    opened: threading.Lock = field(default_factory=threading.Lock)
-    is_open: bool = False
     clients: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # client → its configure()
+    users: set[int] = field(default_factory=set)  # the clients reading through it now
+
+
+def _names(source: Any) -> str | None:
+    """What names the bytes behind an opened source's rows (``Source.store_key``), None where unknown."""
+    try:
+        key = source.store_key
+    except Exception:  # noqa: BLE001 - an open that failed: nothing to share
+        return None
+    return key if isinstance(key, str) else None
 
 
 class _Server:
@@ -56,7 +64,9 @@ class _Server:
         self.clients = 0
         self.stopping = False
         self.left_at = time.monotonic() + FIRST_IDLE_S - IDLE_S  # no loader yet: wait longer for the first
-        self.sources: dict[str, _Shared] = {}
+        self.sources: dict[str, _Shared] = {}  # the shared handle of each source (pickled bytes' digest)
+        self.opening: dict[str, threading.Lock] = {}
+        self.opened: list[_Shared] = []  # every handle opened, closed at exit
         self.pending: set[concurrent.futures.Future[Any]] = set()
         self.lt = LoopThread("asyncload-node-reader-loop", cpu_workers=1)
         self.lt.start()
@@ -82,7 +92,7 @@ class _Server:
         self._close_listener()
         concurrent.futures.wait(list(self.pending), timeout=30)  # never leave a Deep Lake read running
         self.lt.stop()
-        for shared in self.sources.values():
+        for shared in self.opened:
             with contextlib.suppress(Exception):
                 shared.source.close()
 
@@ -119,30 +129,37 @@ class _Server:
                 if not self.clients:
                     self.left_at = time.monotonic()
 
-    def _shared(self, module: str, payload: bytes, path: list[str]) -> _Shared:
-        """The source these pickled bytes describe, unpickled once for every loader that sends the same
-        bytes (``_open`` opens it once). ``path``: the loader's ``sys.path``, whose entries this process
-        lacks are added (as ``multiprocessing``'s spawn gives a child its parent's), so that its module
-        imports here."""
+    def _shared(self, me: int, module: str, payload: bytes, path: list[str]) -> _Shared:
+        """The opened source these pickled bytes describe, shared by every loader that sends the same bytes
+        while it is in use. A loader that comes while others read through it is given it only if it still
+        names the bytes this loader's own open saw (``Source.store_key``: the URL, the dataset's identity,
+        its version): a dataset that took a commit, or was made again at its URL, since the shared handle
+        was opened gets a handle of its own, opened now. ``path``: the loader's ``sys.path``, whose entries
+        this process lacks are added (as ``multiprocessing``'s spawn gives a child its parent's), so that
+        its module imports here."""
         digest = hashlib.sha256(payload).hexdigest()
         with self.lock:
-            shared = self.sources.get(digest)
-        if shared is None:
+            sys.path.extend(p for p in path if isinstance(p, str) and p not in sys.path)
+            opening = self.opening.setdefault(digest, threading.Lock())
+        importlib.import_module(module)
+        with opening:  # one open at a time per source
             with self.lock:
-                sys.path.extend(p for p in path if isinstance(p, str) and p not in sys.path)
-            importlib.import_module(module)
-            source = pickle.loads(payload)
+                known = self.sources.get(digest)
+            fresh = pickle.loads(payload)
+            with contextlib.suppress(Exception):  # a failure here is each read's to raise
+                fresh.open()
+            if known is not None and known.users and _names(known.source) == _names(fresh) is not None:
+                with contextlib.suppress(Exception):
+                    fresh.close()
+                chosen = known
+            else:
+                chosen = _Shared(fresh)
+                with self.lock:
+                    self.sources[digest] = chosen
+                    self.opened.append(chosen)
             with self.lock:
-                shared = self.sources.setdefault(digest, _Shared(source))
-        return shared
-
-    @staticmethod
-    def _open(shared: _Shared) -> None:
-        with shared.opened:
-            if not shared.is_open:
-                shared.is_open = True
-                with contextlib.suppress(Exception):  # a failure here is each read's to raise
-                    shared.source.open()
+                chosen.users.add(me)
+        return chosen
 
     def _serve_client(self, me: int, conn: Connection) -> None:
         from .isolated import _send_all, _serve_requests  # (here: the server listens before it imports them)
@@ -155,18 +172,21 @@ class _Server:
         sender = start_thread(_send_all, conn, out, name="asyncload-node-reader-send")
         try:
             try:
-                shared = self._shared(module, payload, path)
+                shared = self._shared(me, module, payload, path)
             except Exception as exc:  # noqa: BLE001 - said to that loader, which reads in a reader of its own
                 out.put(("refused", 0, f"{type(exc).__name__}: {exc}", (0, 0)))
                 return
-            out.put(("ready", 0, None, (0, 0)))  # before the open: the loader's reads queue meanwhile
-            self._open(shared)
+            out.put(("ready", 0, None, (0, 0)))  # (the loader's reads queued meanwhile)
             configure = functools.partial(self._configure, shared, me)
             _serve_requests(conn, shared.source, self.lt, out, self.pending, configure)
         finally:
             with self.lock:
                 if "shared" in locals():
                     shared.clients.pop(me, None)
+                    shared.users.discard(me)
+                    if not shared.users:  # the next loader opens it afresh (closed at the server's exit)
+                        for digest in [d for d, s in self.sources.items() if s is shared]:
+                            del self.sources[digest]
             out.put(None)
             sender.join(5)
 
