@@ -69,7 +69,7 @@ def test_a_class_defined_under_the_main_guard_is_read_here_and_named(seg_url, tm
 def test_a_guarded_script_keeps_its_reader_process(seg_url, tmp_path) -> None:
     script = tmp_path / "train.py"
     probe = "\nimport asyncload.processes.isolated as iso\n_start = iso.IsolatedSource.start\n"
-    probe += "def start(self):\n    print('reader started', flush=True)\n    return _start(self)\n"
+    probe += "def start(self, *a, **k):\n    print('reader started', flush=True)\n    return _start(self, *a, **k)\n"
     probe += "iso.IsolatedSource.start = start\n"
     script.write_text(CLASS + probe + EPOCHS + "if __name__ == '__main__':\n    epochs(__import__('sys').argv[1])\n")
     done = run([str(script), seg_url], tmp_path)
