@@ -49,6 +49,9 @@ log = logging.getLogger("asyncload")
 
 SOCKET = "reader.sock"
 LOCK = "reader.lock"
+#: Seconds a loader waits for a new server's first word (an interpreter and its imports: ~0.2 s) before it
+#: reads in a reader of its own.
+START_S = 30.0
 
 
 class NodeUnavailable(RuntimeError):
@@ -190,13 +193,21 @@ def handshake(got: Launch) -> tuple[Connection, NodeReader]:
     key = _key()
     conn = Connection(got.sock.detach())
     try:
+        if not conn.poll(START_S):  # its challenge comes first: a server that never starts is no reader
+            raise TimeoutError(f"no challenge within {START_S:.0f} s")
         answer_challenge(conn, key)
         deliver_challenge(conn, key)
         # Its pid as it says (it holds the key now): the kernel's record of the listening socket names the
         # process that made it listen, which is the loader that started the server (``_start``).
         pid = int(conn.recv_bytes(32))
         _, uid = _peer(conn.fileno())
-    except (OSError, EOFError, ValueError, AuthenticationError) as exc:  # a server stopping as we came, or another key
+    except (
+        OSError,
+        EOFError,
+        ValueError,
+        AuthenticationError,
+        TimeoutError,
+    ) as exc:  # a server stopping as we came, or another key
         conn.close()
         raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
     if uid != os.getuid():  # in a private directory only the user or root could listen: refuse root too
