@@ -83,7 +83,7 @@ def stop_processes(procs: list[BaseProcess], timeout: float) -> None:
     for p in procs:
         if p.exitcode != 0 and p.pid is not None:
             _unlink_orphaned_shm(p.pid)
-        p.close()
+        _release(p)
 
 
 def kill_processes(procs: list[BaseProcess], grace: float) -> None:
@@ -103,7 +103,17 @@ def kill_processes(procs: list[BaseProcess], grace: float) -> None:
         p.join()
         if p.exitcode != 0 and p.pid is not None:
             _unlink_orphaned_shm(p.pid)
+        _release(p)
+
+
+def _release(p: BaseProcess) -> None:
+    """Release a joined process object. Where another thread reaped the child first (any call of
+    ``multiprocessing.active_children()``, the user's or a test's, waits on every child without blocking),
+    this object's own wait found no child and it still says "running": the process is gone all the same."""
+    try:
         p.close()
+    except ValueError:
+        pass
 
 
 def reap_process(proc: BaseProcess, timeout: float) -> tuple[int | None, int | None]:
