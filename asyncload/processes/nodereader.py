@@ -138,11 +138,13 @@ class NodeReader:
         self.leave()
         return self.pid, code
 
-    def leave(self) -> None:
-        """This loader is done with it (it serves the others, and exits after the last)."""
+    def leave(self) -> tuple[int, None]:
+        """This loader is done with it (it serves the others, and exits after the last); ``(pid, None)``, as
+        ``reap`` gives them (no exit code: it lives on)."""
         fd, self.pidfd = self.pidfd, None
         if fd is not None:
             os.close(fd)
+        return self.pid, None
 
 
 @dataclass
