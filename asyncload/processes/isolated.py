@@ -160,7 +160,7 @@ def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int
         pass
     node = r.proc
     if isinstance(node, NodeReader):  # the node's: it goes on serving the others, and exits after the last
-        r.reap(lambda: (node.leave(), (node.pid, None))[1])
+        r.reap(node.leave)
         if r.thread is not None and r.thread is not threading.current_thread():
             r.thread.join(timeout)
         r.conn.close()
@@ -323,25 +323,26 @@ class IsolatedSource(Source[Any]):
         with self._lock:
             if early and self._holder[0] is None and self._node_root is not None and self._launched is None:
                 try:
-                    got = launch(self._node_root, self.inner.reader_module)
+                    got, msg = self._launch_node(self._node_root)
                 except NodeUnavailable as exc:
                     self._no_node(exc)
                     return
-                try:
-                    msg = self._source_message()
-                except BaseException:
-                    got.close()
-                    raise
                 self._launched = fut = concurrent.futures.Future()
                 start_thread(_connect_node, got, msg, fut, name="asyncload-node-reader-connect")
                 return
             self._live()
 
-    def _source_message(self) -> tuple[str, str, bytes, list[str]]:
-        """What the node's reader is sent first: this source as a reader process is given it (``reader_copy``:
-        what this process checked, not checked again), pickled, with what imports it there."""
-        payload = ForkingPickler.dumps(self.inner.reader_copy())
-        return ("source", self.inner.reader_module, bytes(payload), list(sys.path))
+    def _launch_node(self, root: Path) -> tuple[Launch, tuple[str, str, bytes, list[str]]]:
+        """A connection to the node's reader (``nodereader.launch``) and what it is sent first: this source as
+        a reader process is given it (``reader_copy``: what this process checked, not checked again), pickled,
+        with what imports it there. A failed check closes the connection."""
+        got = launch(root, self.inner.reader_module)
+        try:
+            payload = ForkingPickler.dumps(self.inner.reader_copy())
+        except BaseException:
+            got.close()
+            raise
+        return got, ("source", self.inner.reader_module, bytes(payload), list(sys.path))
 
     def begin_epoch(self, stats: Stats) -> None:
         """A new epoch: its restarts and stalls are counted in ``stats`` and against a fresh budget; a
@@ -421,14 +422,8 @@ class IsolatedSource(Source[Any]):
         The reader's answer comes to the receiver thread, not here: "ready", or "refused" (``_refused``)."""
         fut, self._launched = self._launched, None
         if fut is None:
-            got = launch(root, self.inner.reader_module)
-            try:
-                msg = self._source_message()
-            except BaseException:
-                got.close()
-                raise
             fut = concurrent.futures.Future()
-            _connect_node(got, msg, fut)
+            _connect_node(*self._launch_node(root), fut)
         conn, node = fut.result()  # (NodeUnavailable where it failed)
         self._started(_Reader(node, conn))
 
@@ -578,7 +573,7 @@ class IsolatedSource(Source[Any]):
     def _refused(self, r: _Reader, node: NodeReader) -> None:
         """The node's reader would not take this source: read in a reader of this source's own from now
         on, the reads sent meanwhile sent to it as they were (nothing died: no restart is counted)."""
-        r.reap(lambda: (node.leave(), (node.pid, None))[1])
+        r.reap(node.leave)
         r.conn.close()
         with self._lock:
             held = self._detach(r)
