@@ -41,8 +41,8 @@ class _Shared:
     """One source the server reads for every loader that sent it."""
 
     source: Any
-    clients: dict[int, tuple[int, int | None]] = field(default_factory=dict)  # client → its configure()
-    users: set[int] = field(default_factory=set)  # the clients reading through it now
+    #: the clients reading through it now, each with what its last ``configure`` said (None before one)
+    clients: dict[int, tuple[int, int | None] | None] = field(default_factory=dict)
 
 
 def _names(source: Any) -> str | None:
@@ -119,9 +119,10 @@ class _Server:
             answer_challenge(conn, self.key)
             conn.send_bytes(str(os.getpid()).encode())  # (``nodereader.handshake``)
             self._serve_client(me, conn)
-        except (OSError, EOFError, Exception) as exc:  # noqa: BLE001 - one loader's failure is its own
-            if not isinstance(exc, (OSError, EOFError)):
-                log.warning("asyncload: the node's reader dropped a loader: %s: %s", type(exc).__name__, str(exc))
+        except (OSError, EOFError):  # it hung up
+            pass
+        except Exception as exc:  # noqa: BLE001 - one loader's failure is its own
+            log.warning("asyncload: the node's reader dropped a loader: %s: %s", type(exc).__name__, str(exc))
         finally:
             conn.close()
             with self.lock:
@@ -148,7 +149,7 @@ class _Server:
             fresh = pickle.loads(payload)
             with contextlib.suppress(Exception):  # a failure here is each read's to raise
                 fresh.open()
-            if known is not None and known.users and _names(known.source) == _names(fresh) is not None:
+            if known is not None and known.clients and _names(known.source) == _names(fresh) is not None:
                 with contextlib.suppress(Exception):
                     fresh.close()
                 chosen = known
@@ -158,7 +159,7 @@ class _Server:
                     self.sources[digest] = chosen
                     self.opened.append(chosen)
             with self.lock:
-                chosen.users.add(me)
+                chosen.clients[me] = None
         return chosen
 
     def _serve_client(self, me: int, conn: Connection) -> None:
@@ -183,8 +184,7 @@ class _Server:
             with self.lock:
                 if "shared" in locals():
                     shared.clients.pop(me, None)
-                    shared.users.discard(me)
-                    if not shared.users:  # the next loader opens it afresh (closed at the server's exit)
+                    if not shared.clients:  # the next loader opens it afresh (closed at the server's exit)
                         for digest in [d for d, s in self.sources.items() if s is shared]:
                             del self.sources[digest]
             out.put(None)
@@ -194,8 +194,9 @@ class _Server:
         """The source is sized for every loader it serves: the sum of what each keeps in flight."""
         with self.lock:
             shared.clients[me] = (requests, samples)
-            total_r = sum(r for r, _ in shared.clients.values())
-            sized = [s for _, s in shared.clients.values()]
+            said = [c for c in shared.clients.values() if c is not None]
+            total_r = sum(r for r, _ in said)
+            sized = [s for _, s in said]
             total_s = None if any(s is None for s in sized) else sum(s for s in sized if s is not None)
         shared.source.configure(total_r, total_s)
 
