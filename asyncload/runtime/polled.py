@@ -76,6 +76,11 @@ class _Poller:
         """The first period after a completion: a share of how long reads take, at least ``MIN_DELAY``."""
         return min(max(self.lag / LAG_SHARE, MIN_DELAY), MAX_SLOW_DELAY)
 
+    def _restart(self) -> None:
+        """Look again soon: after the first period, and on the loop's next turns only for reads that take
+        less than ``SPIN_LAG`` (for longer ones none would be found there: their spins count as spent)."""
+        self.delay, self.spins = self._floor(), 0 if self.lag < SPIN_LAG else SPINS
+
     def _ceiling(self) -> float:
         """The longest period: ``MAX_DELAY``, or more for reads that take long enough to afford it."""
         return min(max(self.lag / LAG_SHARE, MAX_DELAY), MAX_SLOW_DELAY)
@@ -84,7 +89,7 @@ class _Poller:
         waiter = loop.create_future()
         self.pending.append((fut, waiter, loop.time()))
         if self.scheduled is None:
-            self.delay, self.spins = self._floor(), 0 if self.lag < SPIN_LAG else SPINS
+            self._restart()
             self.scheduled = loop.call_soon(self.poll)
         return waiter
 
@@ -114,8 +119,7 @@ class _Poller:
         if not still:
             return  # idle: kept (with its ``lag``) for the loop's next reads, scheduled again by ``add``
         if settled:
-            # Reads that take long are not looked for on the next turns: none would be found there.
-            self.delay, self.spins = self._floor(), 0 if self.lag < SPIN_LAG else SPINS
+            self._restart()
         if self.spins < SPINS:
             self.spins += 1
             self.scheduled = loop.call_soon(self.poll)
