@@ -57,6 +57,7 @@ import numpy as np
 
 from ..nodestore import CorruptPart, Entry, Unkeepable
 from ..runtime.log import log_once
+from ..runtime.loop import in_lane
 from ..runtime.sizes import format_size
 from ..sources.base import Columns, Source
 from .budget import part_bytes
@@ -172,7 +173,7 @@ class BlockReads:
                 r: e for r, e in self._found.items() if all(getattr(x, "part", None) != bad.part for x in e.values())
             }
             if self.shelf is not None:
-                await asyncio.to_thread(self.shelf.forget, bad.part)
+                await in_lane(self.shelf.forget, bad.part)
             self.stats.node_corrupt += 1
             if _tries <= 0:
                 return await self.read_alone(indices, raw)
@@ -188,9 +189,13 @@ class BlockReads:
         """Ask the node's index where the rows of ``rows`` not found yet lie (``raw``: as stored bytes), in one
         query: what any process of the node wrote so far."""
         shelf = self.shelf
-        want = list(dict.fromkeys(r for r in rows if r not in self._found and r not in self._held))
+        want = self._unfound(rows)
         if shelf is not None and want:
-            self._found.update(await asyncio.to_thread(shelf.lookup, want, raw))
+            self._found.update(await in_lane(shelf.lookup, want, raw))
+
+    def _unfound(self, rows: list[int]) -> list[int]:
+        """Of ``rows``, those neither held nor known on disk, once each: what to ask the index."""
+        return list(dict.fromkeys(r for r in rows if r not in self._found and r not in self._held))
 
     def _ready(self, rows: list[int]) -> set[int]:
         """Of ``rows``, those held in the heap or on disk."""
@@ -337,8 +342,9 @@ class BlockReads:
             kept = False
             if not self._full and self.shelf is not None:
                 began = time.perf_counter()
+                held, claim = claim, None  # (given back in the lane once the rows are in the index)
                 try:
-                    kept = await asyncio.to_thread(shelf.put, missing, got, raw)
+                    kept = await in_lane(_put, shelf, missing, got, raw, held)
                 except Unkeepable as exc:
                     self._unkeepable(exc)
                 else:
@@ -351,7 +357,7 @@ class BlockReads:
                         self._full = True  # the node's limit: what is on disk stays, the rest is read through
         finally:
             if claim:
-                await asyncio.to_thread(shelf.unclaim, claim)
+                await in_lane(shelf.unclaim, claim)
         if not kept:
             self.stats.node_not_kept += len(missing)
             if keep:
@@ -365,9 +371,10 @@ class BlockReads:
         is older than ``nodestore.CLAIM_PATIENCE_S``, is taken over (``Shelf.claim``)."""
         wait = 0.005
         while True:
-            claim = await asyncio.to_thread(shelf.claim, rows)
+            want = self._unfound(rows)
+            claim, found = await in_lane(_claim_look, shelf, rows, want, raw)
             if claim is not None:
-                await self._look(rows, raw)
+                self._found.update(found)
                 return claim
             await asyncio.sleep(wait)
             wait = min(0.1, wait * 2)
@@ -453,6 +460,25 @@ def _suggest(nbytes: float) -> int:
     """A limit to suggest for ``nbytes``: the next power of two of megabytes above it (1, 2, 4, ... MB), so
     that the figure a run says does not move with the sizes of the rows that happened to be read first."""
     return 1_000_000 << max(0, math.ceil(math.log2(max(nbytes, 1) / 1_000_000)))
+
+
+def _claim_look(
+    shelf: Keeping, rows: list[int], want: list[int], raw: frozenset[str]
+) -> tuple[Claim | None, dict[int, dict[str, Entry | Const]]]:
+    """The claim of ``rows``' bins and, where it is held, where the rows of ``want`` lie: one call on the lane
+    (the index looked at once the claim is held, for what another process wrote meanwhile)."""
+    claim = shelf.claim(rows)
+    return claim, shelf.lookup(want, raw) if claim is not None and want else {}
+
+
+def _put(shelf: Keeping, rows: list[int], got: Columns, raw: frozenset[str], claim: Claim | None) -> bool:
+    """``Keeping.put``, then the claim given back whatever came of it: one call on the lane, the claim held
+    until the rows are in the index (or their write failed)."""
+    try:
+        return shelf.put(rows, got, raw)
+    finally:
+        if claim:
+            shelf.unclaim(claim)
 
 
 def _own(value: Any) -> Any:

@@ -448,6 +448,23 @@ class LoopLocal(Generic[T]):
         return len(self._values) if self._pid == os.getpid() else 0
 
 
+async def _let_go(pool: concurrent.futures.ThreadPoolExecutor) -> None:
+    pool.shutdown(wait=False)  # (its thread ends after the call it runs, if any: the loop never waits on it)
+
+
+#: One thread per running loop for blocking calls that take one lock anyway (the node store's index: every
+#: one of its transactions holds ``Index``'s lock), so that they run one after another on one warm thread
+#: instead of waking several of the loop's default executor threads that then queue on that lock.
+_LANES: LoopLocal[concurrent.futures.ThreadPoolExecutor] = LoopLocal(
+    lambda: thread_pool(1, "asyncload-lane"), _let_go, name="asyncload-lane"
+)
+
+
+async def in_lane(fn: Callable[..., T], *args: Any) -> T:
+    """Await ``fn(*args)`` on the running loop's lane thread (``_LANES``), calls in the order they came."""
+    return await asyncio.get_running_loop().run_in_executor(_LANES.get(), fn, *args)
+
+
 def run_blocking(make: Callable[[], Coroutine[Any, Any, T]], timeout: float | None, what: str) -> T:
     """Run ``make()`` to the end on a private event loop in a helper thread, from synchronous code.
 

@@ -241,15 +241,22 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _profile(spec: dict[str, Any], readers: list[int]) -> subprocess.Popen[bytes] | None:
     """``perf record`` (``spec["perf"]``: the output file) or ``py-spy record`` (``spec["pyspy"]``) of the reader
-    over the epoch: for shares of where its CPU goes, never for the throughput of the same run."""
-    if not readers:
+    (or of the training process, ``spec["profile"] == "main"``) over the epoch: for shares of where its CPU
+    goes, never for the throughput of the same run."""
+    if spec.get("profile") == "main":
+        reader = os.getpid()
+    elif not readers:
         return None
-    reader = max(readers, key=_proc_cpu)
+    else:
+        reader = max(readers, key=_proc_cpu)
     if spec.get("perf"):
         cmd = ["perf", "record", "-F", "997", "-g", "-p", str(reader), "-o", spec["perf"]]
     elif spec.get("pyspy"):
         spy = str(Path(sys.executable).with_name("py-spy"))
-        cmd = [spy, "record", "--pid", str(reader), "--rate", "500", "--threads", "--format", "raw", "--native",
+        # --native for the reader, whose CPU is mostly Deep Lake's; Python frames alone for the training
+        # process, where --native slowed the epoch by a third and counted threads waiting for the GIL as busy
+        native = ["--native", "--rate", "500"] if spec.get("profile") != "main" else ["--rate", "250"]
+        cmd = [spy, "record", "--pid", str(reader), "--threads", "--format", "raw", *native,
                "--output", spec["pyspy"]]  # fmt: skip
     else:
         return None
@@ -292,6 +299,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], help="loader option key=value (json value)")
     ap.add_argument("--out", help="a folder for report.md and results.json")
     ap.add_argument("--label", default="run")
+    ap.add_argument("--pyspy", help="py-spy raw stacks of each run's epoch into this file (the last run's)")
+    ap.add_argument("--perf", help="perf record of each run's epoch into this file (the last run's)")
+    ap.add_argument("--profile", choices=["reader", "main"], default="reader", help="what --pyspy/--perf record")
     ap.add_argument(
         "--summarize", nargs="+", help="results JSON files: print before/after tables (first tree = before)"
     )
@@ -351,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 url, creds = urls[(d, w)]
                 for rep in range(a.reps):
                     for tree in trees:
-                        spec = {"url": url, "creds": creds, "settle": a.settle, "options": options}
+                        spec = {"url": url, "creds": creds, "settle": a.settle, "options": options,
+                                "pyspy": a.pyspy, "perf": a.perf, "profile": a.profile}  # fmt: skip
                         r = _run_child(tree, spec, prefix.get(w, []))
                         r.update(dataset=d, where=w, tree=tree, rep=rep)
                         results.append(r)
