@@ -8,7 +8,8 @@ kept under (its name in its own source, stored bytes or decoded values, and the 
 decoded ones, ``Source.value_tag``). A column a mixture makes itself (``"source"``) is not kept: it is the
 same for every row of a shelf, and is given back as a miss gives it.
 
-Every method that touches the index or the disk blocks: the read stage calls them on a pool thread.
+Every method that touches the index or the disk blocks: the read stage calls those of the index on its loop's
+lane thread (``runtime.loop.in_lane``: they take the index's lock anyway) and reads of rows on a pool thread.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def alive(who: str) -> bool | None:
 
 class Shelf:
     """One dataset version's rows in the node's store, as this process reads and writes them. Every call
-    that touches the disk or the index blocks: the read stage makes them on a pool thread."""
+    that touches the disk or the index blocks: the read stage makes them off its loop (``engine.keeping``)."""
 
     def __init__(self, store: Store, key: str, label: str, sid: int, inuse_fd: int) -> None:
         self.store = store

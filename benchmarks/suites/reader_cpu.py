@@ -12,7 +12,8 @@ dataset) is over and can be counted apart, then reads one whole epoch. From ``/p
 - the reader process's CPU at the end of the settle (start-up) and at the end of the epoch, and its
   threads' CPU by name (``schedstat``, exact; sampled every 0.5 s, so a thread that ends is counted as of
   its last sample; ``stat``'s tick counts beside it, which miss most of Deep Lake's storage threads);
-- the training process's own CPU over the epoch (``getrusage``), and its threads by name;
+- the training process's own CPU over the epoch (``getrusage``), and its threads by name (read before the
+  last batch: the epoch's loop, lane and CPU pool end with it);
 - samples/s over the epoch (first ``next()`` to the last batch).
 
 Runs alternate between trees within a repetition, so a change in load hits both. ``--where s3`` serves the
@@ -108,6 +109,15 @@ def _proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def _hwm_mb(pid: int) -> float:
+    """``pid``'s peak resident set (``VmHWM``), MB; 0 where it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:")), 0.0)
+    except OSError:
+        return 0.0
+
+
 def _children(pid: int) -> list[int]:
     kids = []
     for d in os.listdir("/proc"):
@@ -194,17 +204,22 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         t1 = time.perf_counter()
         n = 0
-        for batch in loader:
+        last = len(loader) - 2  # the training process's threads are read before the last batch: the epoch's
+        m_after = m_before  # loop, lane and CPU pool end with it, and their CPU with them
+        for k, batch in enumerate(loader):
             n += len(batch["index"])
+            if k == last:
+                m_after = _threads(me)
+                names[me].update({t.native_id: t.name for t in threading.enumerate() if t.native_id is not None})
         t2 = time.perf_counter()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         # any reader started during the epoch (a replacement) is counted too
         readers_now = [k for k in _children(me) if k not in readers]
         end = {k: _proc_cpu(k) for k in readers + readers_now}
+        hwm = {"main": _hwm_mb(me), "readers": sum(_hwm_mb(k) for k in readers + readers_now)}
         names[me].update({t.native_id: t.name for t in threading.enumerate() if t.native_id is not None})
         r_after = {k: sampler.snapshot(k) for k in readers}
         ticks_after = {k: _thread_ticks(k) for k in readers}
-        m_after = _threads(me)
         stats = loader.stats()
         if perf is not None:
             perf.send_signal(signal.SIGINT)
@@ -235,6 +250,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "reader_threads_s": dict(groups),
         "main_threads_s": _by_group(m_before, m_after, names[me]),
         "retries": stats.get("retries"),
+        "peak_rss_mb": hwm,
         "load": os.getloadavg()[0],
     }
 
@@ -395,6 +411,11 @@ def _line(r: dict[str, Any]) -> str:
         + "; training process threads: "
         + ", ".join(
             f"{g} {1000 * v / r['rows']:.2f}" for g, v in sorted(r["main_threads_s"].items(), key=lambda kv: -kv[1])[:7]
+        )
+        + (
+            f"; peak RSS MB: training {r['peak_rss_mb']['main']:.0f}, readers {r['peak_rss_mb']['readers']:.0f}"
+            if "peak_rss_mb" in r
+            else ""
         )
         + f"; load {r['load']:.1f}"
     )
