@@ -456,8 +456,9 @@ def summarize(results: list[dict[str, Any]]) -> str:
     out = [
         "| dataset | where | tree | samples/s | reader start-up CPU s | reader ms/sample, epoch | reader, start-up "
         "included | training process | tree, start-up included | reader threads, epoch (ms/sample): Deep Lake "
-        "storage B_* (ticks) / loop / MainQueueThread / send / main | training process's receive thread | runs |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "storage B_* (ticks) / loop / MainQueueThread / send / main | training process's receive thread | training "
+        "process's loop / node store writes | runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (d, w), trees in keyed.items():
         first: dict[str, float] | None = None
@@ -478,14 +479,23 @@ def summarize(results: list[dict[str, Any]]) -> str:
                     ]
                 ),  # fmt: skip
             }
-            th = {g: med([1000 * r["reader_threads_s"].get(g, 0.0) / r["rows"] for r in rs]) for g in groups}
+
+            def per(r: dict[str, Any], *names: str, key: str = "reader_threads_s") -> float:
+                return 1000 * sum(r[key].get(g, 0.0) for g in dict.fromkeys(names)) / r["rows"]
+
+            # (the node's shared reader names its threads asyncload-node-reader-*)
+            th = {g: med([per(r, g, g.replace("-reader-", "-node-reader-")) for r in rs]) for g in groups}
+            # the training process's loop and the node store's writes (on the lane thread since 2b79324, on the
+            # loop's default executor, uvloop's threads, before it)
+            loop_ = med([per(r, "asyncload-loop", key="main_threads_s") for r in rs])
+            store = med([per(r, "asyncload-lane", "uvloop", key="main_threads_s") for r in rs])
             had = [r for r in rs if "reader_threads_ticks_s" in r]  # (runs before the probe kept them: none)
             ticks = (
                 f"{med([1000 * r['reader_threads_ticks_s'].get('B', 0.0) / r['rows'] for r in had]):.2f}"
                 if had
                 else "-"
             )
-            recv = med([1000 * r["main_threads_s"].get("asyncload-reader-receive", 0.0) / r["rows"] for r in rs])
+            recv = med([per(r, "asyncload-reader-receive", key="main_threads_s") for r in rs])
             ratio = "" if first is None else " ({:.2f}x)"
 
             def cell(k: str, fmt: str = "{:.2f}", m: Any = m, first: Any = first, ratio: str = ratio) -> str:
@@ -495,7 +505,7 @@ def summarize(results: list[dict[str, Any]]) -> str:
                 f"| {d} ({n:,.0f} rows) | {w} | {tree} | {cell('sps', '{:.0f}')} | {cell('start')} | {cell('reader')} "
                 f"| {cell('reader_all')} | {cell('main')} | {cell('tree')} | {th['B']:.2f} ({ticks}) / "
                 f"{th['asyncload-reader-loop']:.2f} / {th['MainQueueThread']:.2f} / {th['asyncload-reader-send']:.2f} / "
-                f"{th['MainThread']:.2f} | {recv:.3f} | {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)};"
+                f"{th['MainThread']:.2f} | {recv:.3f} | {loop_:.2f} / {store:.2f} | {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)};"
                 f" load {min(r['load'] for r in rs):.0f}-{max(r['load'] for r in rs):.0f}) |"
             )
             first = first or m
