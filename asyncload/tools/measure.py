@@ -80,29 +80,44 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
+def tree_pids(pid: int | None = None) -> list[int]:
+    """A process (this one by default) and its live descendants."""
+    pid = os.getpid() if pid is None else pid
+    return [pid, *descendants(pid)]
+
+
 def tree_rss_bytes(pid: int | None = None) -> int:
     """Resident memory of a process and all its descendants (Linux ``/proc``; 0 elsewhere)."""
-    pid = os.getpid() if pid is None else pid
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        total += _rss_bytes(p)
-        todo += _children(p)
-    return total
+    return sum(_rss_bytes(p) for p in tree_pids(pid))
 
 
 class PeakRSS:
-    """Samples ``tree_rss_bytes`` on a thread while active; ``peak_mb`` after ``stop``."""
+    """Samples the resident memory of this process and its descendants on a thread while active;
+    ``peak_mb`` after ``stop``.
 
-    def __init__(self, every_s: float = 0.02) -> None:
+    The descendants are looked for every ``find_every`` samples, the memory of those found read at every
+    sample: finding them reads a ``children`` file per thread of each process (a process of Deep Lake has
+    130 threads, a loader with a reader process twice that), which at 10 walks a second cost a loader's run
+    0.05-0.17 ms of CPU a sample (``benchmarks/results/cpu/``), several times what reading the memory costs."""
+
+    def __init__(self, every_s: float = 0.02, find_every: int = 10) -> None:
         self.every_s = every_s
-        self.peak = self.start = tree_rss_bytes()
+        self.find_every = max(1, find_every)
+        self._pids = tree_pids()
+        self.peak = self.start = self._rss()
         self._stop = threading.Event()
         self._thread = start_thread(self._run, name="peak-rss")
 
+    def _rss(self) -> int:
+        return sum(_rss_bytes(p) for p in self._pids)
+
     def _run(self) -> None:
+        k = 0
         while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, tree_rss_bytes())
+            k += 1
+            if k % self.find_every == 0:
+                self._pids = tree_pids()
+            self.peak = max(self.peak, self._rss())
 
     def stop(self) -> float:
         self._stop.set()
@@ -152,10 +167,11 @@ def live_tree_cpu(leave_out: frozenset[int] = frozenset()) -> float:
     return total
 
 
-def descendants() -> frozenset[int]:
-    """The pids of this process's live descendants now."""
+def descendants(pid: int | None = None) -> frozenset[int]:
+    """The pids of a process's (this one's by default) live descendants now (``/proc``: each of their
+    threads' ``children``)."""
     out: set[int] = set()
-    todo = _children(os.getpid())
+    todo = _children(os.getpid() if pid is None else pid)
     while todo:
         p = todo.pop()
         out.add(p)
