@@ -51,6 +51,9 @@ def test_every_run_of_two_invocations_in_a_row_is_cold(remote_data, tmp_path, ca
         assert r["remote_bytes"] == pytest.approx(first, rel=0.05)  # each run fetched the dataset again
         assert r["waiting_on"] in ("training", "store", "decode", "augment", "transform", "collate")
         assert r["waiting_on_why"] and 0.0 <= r["consumer_wait_frac"] <= 1.0  # what the epoch waited on, and why
+    st = doc["readers"][1]["cpu_ms_per_sample_by_stage"]  # the reader process's CPU is its own stage
+    assert st["reader processes"] > 0 and st["decode"] > 0 and st["fetch"] > 0
+    assert sum(st.values()) == pytest.approx(doc["readers"][1]["cpu_ms_per_sample"], rel=0.05)
     assert not store.exists() or not any(store.iterdir())  # the user's store untouched
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("asyncload-cold-")] == []  # removed after
 

@@ -60,6 +60,13 @@ def test_load_reads_photos_of_any_size_with_a_resize_and_reports_whole_epochs_as
         assert all(e["epoch_samples_per_s"] == pytest.approx(e["samples"] / e["seconds"]) for e in r["each"])
         assert r["cpu_ms_per_sample"] > 0 and r["peak_rss_mb"] > 0
     assert doc["speedup_epoch"] == pytest.approx(ours["epoch_samples_per_s"] / sync["epoch_samples_per_s"])
+    # asyncload's CPU by stage: processes=0 starts no reader process, the resize is decode's; the stages and
+    # the report's own memory sampler add up to the whole (medians of two runs: their means)
+    assert sync["cpu_ms_per_sample_by_stage"] is None
+    st = ours["cpu_ms_per_sample_by_stage"]
+    assert set(st) == {"reader processes", "fetch", "decode", "collate", "consumer", "memory sampler"}
+    assert st["reader processes"] < 0.01 and st["decode"] > 0 and st["consumer"] > 0  # (a helper child: microseconds)
+    assert sum(st.values()) == pytest.approx(ours["cpu_ms_per_sample"], rel=0.05)
 
 
 def test_train_counts_the_classes_in_the_data_and_names_a_count_that_is_too_small(photos: Path, tmp_path: Path) -> None:

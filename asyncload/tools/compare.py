@@ -51,7 +51,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .baseline import SyncRun
-from .measure import Measurement, measure
+from .measure import Measurement, cpu_stages, measure
 
 #: URL schemes whose prefixes ``ObjectStoreSource`` reads (Deep Lake names GCS ``gcs://``, not ``gs://``).
 CLOUD_SCHEMES = ("s3", "gs", "az", "azure", "http", "https")
@@ -225,6 +225,20 @@ class Runs:
     def steady_rates(self) -> list[float]:
         return [m.steady_samples / m.steady_seconds if m.steady_seconds > 0 else float("nan") for m in self.runs]
 
+    def stages(self) -> dict[str, float] | None:
+        """asyncload's CPU a sample by stage (``measure.cpu_stages``), the median of each over the runs; the
+        memory sampler apart. None for a reader that counts no decode (the baseline)."""
+        each = []
+        for m, x in zip(self.runs, self.extras, strict=True):
+            if x.get("cpu_decode_s") is None or not m.samples:
+                continue
+            parts = cpu_stages(
+                m.cpu_seconds, max(m.cpu_seconds - m.own_cpu_seconds, 0.0), x["cpu_decode_s"],
+                x.get("cpu_collate_s") or 0.0, m.consumer_cpu_seconds, m.sampler_cpu_seconds,
+            )  # fmt: skip
+            each.append({k: 1e3 * v / m.samples for k, v in {**parts, "memory sampler": m.sampler_cpu_seconds}.items()})
+        return {k: statistics.median(e[k] for e in each) for k in each[0]} if each else None
+
     def summary(self) -> dict[str, Any]:
         ep, st = self.epoch_rates(), [r for r in self.steady_rates() if r == r]
         cpu = [m.cpu_per_sample_ms for m in self.runs]
@@ -244,6 +258,7 @@ class Runs:
             "cpu_ms_per_sample": statistics.median(cpu) if cpu else 0.0,
             "peak_rss_mb": max(m.peak_rss_mb for m in self.runs) if self.runs else 0.0,
             "remote_bytes": statistics.median(fetched) if fetched else None,
+            "cpu_ms_per_sample_by_stage": self.stages(),
             "each": [
                 m.as_dict() | x | {"epoch_samples_per_s": r} for m, x, r in zip(self.runs, self.extras, ep, strict=True)
             ],
@@ -361,7 +376,10 @@ def compare(
             for e in range(epochs):
                 m = measure("asyncload", arun.epoch(e, last=e == epochs - 1), live_tree=before)
                 st = arun.loader.stats() if arun.loader is not None else {}
-                extra = {"run": r + 1, "epoch": e + 1, "state": state_of(st, e), **{k: st.get(k) for k in VERDICT}}
+                extra = {
+                    "run": r + 1, "epoch": e + 1, "state": state_of(st, e),
+                    **{k: st.get(k) for k in (*VERDICT, "cpu_decode_s", "cpu_collate_s")},
+                }  # fmt: skip
                 # the node store's rows only where there is one; the bytes received where they are counted
                 # without it too (an object store's GETs: ``stats()["remote_bytes"]``)
                 counted = used or where.kind == "files"

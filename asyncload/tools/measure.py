@@ -46,6 +46,12 @@ class Measurement:
     steady_samples: int = 0
     steady_seconds: float = 0.0
     rss_growth_mb: float = 0.0  # peak during the run minus the RSS when it started: what this loader added
+    #: of ``cpu_seconds``: this process's own (every thread), the thread that iterated (the consumer) and
+    #: the memory sampler's thread (``PeakRSS``: the measurement's, not the reader's); the rest is the
+    #: child processes' (a reader process, DataLoader or fan-out workers)
+    own_cpu_seconds: float = 0.0
+    consumer_cpu_seconds: float = 0.0
+    sampler_cpu_seconds: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -105,6 +111,7 @@ class PeakRSS:
         self.find_every = max(1, find_every)
         self._pids = tree_pids()
         self.peak = self.start = self._rss()
+        self.cpu_s = 0.0  # its own thread's CPU, once stopped
         self._stop = threading.Event()
         self._thread = start_thread(self._run, name="peak-rss")
 
@@ -118,6 +125,7 @@ class PeakRSS:
             if k % self.find_every == 0:
                 self._pids = tree_pids()
             self.peak = max(self.peak, self._rss())
+        self.cpu_s = time.thread_time()
 
     def stop(self) -> float:
         self._stop.set()
@@ -193,6 +201,7 @@ def measure(
     ``live_tree``: count the CPU of live descendants too, leaving out these pids (see ``live_tree_cpu``)."""
     rss = PeakRSS()
     t0, c0 = time.perf_counter(), _cpu(live_tree)
+    own0, mine0 = time.process_time(), time.thread_time()
     first: float | None = None
     n = n_first = batches_seen = 0
     last = 0.0
@@ -211,17 +220,48 @@ def measure(
             if max_seconds is not None and first is not None and now - first >= max_seconds:
                 break  # counted from the first batch: start-up is not part of the budget
     finally:
-        end = time.perf_counter()
+        end, consumer = time.perf_counter(), time.thread_time() - mine0
         close = getattr(it, "close", None)
         if close is not None:
             close()
         del it  # DataLoader workers are joined here, so their CPU time is counted
-    cpu = _cpu(live_tree) - c0
+    cpu, own = _cpu(live_tree) - c0, time.process_time() - own0
     steady_n, steady_s = 0, 0.0
     if first is not None and batches_seen >= 3 and last > first:  # too few batches: no steady state
         steady_n, steady_s = n - n_first, last - first
     peak_mb = rss.stop()
-    return Measurement(name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20)
+    return Measurement(
+        name,
+        n,
+        end - t0,
+        cpu,
+        first,
+        peak_mb,
+        steady_n,
+        steady_s,
+        peak_mb - rss.start / 2**20,
+        own,
+        consumer,
+        rss.cpu_s,
+    )
+
+
+def cpu_stages(
+    total_s: float, children_s: float, decode_s: float, collate_s: float, consumer_s: float, harness_s: float = 0.0
+) -> dict[str, float]:
+    """asyncload's CPU by stage, in seconds: decode (decode, crop, resize, flip) and collate (collation and a
+    ``transform=`` callable) as its ``stats()`` counts them, the consumer (the thread that iterated), child
+    processes (a reader process: its start, Deep Lake's reads and the answers; fan-out workers), and fetch as
+    the rest of the training process (the event loop, the node store's writes, the thread receiving a
+    reader's answers, or Deep Lake's storage threads without a reader process); ``harness_s`` (a measurement's
+    own sampling thread) is left out of every stage."""
+    return {
+        "reader processes": children_s,
+        "fetch": max(total_s - children_s - decode_s - collate_s - consumer_s - harness_s, 0.0),
+        "decode": decode_s,
+        "collate": collate_s,
+        "consumer": consumer_s,
+    }
 
 
 def sequential(source: Any, columns: Sequence[str], limit: int | None = None) -> Iterable[int]:

@@ -139,6 +139,7 @@ def table(doc: Mapping[str, Any]) -> str:
         "epoch 1 of each run (the dataset opened inside the timing):",
         "",
         *_rows_of(doc["readers"], True, head),
+        *by_stage(doc["readers"]),
         *waited_on(doc["readers"]),
         *why_local(doc),
     ]
@@ -157,6 +158,21 @@ def table(doc: Mapping[str, Any]) -> str:
             *_rows_of(later["readers"], False, head),
         ]
     return "\n".join(out)
+
+
+def by_stage(readers: Sequence[Mapping[str, Any]]) -> list[str]:
+    """asyncload's CPU ms a sample by stage, under the table (``compare.Runs.stages``)."""
+    out = []
+    for r in readers:
+        st = r.get("cpu_ms_per_sample_by_stage")
+        if st:
+            parts = ", ".join(f"{k} {v:.2f}" for k, v in st.items() if k != "memory sampler")
+            out += [
+                "",
+                f"{r['name']}: CPU ms a sample by stage (median of the runs): {parts}; this report's memory "
+                f"sampler {st['memory sampler']:.2f} of the {r['cpu_ms_per_sample']:.2f}",
+            ]
+    return out
 
 
 def waited_on(readers: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -229,4 +245,4 @@ def print_report(doc: Mapping[str, Any], as_json: bool) -> None:
         print("\n" + table(doc))
 
 
-__all__ = ["bytes_column", "machine", "print_report", "report", "table", "waited_on", "why_local"]
+__all__ = ["by_stage", "bytes_column", "machine", "print_report", "report", "table", "waited_on", "why_local"]

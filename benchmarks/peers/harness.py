@@ -150,21 +150,16 @@ def index_order(rows: int, order: str, seed: int = 0) -> list[int]:
 def stages(
     total_s: float, children_s: float, threads: dict[str, float], stats: dict[str, Any], harness_s: float
 ) -> dict[str, float]:
-    """asyncload's CPU by stage, in seconds: decode (decode, crop, resize, flip) and collate (collation and a
-    ``transform=`` callable) from its ``stats()``, the consumer from the main thread, the harness's RSS
-    sampler apart, child processes (an isolated reader, fan-out workers: start-up, their Deep Lake reads
-    and what they send) as ``children_s``, and fetch as everything else in the training process (the
-    event loop, Deep Lake's storage threads or the thread receiving a reader's answers, HTTP)."""
-    decode = float(stats.get("cpu_decode_s") or 0.0)
-    collate = float(stats.get("cpu_collate_s") or 0.0)
-    consumer = threads.get("MainThread", 0.0)
-    return {
-        "fetch": max(total_s - children_s - decode - collate - consumer - harness_s, 0.0),
-        "decode": decode,
-        "collate": collate,
-        "consumer": consumer,
-        "children": children_s,
-    }
+    """asyncload's CPU by stage, in seconds (``asyncload.tools.measure.cpu_stages``, as ``asyncload load``
+    reports it), child processes as ``children``: the consumer is the main thread."""
+    from asyncload.tools.measure import cpu_stages
+
+    parts = cpu_stages(
+        total_s, children_s, float(stats.get("cpu_decode_s") or 0.0), float(stats.get("cpu_collate_s") or 0.0),
+        threads.get("MainThread", 0.0), harness_s,
+    )  # fmt: skip
+    parts["children"] = parts.pop("reader processes")
+    return parts
 
 
 def measure_reader(spec: dict[str, Any]) -> dict[str, Any]:
