@@ -90,3 +90,46 @@ def test_close_from_another_thread_wakes_a_waiting_consumer(seg_url: str, proces
         assert not t.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], LoaderClosedError), outcome
     assert epoch.stats().batches_yielded < BATCHES
+
+
+class _EndAfterTimeout:
+    """The epoch's queue, but the wait for END times out just as END arrives, once the pipeline's future is
+    done: the moment an epoch on a loaded machine can meet (its last wait timing out while the pipeline puts
+    END and returns)."""
+
+    def __init__(self, inner: object, done: threading.Event) -> None:
+        self.inner, self.done, self.tricked = inner, done, False
+
+    def put(self, item: object) -> None:
+        self.inner.put(item)  # type: ignore[attr-defined]
+
+    def get_nowait(self) -> object:
+        return self.inner.get_nowait()  # type: ignore[attr-defined]
+
+    def get(self, timeout: float | None = None) -> object:
+        import queue
+
+        from asyncload.engine.protocol import END
+
+        item = self.inner.get(timeout=timeout)  # type: ignore[attr-defined]
+        if item is END and not self.tricked:
+            self.tricked = True
+            assert self.done.wait(10)  # the pipeline's future is done, END is in the queue...
+            self.inner.put(END)  # type: ignore[attr-defined]
+            raise queue.Empty  # ...and this wait timed out a moment before it came
+        return item
+
+
+def test_an_end_that_comes_as_a_wait_times_out_ends_the_epoch(seg_url: str) -> None:
+    """Not "asyncload's loop thread ended unexpectedly": the pipeline's END is put before its future is done,
+    so a wait that timed out just before END arrived finds it in the queue (seen once in a DataLoader worker
+    of the full suite on 2 busy cores)."""
+    with AsyncLoader(DeepLakeSource(seg_url), batch_size=BATCH, processes=0) as loader:
+        epoch = iter(loader)
+        done = threading.Event()
+        racing = _EndAfterTimeout(epoch._out, done)  # type: ignore[attr-defined]
+        epoch._out = epoch._pipeline.out = racing  # type: ignore[attr-defined]
+        got = [next(epoch)]
+        epoch._run.future.add_done_callback(lambda _: done.set())  # type: ignore[attr-defined]
+        got += list(epoch)
+        assert racing.tricked and [i for b in ids(got) for i in b] == list(range(ROWS))  # every batch, in order

@@ -65,7 +65,8 @@ def test_load_reads_photos_of_any_size_with_a_resize_and_reports_whole_epochs_as
     assert sync["cpu_ms_per_sample_by_stage"] is None
     st = ours["cpu_ms_per_sample_by_stage"]
     assert set(st) == {"reader processes", "fetch", "decode", "collate", "consumer", "memory sampler"}
-    assert st["reader processes"] < 0.01 and st["decode"] > 0 and st["consumer"] > 0  # (a helper child: microseconds)
+    # (no reader process: what is left is other short-lived children's, 0.0002-0.05 ms a sample in the runs seen)
+    assert st["reader processes"] < 0.1 * ours["cpu_ms_per_sample"] and st["decode"] > 0 and st["consumer"] > 0
     assert sum(st.values()) == pytest.approx(ours["cpu_ms_per_sample"], rel=0.05)
 
 

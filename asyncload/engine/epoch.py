@@ -227,9 +227,12 @@ class EpochIterator(Epoch):
             try:
                 item = self._out.get(timeout=1.0)
             except queue.Empty:
-                if future.done() or not self._run.lt.running:
+                if not (future.done() or not self._run.lt.running):
+                    continue
+                try:  # the pipeline puts END before its future is done: a wait that timed out just before END
+                    item = self._out.get_nowait()  # arrived finds it now, and only an empty queue is a death
+                except queue.Empty:
                     self._die()
-                continue
             if item is END:  # the pipeline's: every batch before it was taken, so the epoch is complete
                 self._waited(t0)
                 self._ended = True
