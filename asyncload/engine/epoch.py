@@ -227,7 +227,7 @@ class EpochIterator(Epoch):
             try:
                 item = self._out.get(timeout=1.0)
             except queue.Empty:
-                if not (future.done() or not self._run.lt.running):
+                if not future.done() and self._run.lt.running:
                     continue
                 try:  # the pipeline puts END before its future is done: a wait that timed out just before END
                     item = self._out.get_nowait()  # arrived finds it now, and only an empty queue is a death
