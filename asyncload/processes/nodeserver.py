@@ -208,15 +208,6 @@ def _early_import(module: str) -> None:
         importlib.import_module(module)
 
 
-def serve(dfd: int, sock: socket.socket, module: str) -> None:
-    """Serve the node's loaders on ``sock`` (bound and listening in ``dfd``: ``nodereader.server_main``), the
-    first loader's source module imported at once, until the last loader has left."""
-    server = _Server(dfd, sock, _key())
-    if module != "__main__":
-        start_thread(_early_import, module, name="asyncload-node-reader-import")
-    server.serve()
-
-
 def server_main() -> None:
     """The server's entry (``python -c``): ``argv[1]`` is the readers directory, ``argv[2]`` the module to
     import at once, ``argv[3]`` the listening socket the loader that started it made (``nodereader._start``)."""
@@ -226,9 +217,14 @@ def server_main() -> None:
 
 
 def _serve(where: str, module: str, fd: int) -> None:
+    """Serve the node's loaders on the socket ``fd`` (bound and listening in ``where``), the first loader's
+    source module imported at once, until the last loader has left."""
     sock = socket.socket(fileno=fd)
     dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     st = os.fstat(dfd)
     if st.st_uid != os.getuid() or st.st_mode & 0o077:  # (the loader made it so: ``readers_dir``)
         raise NodeUnavailable(f"{where} is not this user's private directory")
-    serve(dfd, sock, module)
+    server = _Server(dfd, sock, _key())
+    if module != "__main__":
+        start_thread(_early_import, module, name="asyncload-node-reader-import")
+    server.serve()
