@@ -231,19 +231,9 @@ def measure(
         steady_n, steady_s = n - n_first, last - first
     peak_mb = rss.stop()
     return Measurement(
-        name,
-        n,
-        end - t0,
-        cpu,
-        first,
-        peak_mb,
-        steady_n,
-        steady_s,
-        peak_mb - rss.start / 2**20,
-        own,
-        consumer,
-        rss.cpu_s,
-    )
+        name, n, end - t0, cpu, first, peak_mb, steady_n, steady_s, peak_mb - rss.start / 2**20,
+        own_cpu_seconds=own, consumer_cpu_seconds=consumer, sampler_cpu_seconds=rss.cpu_s,
+    )  # fmt: skip
 
 
 def cpu_stages(
