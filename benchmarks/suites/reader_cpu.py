@@ -399,6 +399,11 @@ def _per(r: dict[str, Any], key: str) -> float:
     return 1000 * r[key] / r["rows"]
 
 
+def _threads_per(r: dict[str, Any], key: str, *groups: str) -> float:
+    """ms a sample of the thread groups ``groups`` (each once) of a run's ``key`` (``reader_threads_s``...)."""
+    return 1000 * sum(r[key].get(g, 0.0) for g in dict.fromkeys(groups)) / r["rows"]
+
+
 def _line(r: dict[str, Any]) -> str:
     if "error" in r:
         return f"{r['dataset']} {r['where']} {r['tree']}: {r['error']}"
@@ -480,22 +485,22 @@ def summarize(results: list[dict[str, Any]]) -> str:
                 ),  # fmt: skip
             }
 
-            def per(r: dict[str, Any], *names: str, key: str = "reader_threads_s") -> float:
-                return 1000 * sum(r[key].get(g, 0.0) for g in dict.fromkeys(names)) / r["rows"]
-
             # (the node's shared reader names its threads asyncload-node-reader-*)
-            th = {g: med([per(r, g, g.replace("-reader-", "-node-reader-")) for r in rs]) for g in groups}
+            th = {
+                g: med([_threads_per(r, "reader_threads_s", g, g.replace("-reader-", "-node-reader-")) for r in rs])
+                for g in groups
+            }
             # the training process's loop and the node store's writes (on the lane thread since 2b79324, on the
             # loop's default executor, uvloop's threads, before it)
-            loop_ = med([per(r, "asyncload-loop", key="main_threads_s") for r in rs])
-            store = med([per(r, "asyncload-lane", "uvloop", key="main_threads_s") for r in rs])
+            loop_ = med([_threads_per(r, "main_threads_s", "asyncload-loop") for r in rs])
+            store = med([_threads_per(r, "main_threads_s", "asyncload-lane", "uvloop") for r in rs])
             had = [r for r in rs if "reader_threads_ticks_s" in r]  # (runs before the probe kept them: none)
             ticks = (
                 f"{med([1000 * r['reader_threads_ticks_s'].get('B', 0.0) / r['rows'] for r in had]):.2f}"
                 if had
                 else "-"
             )
-            recv = med([per(r, "asyncload-reader-receive", key="main_threads_s") for r in rs])
+            recv = med([_threads_per(r, "main_threads_s", "asyncload-reader-receive") for r in rs])
             ratio = "" if first is None else " ({:.2f}x)"
 
             def cell(k: str, fmt: str = "{:.2f}", m: Any = m, first: Any = first, ratio: str = ratio) -> str:
