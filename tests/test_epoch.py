@@ -4,6 +4,7 @@ worker processes (``processes=2``). Each test runs once per shape."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from collections import Counter
 import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource, Epoch, LoaderClosedError
+from asyncload.engine.protocol import END
 
 from .conftest import ROWS
 from .resume import ids
@@ -107,10 +109,6 @@ class _EndAfterTimeout:
         return self.inner.get_nowait()  # type: ignore[attr-defined]
 
     def get(self, timeout: float | None = None) -> object:
-        import queue
-
-        from asyncload.engine.protocol import END
-
         item = self.inner.get(timeout=timeout)  # type: ignore[attr-defined]
         if item is END and not self.tricked:
             self.tricked = True
