@@ -18,13 +18,15 @@ import errno
 import os
 import stat
 import threading
-import zlib
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..runtime.gather import write_all
+from .checksum import crc32
 from .root import private_file, set_aside, sub_dir
 from .values import Forged, decode
 
@@ -55,6 +57,16 @@ class CorruptPart(Exception):
 
 def _name(part: int) -> tuple[str, str]:
     return str(part // FANOUT), f"{part}.rows"
+
+
+def _pread(fd: int, e: Entry) -> bytes | np.ndarray:
+    """``e``'s bytes, copied once out of the page cache: a ``bytes`` where the value is bytes or text (which
+    ``decode`` then returns without another copy), else a writable array of its bytes, not zeroed first.
+    Shorter than ``e.len`` where the part is cut short."""
+    if e.how[:1] in ("b", "s"):
+        return os.pread(fd, e.len, e.off)
+    buf = np.empty(e.len, np.uint8)
+    return buf[: os.preadv(fd, [buf], e.off)]
 
 
 class Parts:
@@ -104,9 +116,8 @@ class Parts:
                 fd = fds.get(e.part)
                 if fd is None:
                     fd = fds[e.part] = self._open(e.part)
-                buf = bytearray(e.len)
-                n = os.preadv(fd, [buf], e.off)
-                if n != e.len or zlib.crc32(buf) != e.crc:
+                buf = _pread(fd, e)
+                if len(buf) != e.len or crc32(buf) != e.crc:
                     raise CorruptPart(e.part)
                 try:
                     out.append(decode(buf, e.how))

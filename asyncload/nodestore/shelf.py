@@ -14,10 +14,10 @@ import itertools
 import os
 import sqlite3
 import time
-import zlib
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from .checksum import crc32
 from .index import Index
 from .parts import Entry, Parts
 from .values import encode
@@ -144,7 +144,7 @@ class Shelf:
             for r, v in zip(rows, values, strict=True):
                 data, how = encode(v)
                 n = data.nbytes if isinstance(data, memoryview) else len(data)
-                meta.append((col, int(r), off, n, zlib.crc32(data), how))
+                meta.append((col, int(r), off, n, crc32(data), how))
                 bufs.append(data)
                 off += n
         store = self.store

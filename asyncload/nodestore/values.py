@@ -114,7 +114,7 @@ def _make_key(path: Path) -> bytes:
     return key
 
 
-def _mac(key: bytes, data: bytes | bytearray | memoryview) -> str:
+def _mac(key: bytes, data: bytes | bytearray | memoryview | np.ndarray) -> str:
     return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
@@ -143,7 +143,7 @@ def encode(value: Any) -> tuple[bytes | memoryview, str]:
     return data, "p" + _mac(key, data)
 
 
-def decode(buf: bytes | bytearray, how: str) -> Any:
+def decode(buf: bytes | bytearray | np.ndarray, how: str) -> Any:
     """The value ``encode`` wrote as ``buf``; ``Forged`` where it cannot be (a pickle whose MAC does not
     match this user's key is never unpickled; a type description that asks for Python objects)."""
     kind = how[:1]

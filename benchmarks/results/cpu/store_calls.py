@@ -1,7 +1,9 @@
 """CPU of the node store's calls in place: one cold epoch with the store on, each call timed with
 ``time.thread_time`` (the CPU of the thread that made it).
 
-    .venv/bin/python benchmarks/results/cpu/store_calls.py data/bench/photos-4000-jpg
+    .venv/bin/python benchmarks/results/cpu/store_calls.py data/bench/photos-4000-jpg [zlib]
+
+``zlib``: the values' CRC32 by ``zlib.crc32`` instead of ``nodestore.checksum``'s (ISA-L's where installed).
 """
 
 from __future__ import annotations
@@ -36,26 +38,25 @@ def timed(owner: Any, name: str, label: str) -> None:
     setattr(owner, name, call)
 
 
-class _Crc:
-    """``zlib`` as ``nodestore.shelf`` sees it, its ``crc32`` timed."""
+def timed_crc(impl: Any) -> Any:
+    """``impl`` (a ``crc32``) as ``nodestore.shelf`` calls it, timed."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(zlib, name)
-
-    def crc32(self, *a: Any) -> int:
+    def crc32(*a: Any) -> int:
         t = time.thread_time()
         try:
-            return zlib.crc32(*a)
+            return impl(*a)
         finally:
             CPU["crc32"] += time.thread_time() - t
             CALLS["crc32"] += 1
 
+    return crc32
 
-def main(url: str) -> None:
+
+def main(url: str, impl: str) -> None:
     for owner, name in [(shelf.Shelf, "put"), (shelf.Shelf, "lookup"), (shelf.Shelf, "claim"),
                         (shelf.Shelf, "unclaim"), (store.NodeStore, "reserve"), (parts.Parts, "write")]:  # fmt: skip
         timed(owner, name, f"{owner.__name__}.{name}")
-    shelf.zlib = _Crc()  # type: ignore[assignment]
+    shelf.crc32 = timed_crc(zlib.crc32 if impl == "zlib" else shelf.crc32)  # type: ignore[assignment]
     with cold_cache_dir() as cache:
         loader = AsyncLoader(DeepLakeSource(url), batch_size=32, shuffle=True, seed=0, cache_dir=cache, cache=True)
         n = sum(len(b["index"]) for b in loader)
@@ -65,4 +66,4 @@ def main(url: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "default")
