@@ -98,15 +98,22 @@ def _network(data: dict[str, Any]) -> list[str]:
     return out
 
 
+def _busy(m: dict[str, Any]) -> str:
+    busy = m.get("server_cores_busy")
+    return "- | " if busy is None else f"{100 * busy:.0f}% | "
+
+
 def _table(
     med: dict[Key, dict[str, Any]], key: tuple[int, int | None, str], readers: list[str], base: str, rows: int
 ) -> list[str]:
     si, place, order = key
     ref = med.get((si, place, order, base))
+    # the server side's cores (pinned testbed): near 100%, the server paced every reader of the row
+    metered = any(m.get("server_cores_busy") is not None for k, m in med.items() if k[:3] == key)
     out = [
         f"| reader | samples/s | × {base} | client CPU ms/sample | × | peak RSS MB | × | first batch s | "
-        "KB received/sample | TCP connections | runs (samples/s each) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"KB received/sample | TCP connections | {'server core busy | ' if metered else ''}runs (samples/s each) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if metered else ""),
     ]
     for name in readers:
         m = med.get((si, place, order, name))
@@ -119,7 +126,7 @@ def _table(
             f"{_x(m['cpu_ms_per_sample'], ref and ref['cpu_ms_per_sample'])} | {m['peak_rss_mb']:,.0f} | "
             f"{_x(m['peak_rss_mb'], ref and ref['peak_rss_mb'])} | {_f(m.get('first_batch_s'), 2)} | "
             f"{'-' if place is None else _f(m.get('rx_bytes_per_sample', 0) / 1e3)} | "
-            f"{'-' if place is None else _f(m.get('tcp_opens'))} | {_runs(m)} |"
+            f"{'-' if place is None else _f(m.get('tcp_opens'))} | {_busy(m) if metered else ''}{_runs(m)} |"
         )
     return out
 

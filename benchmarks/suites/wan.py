@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -205,6 +206,7 @@ class Suite:
         self.out.mkdir(parents=True, exist_ok=True)
         self.rows: list[dict[str, Any]] = []
         self.meta: dict[str, Any] = {}
+        self.meter: CoreMeter | None = None  # the server side's cores, when they are pinned apart
 
     def plan(self) -> list[Step]:
         steps: list[Step] = []
@@ -281,6 +283,9 @@ class Suite:
                         {"loader": "netcheck", "latency_ms": place, "m": locked(run, world.path_check_spec(place))}
                     )
             m = locked(run, self.spec(world, s, place, order, name))
+            span = m.get("span_unix")
+            if self.meter is not None and span and None not in span:  # first batch to the end of the run
+                m["server_cores_busy"] = self.meter.share(*span)
             self.rows.append(
                 {
                     "section": si,
@@ -299,6 +304,47 @@ class Suite:
     def save(self) -> None:
         doc = {**self.meta, "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "rows": self.rows}
         (self.out / "results.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+class CoreMeter:
+    """How busy the server side's cores were while a reader read (``/proc/stat``, sampled every 0.1 s): on the
+    pinned testbed, a server core near 100% busy means the server and the delay line set the pace of every
+    reader there, and the readers' ratios of samples/s say nothing of their own cost (CPU per sample still
+    does)."""
+
+    def __init__(self, cores: set[int], every_s: float = 0.1) -> None:
+        self.cores = {f"cpu{c}" for c in cores}
+        self.samples: list[tuple[float, int, int]] = []  # (unix time, busy jiffies, all jiffies) of the cores
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), name="core-meter", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> tuple[float, int, int]:
+        busy = total = 0
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *ticks = line.split()
+                if name in self.cores:
+                    t = [int(x) for x in ticks]
+                    total += sum(t[:8])  # user nice system idle iowait irq softirq steal
+                    busy += sum(t[:8]) - t[3] - t[4]
+        return time.time(), busy, total
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(self._read())
+
+    def share(self, t0: float, t1: float) -> float | None:
+        """The cores' busy share between unix times ``t0`` and ``t1``, or None for a window too short to tell."""
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if len(inside) < 3:
+            return None
+        (_, b0, a0), (_, b1, a1) = inside[0], inside[-1]
+        return (b1 - b0) / (a1 - a0) if a1 > a0 else None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def locked(run: Any, spec: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +399,12 @@ def main(argv: list[str] | None = None, default_config: str = "configs/bench_wan
         os.sched_setaffinity(0, reader_cores)  # the runs' forkserver starts here: its children inherit it
         runner = Runner(cfg.run_timeout_s, enter=w.net.enter_client)
         os.sched_setaffinity(0, server_cores)
-        suite.execute(w, runner)
+        suite.meter = CoreMeter(server_cores) if cfg.pin_cores else None
+        try:
+            suite.execute(w, runner)
+        finally:
+            if suite.meter is not None:
+                suite.meter.close()
     suite.meta["wall_s"] = time.perf_counter() - t0
     suite.save()
     render(suite.out)
