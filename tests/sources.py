@@ -70,6 +70,36 @@ class RecordingSource(DeepLakeSource):
         open(self.log, "w").close()
 
 
+class HandleLog(DeepLakeSource):
+    """A real Deep Lake source that logs each open and close of its handle (``open <pid>``, ``close <pid>``) to
+    the file ``log``, so that a test sees the handles a process it cannot reach holds (the node's reader)."""
+
+    def __init__(self, url: str, log: str | os.PathLike[str], **kw) -> None:
+        super().__init__(url, **kw)
+        self.log = str(log)
+
+    def _note(self, what: str) -> None:
+        with open(self.log, "a") as f:
+            f.write(f"{what} {os.getpid()}\n")
+
+    def _open(self):
+        handle = super()._open()
+        self._note("open")
+        return handle
+
+    def _close_handle(self, handle) -> None:
+        self._note("close")
+        super()._close_handle(handle)
+
+    def count(self, what: str, pid: int) -> int:
+        """Lines ``what <pid>`` logged so far."""
+        try:
+            with open(self.log) as f:
+                return sum(1 for line in f if line.split() == [what, str(pid)])
+        except FileNotFoundError:
+            return 0
+
+
 class FailingSource(DeepLakeSource):
     """A store where some samples cannot be read: a request containing any of ``bad`` fails with
     ``OSError``, as a real store fails a whole ranged GET when part of it is unreadable."""

@@ -23,7 +23,7 @@ from asyncload.processes.nodereader import connect
 
 from .conftest import ROWS, pids_gone, reader_pids
 from .remote_fixtures import seaweed  # noqa: F401 - fixture
-from .sources import CrashingSource
+from .sources import CrashingSource, HandleLog
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -66,6 +66,30 @@ def test_the_loaders_of_one_node_read_through_one_reader_that_ends_with_the_last
     off = AsyncLoader(DeepLakeSource(seg_url), 8, shared_reader=False, **opts)
     assert off._isolated.pid in reader_pids()  # a reader of its own
     off.close()
+
+
+def test_a_handle_of_the_shared_reader_is_closed_once_its_last_loader_has_left(seg_url, tmp_path) -> None:
+    """A loader kept for the job keeps the node's reader up while others come and go (a validation loader made
+    each epoch): each of their handles is closed once its loader has left, not kept to the reader's exit."""
+    log = tmp_path / "handles.log"
+    opts = {"shuffle": True, "seed": 1, "cache": True, "cache_dir": str(tmp_path / "node")}
+    train = AsyncLoader(HandleLog(seg_url, log), 8, **opts)
+    assert sorted(_indices(train)) == list(range(ROWS))
+    server = train._isolated.pid
+    seen = HandleLog(seg_url, log)
+    for epoch in range(3):
+        val = AsyncLoader(HandleLog(seg_url, log, columns=("images",)), 8, **opts)  # another source: its own handle
+        assert sorted(_indices(val)) == list(range(ROWS)) and val._isolated.pid == server
+        val.close()
+        deadline = time.monotonic() + 10
+        while seen.count("close", server) <= epoch and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert seen.count("close", server) == epoch + 1, log.read_text()
+    assert seen.count("open", server) == 4  # train's, then each validation loader's
+    assert sorted(_indices(train)) == list(range(ROWS))  # train's own handle is untouched
+    assert not pids_gone([server])
+    train.close()
+    assert _gone_soon([server]) and seen.count("close", server) == 4, log.read_text()
 
 
 def test_a_crash_of_the_shared_reader_costs_each_loader_a_restart_and_loses_nothing(seg_url, tmp_path, caplog) -> None:

@@ -1,7 +1,8 @@
 """The node's shared Deep Lake reader itself (``nodereader`` is the loader's side, and says why): a process
 that listens on ``<root>/readers/reader.sock``, admits this user's processes that hold the user's key, and
 reads for each what it asks, as a loader's own reader process does (``isolated``), in the same frames.
-Loaders that send the same pickled source share one opened handle. It exits once its last loader has left.
+Loaders that send the same pickled source share one opened handle, closed once its last loader has left and
+its reads have ended. It exits once its last loader has left.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class _Shared:
     source: Any
     #: the clients reading through it now, each with what its last ``configure`` said (None before one)
     clients: dict[int, tuple[int, int | None] | None] = field(default_factory=dict)
+    #: its reads in flight, those of loaders that left included: a Deep Lake read is never left running
+    reads: set[concurrent.futures.Future[Any]] = field(default_factory=set)
 
 
 def _names(source: Any) -> str | None:
@@ -66,8 +69,7 @@ class _Server:
         self.left_at = time.monotonic() + FIRST_IDLE_S - IDLE_S  # no loader yet: wait longer for the first
         self.sources: dict[str, _Shared] = {}  # the shared handle of each source (pickled bytes' digest)
         self.opening: dict[str, threading.Lock] = {}
-        self.opened: list[_Shared] = []  # every handle opened, closed at exit
-        self.pending: set[concurrent.futures.Future[Any]] = set()
+        self.opened: list[_Shared] = []  # every handle open, closed once unused (``_close_unused``) or at exit
         self.lt = LoopThread("asyncload-node-reader-loop", cpu_workers=1)
         self.lt.start()
         self.next_id = 0
@@ -80,6 +82,7 @@ class _Server:
                 if not readable and not self.clients and time.monotonic() - self.left_at >= IDLE_S:
                     self.stopping = True  # (under the lock: a loader accepted from now on is refused)
                     break
+            self._close_unused()
             if not readable:
                 continue
             try:
@@ -90,9 +93,24 @@ class _Server:
                 self.clients += 1
             start_thread(self._admit, raw, name="asyncload-node-reader-client")
         self._close_listener()
-        concurrent.futures.wait(list(self.pending), timeout=30)  # never leave a Deep Lake read running
+        # never leave a Deep Lake read running
+        concurrent.futures.wait([f for shared in self.opened for f in list(shared.reads)], timeout=30)
         self.lt.stop()
         for shared in self.opened:
+            with contextlib.suppress(Exception):
+                shared.source.close()
+
+    def _close_unused(self) -> None:
+        """Close the handles no loader reads through any more, once their last reads have ended: a server that
+        outlives many loaders (one kept for the job, others made and closed each epoch) holds only the
+        handles in use. A handle still named in ``sources`` is kept: a loader may be being given it."""
+        with self.lock:
+            named = {id(s) for s in self.sources.values()}
+            unused = [s for s in self.opened if not s.clients and not s.reads and id(s) not in named]
+            if not unused:
+                return
+            self.opened = [s for s in self.opened if s not in unused]
+        for shared in unused:
             with contextlib.suppress(Exception):
                 shared.source.close()
 
@@ -149,17 +167,18 @@ class _Server:
             fresh = pickle.loads(payload)
             with contextlib.suppress(Exception):  # a failure here is each read's to raise
                 fresh.open()
-            if known is not None and known.clients and _names(known.source) == _names(fresh) is not None:
+            alike = known is not None and _names(known.source) == _names(fresh) is not None
+            with self.lock:  # ``known`` only while a loader still reads through it: else it is being closed
+                share = known is not None and alike and bool(known.clients) and self.sources.get(digest) is known
+                if known is not None and share:
+                    chosen = known
+                else:
+                    chosen = self.sources[digest] = _Shared(fresh)
+                    self.opened.append(chosen)
+                chosen.clients[me] = None
+            if share:
                 with contextlib.suppress(Exception):
                     fresh.close()
-                chosen = known
-            else:
-                chosen = _Shared(fresh)
-                with self.lock:
-                    self.sources[digest] = chosen
-                    self.opened.append(chosen)
-            with self.lock:
-                chosen.clients[me] = None
         return chosen
 
     def _serve_client(self, me: int, conn: Connection) -> None:
@@ -179,12 +198,12 @@ class _Server:
                 return
             out.put(("ready", 0, None, (0, 0)))  # (the loader's reads queued meanwhile)
             configure = functools.partial(self._configure, shared, me)
-            _serve_requests(conn, shared.source, self.lt, out, self.pending, configure)
+            _serve_requests(conn, shared.source, self.lt, out, shared.reads, configure)
         finally:
             with self.lock:
                 if "shared" in locals():
                     shared.clients.pop(me, None)
-                    if not shared.clients:  # the next loader opens it afresh (closed at the server's exit)
+                    if not shared.clients:  # the next loader opens it afresh (this one closes: ``_close_unused``)
                         for digest in [d for d, s in self.sources.items() if s is shared]:
                             del self.sources[digest]
             out.put(None)
