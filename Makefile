@@ -29,7 +29,7 @@ WHEEL_PYTHON ?= 3.12
 WHEEL_PLATFORM ?= manylinux2014_x86_64
 WHEEL_HAS ?= configs/gpu_node_has.txt
 WHEEL_DIR ?= wheelhouse
-WHEEL_LIMIT_MIB ?= 60
+WHEEL_LIMIT_MIB ?= 64
 wheelhouse: install  ## the offline wheelhouse for a GPU node (WHEEL_PYTHON, WHEEL_PLATFORM, WHEEL_HAS, WHEEL_DIR, WHEEL_LIMIT_MIB)
 	$(PY) harness/wheelhouse.py --python $(WHEEL_PYTHON) --platform $(WHEEL_PLATFORM) --has $(WHEEL_HAS) --out $(WHEEL_DIR) --limit-mib $(WHEEL_LIMIT_MIB)
 
