@@ -30,9 +30,10 @@ from .base import Columns, Source, code_tag
 from .schemes import DEEPLAKE_SCHEMES, respell
 
 StorageConcurrency = int | Literal["auto"] | None
-#: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"``: 128
-#: read a whole cold epoch 7-15% faster than 64 at 0, 50 and 100 ms, on 1,000 to 20,000 rows, for the same
-#: CPU per sample (benchmarks/results/wan/deeplake.md).
+#: Deep Lake storage threads (and so connections per dataset) with ``storage_concurrency="auto"`` for a dataset
+#: in a store: 128 read a whole cold epoch 7-15% faster than 64 at 0, 50 and 100 ms, on 1,000 to 20,000 rows,
+#: for the same CPU per sample (benchmarks/results/wan/deeplake.md). Not for one on this machine (``local``):
+#: its reads wait on no network, and Deep Lake's memory grows with its threads (benchmarks/results/cpu/).
 AUTO_STORAGE_THREADS = 128
 
 
@@ -111,9 +112,9 @@ class DeepLakeSource(Source[Any]):
 
     ``url``: ``file://`` or a plain path, ``mem://``, ``s3://``, ``gs://`` (or Deep Lake's ``gcs://``),
     ``az://`` (or ``azure://``), ``al://``; ``creds`` and ``token`` are passed to Deep Lake and never shown
-    in a repr or an error. ``storage_concurrency``: ``"auto"`` raises
-    Deep Lake's process-wide storage thread pool to 128 before the dataset opens (which fixes its
-    connections), an int sets it, ``None`` leaves it.
+    in a repr or an error. ``storage_concurrency``: ``"auto"`` raises Deep Lake's process-wide storage
+    thread pool to 128 before a dataset in a store opens (which fixes its connections) and leaves it for one
+    on this machine (``file://``, ``mem://``), an int sets it, ``None`` leaves it.
 
     ``profile``: for ``s3://``, the shared-config profile whose credentials (and region) to use; without
     it and without keys in ``creds``, the standard AWS chain is asked (environment, shared files, SSO,
@@ -358,11 +359,16 @@ class DeepLakeSource(Source[Any]):
 
     def _size_storage_pool(self) -> None:
         """Set Deep Lake's process-wide storage pool *before* a dataset is opened, since a dataset's
-        connections are fixed at open. ``"auto"``: at least ``AUTO_STORAGE_THREADS`` (fewer queue reads
-        inside Deep Lake; 256 read slower than 128 at 50 ms, its extra connections starting cold: see
-        benchmarks/results/wan/deeplake.md). An int sets the pool; ``None`` leaves it alone.
+        connections are fixed at open. ``"auto"``: at least ``AUTO_STORAGE_THREADS`` for a dataset in a store
+        (fewer queue reads inside Deep Lake; 256 read slower than 128 at 50 ms, its extra connections starting
+        cold: see benchmarks/results/wan/deeplake.md); Deep Lake's own pool for one on this machine, whose
+        reads wait on no network: there Deep Lake's default read as fast or faster than 128 threads, for
+        less CPU and far less memory, whose per-thread part grows with the pool (benchmarks/results/cpu/).
+        An int sets the pool; ``None`` leaves it alone.
         """
         want = self.storage_concurrency
+        if want == "auto" and self.local:
+            return
         if want == "auto":
             if deeplake.storage.concurrency() >= AUTO_STORAGE_THREADS:
                 return
