@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,23 @@ def pip(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: What setuptools builds asyncload's wheel from (``pyproject.toml`` names no other file).
+PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE")
+
+
+def project_wheel(out: Path) -> subprocess.CompletedProcess[str]:
+    """asyncload's wheel into ``out``, built from a private copy of the package's files: a build in the
+    checkout writes its ``build/`` and ``*.egg-info`` there, and two at once (two test workers, a user's
+    ``make wheelhouse`` beside a test run) collide in ``build/bdist.*/wheel`` ("File exists")."""
+    with tempfile.TemporaryDirectory(prefix="asyncload-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in PACKAGE_FILES:
+            shutil.copy(ROOT / name, src / name)
+        shutil.copytree(ROOT / "asyncload", src / "asyncload", ignore=shutil.ignore_patterns("__pycache__"))
+        return pip("wheel", "--no-deps", "-q", "-w", str(out), str(src))
+
+
 def requires(wheel: Path) -> list[str]:
     """The ``Requires-Dist`` lines of ``wheel``'s metadata."""
     with zipfile.ZipFile(wheel) as z:
@@ -139,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     for old in a.out.glob("*.whl"):
         old.unlink()
-    got = pip("wheel", "--no-deps", "-q", "-w", str(a.out), str(ROOT))
+    got = project_wheel(a.out)
     if got.returncode:
         print(got.stdout + got.stderr)
         return 1

@@ -123,14 +123,12 @@ def test_a_node_with_either_opencv_build_gets_a_wheel_that_names_neither(tmp_pat
     import hashlib
     import zipfile
 
-    from harness.wheelhouse import drop_requirements, node_has, requires
+    from harness.wheelhouse import drop_requirements, node_has, project_wheel, requires
 
     has, either = node_has(ROOT / "configs" / "gpu_node_has.txt")
     assert {"opencv-python", "opencv-python-headless"} <= either and {"torch", "numpy"} <= has - either
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-        check=True, timeout=170, capture_output=True,
-    )  # fmt: skip
+    built = project_wheel(tmp_path)  # (as make wheelhouse builds it: from a copy, beside other builds)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     (wheel,) = tmp_path.glob("torch_asyncload-*.whl")
     before = {i.filename: zipfile.ZipFile(wheel).read(i) for i in zipfile.ZipFile(wheel).infolist()}
     assert any(r.startswith("opencv-python-headless") for r in requires(wheel))
@@ -148,3 +146,30 @@ def test_a_node_with_either_opencv_build_gets_a_wheel_that_names_neither(tmp_pat
         n: d for n, d in before.items() if not n.endswith(("METADATA", "RECORD"))
     }
     assert drop_requirements(wheel, either) == []  # nothing left to drop: the wheel is left as it is
+
+
+@pytest.mark.timeout(180)
+def test_two_wheel_builds_at_once_both_succeed_and_write_nothing_in_the_checkout(tmp_path) -> None:
+    """``make wheelhouse`` builds asyncload's wheel from a copy of the package's files: two builds at once (two
+    test workers, or a user's build beside a test run) collided in the checkout's ``build/bdist.*/wheel``
+    ("File exists"), and a build left ``build/`` and ``*.egg-info`` behind in the checkout."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.wheelhouse import project_wheel
+
+    def written_since(t0: float) -> list[str]:
+        out = []
+        for top in [ROOT / "build", *ROOT.glob("*.egg-info")]:
+            for p in [top, *top.rglob("*")] if top.exists() else []:
+                if p.lstat().st_mtime >= t0:
+                    out.append(str(p.relative_to(ROOT)))
+        return out
+
+    t0 = time.time() - 1e-3
+    with ThreadPoolExecutor(2) as ex:
+        got = list(ex.map(project_wheel, [tmp_path / "a", tmp_path / "b"]))
+    for g in got:
+        assert g.returncode == 0, g.stdout[-3000:] + g.stderr[-3000:]
+    assert [len(list((tmp_path / d).glob("torch_asyncload-*.whl"))) for d in "ab"] == [1, 1]
+    assert written_since(t0) == []
