@@ -169,14 +169,13 @@ class _Server:
                 fresh.open()
             alike = known is not None and _names(known.source) == _names(fresh) is not None
             with self.lock:  # ``known`` only while a loader still reads through it: else it is being closed
-                share = known is not None and alike and bool(known.clients) and self.sources.get(digest) is known
-                if known is not None and share:
+                if known is not None and alike and known.clients and self.sources.get(digest) is known:
                     chosen = known
                 else:
                     chosen = self.sources[digest] = _Shared(fresh)
                     self.opened.append(chosen)
                 chosen.clients[me] = None
-            if share:
+            if chosen is known:
                 with contextlib.suppress(Exception):
                     fresh.close()
         return chosen

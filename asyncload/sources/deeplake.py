@@ -367,10 +367,8 @@ class DeepLakeSource(Source[Any]):
         An int sets the pool; ``None`` leaves it alone.
         """
         want = self.storage_concurrency
-        if want == "auto" and self.local:
-            return
         if want == "auto":
-            if deeplake.storage.concurrency() >= AUTO_STORAGE_THREADS:
+            if self.local or deeplake.storage.concurrency() >= AUTO_STORAGE_THREADS:
                 return
             want = AUTO_STORAGE_THREADS
         if want is not None:
