@@ -105,20 +105,26 @@ def pip(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-#: What setuptools builds asyncload's wheel from (``pyproject.toml`` names no other file).
+#: What setuptools builds asyncload's wheel and sdist from (``pyproject.toml`` names no other file).
 PACKAGE_FILES = ("pyproject.toml", "README.md", "LICENSE")
 
 
+def package_copy(dest: Path) -> Path:
+    """The files the package is built from (``PACKAGE_FILES`` and ``asyncload/``), copied into the new directory
+    ``dest``: a build in the checkout writes its ``build/`` and ``*.egg-info`` there, and two at once (two
+    test workers, a user's ``make wheelhouse`` beside a test run) collide in ``build/bdist.*/wheel`` ("File
+    exists")."""
+    dest.mkdir()
+    for name in PACKAGE_FILES:
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "asyncload", dest / "asyncload", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def project_wheel(out: Path) -> subprocess.CompletedProcess[str]:
-    """asyncload's wheel into ``out``, built from a private copy of the package's files: a build in the
-    checkout writes its ``build/`` and ``*.egg-info`` there, and two at once (two test workers, a user's
-    ``make wheelhouse`` beside a test run) collide in ``build/bdist.*/wheel`` ("File exists")."""
+    """asyncload's wheel into ``out``, built from a private copy of the package's files (``package_copy``)."""
     with tempfile.TemporaryDirectory(prefix="asyncload-wheel-") as tmp:
-        src = Path(tmp) / "src"
-        src.mkdir()
-        for name in PACKAGE_FILES:
-            shutil.copy(ROOT / name, src / name)
-        shutil.copytree(ROOT / "asyncload", src / "asyncload", ignore=shutil.ignore_patterns("__pycache__"))
+        src = package_copy(Path(tmp) / "src")
         return pip("wheel", "--no-deps", "-q", "-w", str(out), str(src))
 
 

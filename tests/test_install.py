@@ -12,7 +12,6 @@ installed copy, and every command runs from a temporary directory with no checko
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -34,12 +33,10 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None, timeout:
 
 def build(tmp: Path) -> tuple[Path, Path]:
     """The wheel and the sdist, built by setuptools' PEP 517 hooks from a copy of the tree's package files
-    (so the build leaves nothing in the checkout)."""
-    src = tmp / "src"
-    src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "asyncload", src / "asyncload", ignore=shutil.ignore_patterns("__pycache__"))
+    (``harness.wheelhouse.package_copy``: the build leaves nothing in the checkout)."""
+    from harness.wheelhouse import package_copy
+
+    src = package_copy(tmp / "src")
     dist = tmp / "dist"
     built = []
     for hook in ("build_wheel", "build_sdist"):  # one process each: setuptools keeps state between them
