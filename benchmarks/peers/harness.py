@@ -26,7 +26,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -66,14 +66,24 @@ def proc_cpu_s(pid: int, reaped: bool = False) -> float:
 
 def tree_cpu_s(pid: int | None, reaped: bool = False) -> float:
     """CPU seconds of a process and its live descendants (see ``proc_cpu_s``); 0 for no process."""
-    from asyncload.tools.measure import _children
+    from asyncload.tools.measure import tree_pids
 
-    total, todo = 0.0, [pid] if pid else []
-    while todo:
-        p = todo.pop()
-        total += proc_cpu_s(p, reaped)
-        todo += _children(p)
-    return total
+    return sum(proc_cpu_s(p, reaped) for p in tree_pids(pid)) if pid else 0.0
+
+
+def cpu_jiffies(lines: Collection[str] = ("cpu",)) -> tuple[int, int]:
+    """(busy, all) jiffies of the ``/proc/stat`` lines named: ``cpu`` the whole machine, ``cpu<N>`` one core.
+    All is the first eight fields (user to steal: guest time is counted in user already), busy all but idle
+    and iowait."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name, *ticks = line.split()
+            if name in lines:
+                t = [int(x) for x in ticks[:8]]
+                total += sum(t)
+                busy += sum(t) - t[3] - t[4]
+    return busy, total
 
 
 def _thread_group(name: str) -> str:

@@ -320,15 +320,9 @@ class CoreMeter:
         self._thread.start()
 
     def _read(self) -> tuple[float, int, int]:
-        busy = total = 0
-        with open("/proc/stat") as f:
-            for line in f:
-                name, *ticks = line.split()
-                if name in self.cores:
-                    t = [int(x) for x in ticks]
-                    total += sum(t[:8])  # user nice system idle iowait irq softirq steal
-                    busy += sum(t[:8]) - t[3] - t[4]
-        return time.time(), busy, total
+        from benchmarks.peers.harness import cpu_jiffies
+
+        return (time.time(), *cpu_jiffies(self.cores))
 
     def _run(self, every_s: float) -> None:
         while not self._stop.wait(every_s):

@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from asyncload.runtime.settings import parse_overrides  # noqa: E402
-from benchmarks.peers.harness import Runner, proc_cpu_s, tree_cpu_s  # noqa: E402
+from benchmarks.peers.harness import Runner, cpu_jiffies, proc_cpu_s, tree_cpu_s  # noqa: E402
 from benchmarks.suites import wan  # noqa: E402
 from benchmarks.testbeds import netem  # noqa: E402
 from benchmarks.testbeds.world import world  # noqa: E402
@@ -59,14 +59,6 @@ def _pids_named(name: str) -> list[int]:
             except OSError:
                 pass
     return out
-
-
-def _machine() -> tuple[float, float]:
-    """(busy, total) jiffies of the whole machine."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + v[4]
-    return sum(v) - idle, sum(v)
 
 
 _SS_FIELD = re.compile(
@@ -115,7 +107,7 @@ class Monitor:
         last_ss = 0.0
         while not self._stop.is_set():
             now = time.time()
-            busy, total = _machine()
+            busy, total = cpu_jiffies()  # the whole machine
             nfq_s = sum(proc_cpu_s(p, reaped=True) for p in nfq)
             server, client = tree_cpu_s(self.server_pid, reaped=True), tree_cpu_s(self.client_pid, reaped=True)
             self.cpu.append((now, server, nfq_s, busy, total, client))
