@@ -10,7 +10,8 @@ from __future__ import annotations
 try:
     from isal.isal_zlib import crc32
 
-    #: Which implementation this process checks with, for reports.
+    #: Which implementation this process checks with: zlib on a machine python-isal has wheels for is a fault
+    #: (tests/test_nodestore_checksum.py).
     IMPLEMENTATION = "isal"
 except ImportError:  # pragma: no cover - a platform python-isal has no wheel for
     from zlib import crc32
