@@ -223,13 +223,19 @@ class AsyncLoader:
                 stall_timeout=o.stall_timeout, node_root=o.shared_reader_root(source),
             )  # fmt: skip
             # Now, not at the first epoch: the reader's start and its open of the store overlap with the
-            # open here and with whatever the training script does before its first batch. A source whose
-            # open draws its rows starts its reader once opened here, so that the reader reads those rows.
-            if source.opens_alike:
+            # checks here and with whatever the training script does before its first batch. A source that
+            # describes itself is opened by the reader alone, which answers for it here (``Description``);
+            # any other is opened here too, and one whose open draws its rows starts its reader once
+            # opened here, so that the reader reads those rows.
+            if source.opens_alike or source.describes:
                 self._isolated.start(early=True)
         opening = time.perf_counter()
         try:
-            self.source = source.open()
+            if self._isolated is not None and source.describes:
+                self._isolated.open()
+                self.source = source
+            else:
+                self.source = source.open()
         except BaseException:
             if self._isolated is not None:
                 self._isolated.close()

@@ -136,6 +136,33 @@ def test_a_sampled_query_read_in_a_reader_process_gives_the_rows_the_loader_name
     assert Counter(got) == Counter(rows * 2)
 
 
+def test_a_sampled_query_is_drawn_by_the_first_reader_alone_and_kept_by_its_replacement(
+    versioned: dict[str, str], tmp_path: Path
+) -> None:
+    """The training process does not open the dataset: the reader runs the query and its description names
+    the rows. A reader killed mid-epoch is replaced by one given those rows, not one that samples again: every
+    batch's pixels are those of the rows its ``"index"`` names, and every row the loader names comes once."""
+    from .sources import CrashingSource
+
+    query = "SELECT * SAMPLE BY MAX_WEIGHT(label == 1: 1, label != 1: 0) REPLACE True LIMIT 40"
+    src = CrashingSource(versioned["url"], {5, 29}, once_dir=str(tmp_path), query=query)
+    with AsyncLoader(src, batch_size=8, concurrency=8, shuffle=True, seed=4) as loader:
+        assert loader._isolated is not None and loader.source is src
+        assert src._handle_obj is None  # never opened here
+        rows = src.row_ids(list(range(len(src))))
+        assert len(rows) == 40 and set(rows) <= set(range(1, ROWS, 4))
+        head = deeplake.open_read_only(versioned["url"])
+        got = []
+        for b in loader:
+            for j, i in enumerate(b["index"].tolist()):
+                assert np.array_equal(b["images"][j].numpy(), np.asarray(head[i]["images"])), f"row {i}"
+                got.append(i)
+        assert loader.stats()["worker_restarts"] == 2
+        assert src._handle_obj is None
+    assert Counter(got) == Counter(rows)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["row-29", "row-5"]  # both readers that read them died
+
+
 def test_resume_over_a_query_is_exact_and_bound_to_its_rows(versioned: dict[str, str]) -> None:
     url = versioned["url"]
     check_resume(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import io
 import logging
 import struct
+from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -36,6 +37,24 @@ from ..runtime.log import log_once
 
 #: ``rgb``: ``H×W×3`` uint8; ``gray``: ``H×W`` uint8 (class ids, palette indices or grey values).
 Mode = Literal["rgb", "gray"]
+Role = Literal["image", "mask"]
+
+
+@dataclass(frozen=True)
+class ImageColumn:
+    """What the loader knows of an image-like column (here, not in ``decode``, which imports torch: a reader
+    process describes its source's columns with it): ``role`` (an image, or a mask of class ids),
+    ``stored`` (the codec of its stored bytes when asyncload can decode them, else None: the store
+    decodes). "lz4" is for uint8 masks only, and needs an image column to pair with."""
+
+    role: Role
+    stored: Literal["jpeg", "png", "lz4", "file"] | None = None  # "file": each file says (object stores)
+
+    @property
+    def mode(self) -> Mode:
+        return "rgb" if self.role == "image" else "gray"
+
+
 Format = Literal["jpeg", "png", "lz4", "other"]
 Buffer = bytes | bytearray | memoryview
 
@@ -272,5 +291,5 @@ def _finish(got: np.ndarray, mode: Mode, out: np.ndarray | None) -> np.ndarray:
 
 
 __all__ = [
-    "LZ4_HEADER", "DecodeError", "Header", "Mode", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff",
+    "LZ4_HEADER", "DecodeError", "Header", "ImageColumn", "Mode", "Role", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff",
 ]  # fmt: skip

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,10 +35,8 @@ from ..errors import CollateError, read_error
 from ..runtime.alloc import allocate
 from ..runtime.log import log_once
 from .augment import Augment, Draw
-from .codecs import DecodeError, Header, Mode, header, is_stored, lz4_header, lz4_size
+from .codecs import DecodeError, Header, ImageColumn, Role, header, is_stored, lz4_header, lz4_size
 from .codecs import decode as decode_bytes
-
-Role = Literal["image", "mask"]
 
 #: What one read returns: column → one sample per index (stored bytes, or an array a store decoded).
 Part = Mapping[str, Sequence[Any]]
@@ -46,20 +44,6 @@ Part = Mapping[str, Sequence[Any]]
 #: with ``stored`` the columns returned as stored bytes. The pipeline's: it goes through the same request
 #: gate, hedger and in-flight count as every other read.
 ReadAgain = Callable[[list[int], frozenset[str]], Awaitable[Part]]
-
-
-@dataclass(frozen=True)
-class ImageColumn:
-    """What the loader knows of an image-like column: ``role`` (an image, or a mask of class ids),
-    ``stored`` (the codec of its stored bytes when asyncload can decode them, else None: the store
-    decodes). "lz4" is for uint8 masks only, and needs an image column to pair with."""
-
-    role: Role
-    stored: Literal["jpeg", "png", "lz4", "file"] | None = None  # "file": each file says (object stores)
-
-    @property
-    def mode(self) -> Mode:
-        return "rgb" if self.role == "image" else "gray"
 
 
 @dataclass(frozen=True)

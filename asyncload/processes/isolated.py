@@ -67,13 +67,13 @@ from ..errors import LoaderClosedError, ReaderCrashError, StallError, WorkerErro
 from ..runtime.gather import write_all
 from ..runtime.loop import ExitOrder, LoopThread, on_exit, start_thread
 from ..runtime.procs import kill_processes, reap_process, run_child, start_child
-from ..sources.base import Columns, Source
+from ..sources.base import Columns, Description, Source
 from ..sources.mixed import Composition, composition_of
 from .nodereader import Launch, NodeReader, NodeUnavailable, handshake, launch
 from .recovery import Alone, Ended, Recovery, beat_interval, drive_async, read_limit
 
 if TYPE_CHECKING:
-    from ..image.decode import ImageColumn
+    from ..image.codecs import ImageColumn
 
 log = logging.getLogger("asyncload")
 
@@ -178,8 +178,10 @@ def _stop_reader(holder: list[_Reader | None], timeout: float, busy: Mapping[int
 
 
 class IsolatedSource(Source[Any]):
-    """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered by
-    ``inner`` in this process, which has opened it (length, version, columns, row numbers).
+    """``inner``, read in a reader process (see the module doc). Everything but ``read`` is answered in this
+    process: for a source that ``describes`` itself, from what the reader's open of it said (``Description``:
+    length, version, columns, a query's rows), so that this process never opens the store; for any other,
+    by ``inner``, opened here.
     ``needs_main``: ``inner`` pickled names the user's ``__main__`` (its class is defined in the script),
     which the reader must then import (``runtime.procs.start_child``). ``max_restarts``: deaths per epoch that are
     survived; ``stall_timeout``: seconds one outage of the store may last (``recovery``). ``node_root``: the
@@ -227,21 +229,69 @@ class IsolatedSource(Source[Any]):
         self._counts = (0, 0)  # (retries, throttles) as the reader last reported them
         self._configured: tuple[int, int | None] | None = None
         self._epoch_began = 0.0  # monotonic time the current epoch began (``begin_epoch``)
+        #: what the first reader's open of ``inner`` said: a ``Description``, or the ``Failure`` it met
+        self._opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._finalizer = on_exit(self, ExitOrder.WORKERS, _stop_reader, self._holder, timeout, self._inflight)
 
     # -- what ``inner`` answers in this process --------------------------------------------------
     def _open(self) -> Any:
-        return self.inner.open()
+        """The reader's ``Description`` of ``inner``, adopted by ``inner``; ``inner`` opened here where it does
+        not describe itself or where this process reads it (``_here``)."""
+        described = self._description() if self.inner.describes else None
+        if described is None:
+            return self.inner.open()
+        self.inner.adopt(described)
+        return described
+
+    def _description(self) -> Description | None:
+        """Wait for the live reader's open of ``inner`` (started now if none runs) and return what it said;
+        raise what that open raised. None where this process reads ``inner`` itself. A reader that dies
+        opening is replaced as any death (``_died``), and the next one's open answers; one that says
+        nothing within a start's allowance and ``stall_timeout`` is stopped and a ``StallError`` raised."""
+        limit = _START_ALLOWANCE + self._stall_timeout
+        began = time.monotonic()
+        while True:
+            with self._lock:
+                if self._fatal is not None:
+                    raise self._fatal
+                if self._live() is None:
+                    return None
+            try:
+                got = self._opened.result(timeout=0.05)
+                break
+            except concurrent.futures.TimeoutError:
+                if time.monotonic() - began > limit:
+                    self.close()
+                    raise StallError(
+                        f"asyncload: the reader process did not open {self.url} within {limit:.0f} s (a start's "
+                        f"{_START_ALLOWANCE:.0f} s and stall_timeout={self._stall_timeout:g})",
+                        source=self.url,
+                        waited_s=time.monotonic() - began,
+                    ) from None
+        if isinstance(got, Failure):
+            raise got.raise_in(f"the reader process that opened {self.url}")
+        if not isinstance(got, Description):
+            raise WorkerError(
+                f"asyncload: the reader process for {self.url} answered its open with {type(got).__name__}"
+            )
+        return got
+
+    def _described(self) -> Description | None:
+        """The reader's ``Description`` of ``inner`` (this source opened now if it is not), or None."""
+        handle = self.handle()
+        return handle if isinstance(handle, Description) else None
 
     def _length(self, handle: Any) -> int:
         return len(self.inner)
 
     @property
     def version(self) -> str | None:
+        self.handle()  # (adopted by ``inner`` at the open)
         return self.inner.version
 
     @property
     def identity(self) -> str | None:
+        self.handle()
         return self.inner.identity
 
     @property
@@ -250,12 +300,15 @@ class IsolatedSource(Source[Any]):
 
     @property
     def store_key(self) -> str | None:
-        return self.inner.store_key
+        d = self._described()
+        return d.store_key if d is not None else self.inner.store_key
 
     def value_tag(self, column: str) -> str:
-        return self.inner.value_tag(column)
+        d = self._described()
+        return d.value_tags.get(column, "") if d is not None else self.inner.value_tag(column)
 
     def row_ids(self, positions: list[int]) -> list[int]:
+        self.handle()  # (a query's rows adopted by ``inner`` at the open)
         return self.inner.row_ids(positions)
 
     def composition(self) -> Composition | None:
@@ -264,14 +317,16 @@ class IsolatedSource(Source[Any]):
 
     @property
     def preferred_read_mode(self) -> Literal["row", "column"]:
-        return self.inner.preferred_read_mode
+        d = self._described()
+        return d.read_mode if d is not None else self.inner.preferred_read_mode
 
     @property
     def block_rows(self) -> int:
         return self.inner.block_rows
 
     def image_columns(self) -> Mapping[str, ImageColumn]:
-        return self.inner.image_columns()
+        d = self._described()
+        return d.image_columns if d is not None else self.inner.image_columns()
 
     def retry_count(self) -> int:
         return self._counts[0]
@@ -471,6 +526,11 @@ class IsolatedSource(Source[Any]):
             return
         if kind == "refused":  # the node's reader could not take the source; it hangs up next (``_died``)
             r.refused = str(payload)
+            return
+        if kind == "opened":  # the first reader's open answers for this process (``_description``)
+            with self._lock:
+                if not self._opened.done():
+                    self._opened.set_result(payload)
             return
         self._counts = counts
         with self._lock:
@@ -874,6 +934,18 @@ def _serve_requests(
         f.add_done_callback(functools.partial(_answer, out, source, rid))
 
 
+def open_described(source: Source[Any]) -> Description | Failure | None:
+    """Open ``source`` in a reader process. For a source that ``describes`` itself: its ``Description``, or
+    the ``Failure`` of its open, either sent to the training process, which answers the loader from it (it
+    has not opened the source: ``IsolatedSource._description``). For any other, None: the training process
+    opened it already, and a failure here is each read's to raise."""
+    try:
+        source.open()
+        return source.describe() if source.describes else None
+    except Exception as exc:  # noqa: BLE001 - the training process's to raise
+        return Failure(exc) if source.describes else None
+
+
 def _serve_reads(conn: Connection, module: str) -> None:
     """Read what the parent asks, concurrently on this process's loop, until told to stop or orphaned. The
     source's module (Deep Lake) is imported before the source arrives, while the parent checks its access."""
@@ -892,12 +964,10 @@ def _serve_reads(conn: Connection, module: str) -> None:
     out.put(("ready", 0, None, (0, 0)))  # imports done: from now on a silence is the store's (``_watch``)
     pending: set[concurrent.futures.Future[Any]] = set()
     try:
-        try:
-            # Now, while the training process opens its own handle and starts its epoch, not at the first
-            # read; a failure here is each read's to raise.
-            source.open()
-        except Exception:  # noqa: BLE001
-            pass
+        # Now, not at the first read: what it says answers the training process (``open_described``).
+        described = open_described(source)
+        if described is not None:
+            out.put(("opened", 0, described, (0, 0)))
         _serve_requests(conn, source, lt, out, pending, source.configure)
     finally:
         concurrent.futures.wait(list(pending), timeout=30)  # never leave a Deep Lake read running

@@ -46,6 +46,8 @@ class _Shared:
     clients: dict[int, tuple[int, int | None] | None] = field(default_factory=dict)
     #: its reads in flight, those of loaders that left included: a Deep Lake read is never left running
     reads: set[concurrent.futures.Future[Any]] = field(default_factory=set)
+    #: what its open said, sent to each loader it is given (``isolated.open_described``)
+    described: Any = None
 
 
 def _names(source: Any) -> str | None:
@@ -156,6 +158,8 @@ class _Server:
         was opened gets a handle of its own, opened now. ``path``: the loader's ``sys.path``, whose entries
         this process lacks are added (as ``multiprocessing``'s spawn gives a child its parent's), so that
         its module imports here."""
+        from .isolated import open_described
+
         digest = hashlib.sha256(payload).hexdigest()
         with self.lock:
             sys.path.extend(p for p in path if isinstance(p, str) and p not in sys.path)
@@ -165,14 +169,13 @@ class _Server:
             with self.lock:
                 known = self.sources.get(digest)
             fresh = pickle.loads(payload)
-            with contextlib.suppress(Exception):  # a failure here is each read's to raise
-                fresh.open()
+            described = open_described(fresh)
             alike = known is not None and _names(known.source) == _names(fresh) is not None
             with self.lock:  # ``known`` only while a loader still reads through it: else it is being closed
                 if known is not None and alike and known.clients and self.sources.get(digest) is known:
                     chosen = known
                 else:
-                    chosen = self.sources[digest] = _Shared(fresh)
+                    chosen = self.sources[digest] = _Shared(fresh, described=described)
                     self.opened.append(chosen)
                 chosen.clients[me] = None
             if chosen is known:
@@ -196,6 +199,8 @@ class _Server:
                 out.put(("refused", 0, f"{type(exc).__name__}: {exc}", (0, 0)))
                 return
             out.put(("ready", 0, None, (0, 0)))  # (the loader's reads queued meanwhile)
+            if shared.described is not None:
+                out.put(("opened", 0, shared.described, (0, 0)))
             configure = functools.partial(self._configure, shared, me)
             _serve_requests(conn, shared.source, self.lt, out, shared.reads, configure)
         finally:

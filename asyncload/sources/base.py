@@ -15,6 +15,7 @@ import os
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from ..runtime.loop import ExitOrder, on_exit
 
 if TYPE_CHECKING:
-    from ..image.decode import ImageColumn
+    from ..image.codecs import ImageColumn
 
 H = TypeVar("H")
 
@@ -60,6 +61,23 @@ def _ignoring_raw(read: Any) -> Any:
     read_ignoring_raw.__dict__.update(read.__dict__)  # ``__isabstractmethod__`` among them
     read_ignoring_raw.__asyncload_without_raw__ = read  # type: ignore[attr-defined]
     return read_ignoring_raw
+
+
+@dataclass(frozen=True)
+class Description:
+    """What the loader asks of an opened source, answered by the process that opened it: a reader process
+    (``processes.isolated``) sends it, so that the training process answers the loader without opening the
+    store itself (``Source.adopt``). ``learned``: what the open drew that later opens must not draw again (a
+    query's rows), set on the training process's copy, which every later reader is given."""
+
+    length: int
+    version: str | None
+    identity: str | None
+    store_key: str | None
+    image_columns: Mapping[str, ImageColumn]
+    read_mode: Literal["row", "column"]
+    value_tags: Mapping[str, str]
+    learned: Mapping[str, Any]
 
 
 def _close_at_exit(ref: weakref.ref[Source[Any]]) -> None:
@@ -230,6 +248,31 @@ class Source(abc.ABC, Generic[H]):
 
     #: False where a forked child cannot safely use a store runtime inherited from its parent.
     fork_safe: bool = True
+
+    #: True where a ``Description`` holds everything the loader asks of this source once open, so that a
+    #: reader process's open can stand for the training process's own (``describe``, ``adopt``).
+    describes: bool = False
+    #: What an open sets that must travel with the source to every later process (a query's rows): the
+    #: attributes ``describe`` sends and ``adopt`` takes, and no others.
+    learned_at_open: tuple[str, ...] = ()
+
+    def describe(self) -> Description:
+        """What the loader asks of this source, opened now if it is not."""
+        self.open()
+        return Description(
+            len(self), self.version, self.identity, self.store_key, dict(self.image_columns()),
+            self.preferred_read_mode, {c: self.value_tag(c) for c in self.columns},
+            {k: getattr(self, k) for k in self.learned_at_open},
+        )  # fmt: skip
+
+    def adopt(self, described: Description) -> None:
+        """Take what another process's open of this source learnt (``describe``): its length, version and
+        identity then answer here without a handle, and what the open drew goes with this source from now
+        on. Anything else ``describe`` sends is the caller's to answer (``IsolatedSource``)."""
+        for k, v in described.learned.items():
+            if k in self.learned_at_open:
+                setattr(self, k, v)
+        self._len, self._ver, self._ident = described.length, (described.version,), (described.identity,)
 
     #: True where a failing read can crash the process that runs it (a native library's bug): with
     #: ``processes="auto"`` the loader then reads in a process of its own (``LoaderOptions.reader_processes``).

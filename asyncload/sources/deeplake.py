@@ -10,6 +10,9 @@ Why it reads the way it does (Deep Lake 4.7.4; the figures are in benchmarks/res
 - A Deep Lake future is never cancelled (it then hangs forever) and never left unwaited: a request's
   reads are all issued, then each is waited for in turn, failures included.
 - A dataset's connections are fixed when it opens: the storage pool is sized before (``_size_storage_pool``).
+- Deep Lake is imported where a dataset is opened, not with this module: with a reader process (``processes``
+  "auto"), the training process never imports it (the reader's ``describe`` answers for it), which saves
+  that process Deep Lake's import, its open and its storage threads.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-import deeplake
 import numpy as np
 
 from ..errors import ColumnNotFoundError, ConfigError, DatasetNotFoundError, SourceError, read_error
@@ -174,10 +176,22 @@ class DeepLakeSource(Source[Any]):
     fork_safe = False
     #: Deep Lake 4.7.4 segfaults now and then while delivering a failed read (docs/deeplake_failing_read.py).
     isolate_reads = True
+    #: A reader process opens it for the training process (``Source.describe``): the query's rows and the
+    #: branch a version named come back with the description.
+    describes = True
+    learned_at_open = ("_rows", "_branch")
+
+    @property
+    def reader_module(self) -> str:
+        """Deep Lake itself, which a reader process imports while this source is on the way (this module
+        does not import it); a subclass's own module, which its pickle needs there anyway."""
+        return "deeplake" if type(self) is DeepLakeSource else type(self).__module__
 
     def dataset(self) -> Any:
         """The read-only Deep Lake dataset at this source's version, opened now (no column check): for
         tools such as ``asyncload inspect`` that look at a dataset before choosing columns."""
+        import deeplake
+
         kwargs = self._open_kwargs()
         self._size_storage_pool()
         try:
@@ -241,6 +255,8 @@ class DeepLakeSource(Source[Any]):
 
     def _open_version(self, head: Any, kwargs: dict[str, Any]) -> Any:
         """The read-only dataset at ``version``: a tag, a branch (Deep Lake's ``url@branch``) or a commit."""
+        import deeplake
+
         v = self.version_spec
         if v in set(head.tags.names()):
             return head.tags[v].open()
@@ -335,7 +351,7 @@ class DeepLakeSource(Source[Any]):
         """Image columns (``Image``) and segmentation masks (``SegmentMask``) among the requested ones; the
         stored codec where asyncload decodes it (JPEG, PNG; lz4 for uint8 masks, which the decode stage
         pairs with an image for their shape), else None: Deep Lake decodes."""
-        from ..image.decode import ImageColumn
+        from ..image.codecs import ImageColumn
 
         schema = self.handle().schema
         found: dict[str, ImageColumn] = {}
@@ -366,6 +382,8 @@ class DeepLakeSource(Source[Any]):
         less CPU and far less memory, whose per-thread part grows with the pool (benchmarks/results/cpu/).
         An int sets the pool; ``None`` leaves it alone.
         """
+        import deeplake
+
         want = self.storage_concurrency
         if want == "auto":
             if self.local or deeplake.storage.concurrency() >= AUTO_STORAGE_THREADS:

@@ -222,7 +222,7 @@ class MixedSource(Source[tuple[Source[Any], ...]]):
     def image_columns(self) -> Any:
         """The image and mask columns, under the mixture's names. Sources must agree on a column's role; a
         column whose stored codec differs between them is decoded by the stores (``stored=None``)."""
-        from ..image.decode import ImageColumn
+        from ..image.codecs import ImageColumn
 
         seen: dict[str, tuple[str, ImageColumn]] = {}
         out: dict[str, ImageColumn] = {}

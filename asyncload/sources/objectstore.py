@@ -586,7 +586,7 @@ class ObjectStoreSource(Source[_Index]):
     def image_columns(self) -> dict[str, Any]:
         """Every column is an image file: ``rgb`` ones images, ``gray`` ones masks; the stage sniffs each
         file's codec (JPEG, PNG, else Pillow)."""
-        from ..image.decode import ImageColumn
+        from ..image.codecs import ImageColumn
 
         return {c: ImageColumn("image" if self._decode[c] == "rgb" else "mask", "file") for c in self.columns}
 
