@@ -28,6 +28,7 @@ from asyncload import (
 from asyncload.sources.subset import RangeSource
 
 from .conftest import ROWS, no_children_left, pids_gone, reader_threads
+from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import CrashingSource, ExpiringSource, FailingSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,41 @@ def test_deep_lake_is_read_in_a_reader_process_by_default_and_other_sources_here
     plain = AsyncLoader(DeepLakeSource(seg_url), 16, processes=0)  # the documented way out
     assert plain.processes == 0 and plain.stats()["reader_start_s"] is None
     assert AsyncLoader(RangeSource(DeepLakeSource(seg_url), 0, 10), 4, processes=3).processes == 3
+
+
+TRAINING_SCRIPT = """
+import json, sys
+from asyncload import AsyncLoader, DeepLakeSource
+src = DeepLakeSource(sys.argv[1], creds=json.loads(sys.argv[2]))
+with AsyncLoader(src, 16, shuffle=True, seed=3) as loader:
+    got, first = [], None
+    for b in loader:
+        got += [int(i) for i in b["index"]]
+        first = first or (b["images"][0].numpy().tolist(), int(b["index"][0]))
+imported = sorted(m for m in ("deeplake", "aiohttp", "yarl") if m in sys.modules)
+print(json.dumps({"got": got, "imported": imported, "len": len(src), "version": src.version, "first": first}))
+"""
+
+
+def test_the_training_process_opens_a_dataset_in_a_bucket_without_deep_lake_or_an_http_client(remote_data) -> None:  # noqa: F811
+    """With a reader process (the default), the training process probes the bucket with the standard
+    library's client and takes the dataset's length, version and columns from the reader's open: it imports
+    neither Deep Lake nor aiohttp, and opens nothing itself, and the epoch is every row once, each the row
+    its index names."""
+    import deeplake
+
+    p = subprocess.run(
+        [sys.executable, "-c", TRAINING_SCRIPT, remote_data.deeplake_url, json.dumps(remote_data.creds())],
+        capture_output=True, text=True, timeout=150, cwd=ROOT,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["imported"] == []
+    assert sorted(out["got"]) == list(range(remote_data.rows)) and out["got"] != sorted(out["got"])
+    assert out["len"] == remote_data.rows
+    assert out["version"] == str(deeplake.open_read_only(remote_data.deeplake_url, creds=remote_data.creds()).version)
+    pixels, row = out["first"]
+    assert pixels == remote_data.images[row].tolist()
 
 
 def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_loses_nothing(

@@ -10,6 +10,10 @@ Why these settings:
   noticed within ``connect`` or ``read`` seconds instead of hanging a read forever.
 - **TLS verified by default.** Turning verification off takes an explicit ``verify_tls=False``; a path
   gives a CA bundle instead.
+- **A probe without aiohttp.** A bucket's probe is one request, sent with the standard library's client
+  (``request_blocking``), which torch and Deep Lake import anyway: a training process that probes a Deep
+  Lake bucket and reads it in a reader process then never imports aiohttp (0.24 s of CPU at each start:
+  benchmarks/results/cpu/). aiohttp is imported where a session is made.
 - **Errors keep the server's word.** A non-2xx answer becomes :class:`HTTPStatusError` with the status,
   the error code and message when the body is S3's or Azure's XML or GCS's JSON, ``Retry-After`` parsed,
   and S3's ``x-amz-bucket-region``, which is what the retry policy, the region lookup and the error
@@ -19,16 +23,18 @@ Why these settings:
 from __future__ import annotations
 
 import email.utils
+import http.client
 import json
 import re
 import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
-import aiohttp
-from yarl import URL
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,8 @@ class Timeouts:
     total: float = 60.0
 
     def client_timeout(self) -> aiohttp.ClientTimeout:
+        import aiohttp
+
         # ``connect`` in aiohttp also counts waiting for a pooled connection; ``sock_connect`` is the
         # handshake alone, which is what a dead endpoint should be judged on.
         return aiohttp.ClientTimeout(total=self.total, sock_connect=self.connect, sock_read=self.read)
@@ -142,6 +150,8 @@ def new_session(
 
     Must be called on the loop that will use it.
     """
+    import aiohttp
+
     connector = aiohttp.TCPConnector(
         limit=max(1, connections), limit_per_host=0, keepalive_timeout=keepalive_s,
         ssl=ssl_option(verify_tls), ttl_dns_cache=300,
@@ -160,6 +170,8 @@ async def request(
 ) -> tuple[bytes, Mapping[str, str]]:
     """One request; the body and headers of a 2xx answer, else :class:`HTTPStatusError`. ``url`` is sent
     as encoded."""
+    from yarl import URL
+
     async with session.request(
         method, URL(url, encoded=True), headers=headers, data=data, allow_redirects=allow_redirects
     ) as resp:
@@ -167,6 +179,39 @@ async def request(
         if resp.status >= 300:
             raise HTTPStatusError.from_response(resp.status, resp.reason or "", resp.headers, body)
         return body, resp.headers
+
+
+def request_blocking(
+    method: str, url: str, headers: Mapping[str, str] | None, timeouts: Timeouts, verify_tls: bool | str
+) -> tuple[bytes, Mapping[str, str]]:
+    """:func:`request` on a connection of its own, with the standard library's client, in the calling thread
+    (redirects are not followed): for a probe's one request (module doc). Its socket waits at most
+    ``connect`` seconds for the handshake and ``read`` for each answer's bytes."""
+    parts = urlsplit(url)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        context = ssl.create_default_context()
+        if verify_tls is False:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        elif verify_tls is not True:
+            context.load_verify_locations(cafile=str(verify_tls))
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeouts.connect, context=context)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeouts.connect)
+    try:
+        conn.connect()
+        if conn.sock is not None:
+            conn.sock.settimeout(timeouts.read)
+        conn.request(
+            method, (parts.path or "/") + (f"?{parts.query}" if parts.query else ""), headers=dict(headers or {})
+        )
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
+    if resp.status >= 300:  # (``resp.msg``: its headers, looked up regardless of case as aiohttp's are)
+        raise HTTPStatusError.from_response(resp.status, resp.reason or "", resp.msg, body)
+    return body, resp.msg
 
 
 async def request_bytes(

@@ -53,14 +53,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
-
-import aiohttp
 
 from ...errors import portable
 
@@ -164,13 +163,14 @@ def is_transient(exc: BaseException) -> bool:
     status = status_of(exc)
     if status is not None:
         return status in RETRYABLE_STATUS or getattr(exc, "code", None) in RETRYABLE_CODES
-    if isinstance(exc, (aiohttp.ClientSSLError, aiohttp.InvalidURL)):
+    aiohttp = sys.modules.get("aiohttp")  # (not imported: none of its errors can have been raised)
+    if aiohttp is not None and isinstance(exc, (aiohttp.ClientSSLError, aiohttp.InvalidURL)):
         return False  # a certificate or a URL does not fix itself
-    return isinstance(
+    if isinstance(exc, (ConnectionError, TimeoutError)):  # asyncio.TimeoutError is TimeoutError since 3.11
+        return True
+    return aiohttp is not None and isinstance(
         exc,
         (
-            ConnectionError,
-            TimeoutError,  # asyncio.TimeoutError is TimeoutError since 3.11
             aiohttp.ClientConnectionError,  # refused, reset, disconnected, socket timeouts
             aiohttp.ClientPayloadError,  # body cut short
         ),
@@ -181,7 +181,9 @@ def is_outage(exc: BaseException) -> bool:
     """True for failures that say the store may be away (no HTTP answer at all: refused, reset, timed out),
     what the :class:`Breaker` counts; an HTTP status, even 503, is an answer."""
     # A body cut short (``ClientPayloadError``) came after the store's answer had begun: it is there.
-    return status_of(exc) is None and is_transient(exc) and not isinstance(exc, aiohttp.ClientPayloadError)
+    aiohttp = sys.modules.get("aiohttp")
+    cut_short = aiohttp is not None and isinstance(exc, aiohttp.ClientPayloadError)
+    return status_of(exc) is None and is_transient(exc) and not cut_short
 
 
 def _cause_name(exc: BaseException) -> str:

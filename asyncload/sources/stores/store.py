@@ -15,6 +15,7 @@ surfacing as the first read's error after the retry policy has run out.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Mapping
 
 from ...errors import (  # noqa: F401 - the store errors are defined with the others; named here for the stores
@@ -27,7 +28,7 @@ from ...errors import (  # noqa: F401 - the store errors are defined with the ot
     StoreAccessError,
     StoreEndpointError,
 )
-from .http import HTTPStatusError, Timeouts, new_session, request
+from .http import HTTPStatusError, Timeouts, request_blocking
 from .retry import GiveUp, RetryBudget, RetryPolicy, RetryStats, describe
 
 
@@ -141,30 +142,31 @@ async def probe_store(
     region when it named one), or a :class:`SourceError` subclass naming endpoint and bucket."""
     prefix = prefix.rstrip("/") + "/" if prefix else ""
     timeouts = Timeouts(connect=min(2.0, deadline), read=deadline, total=deadline)
-    async with new_session(1, timeouts, verify_tls) as session:
 
-        async def attempt(s: Store) -> Mapping[str, str]:
-            url = s.list_url(prefix, None, 1)
-            _, headers = await request(session, "GET", url, await s.headers("GET", url), allow_redirects=False)
-            return headers
+    async def attempt(s: Store) -> Mapping[str, str]:
+        url = s.list_url(prefix, None, 1)
+        signed = await s.headers("GET", url)
+        # One request: the standard library's client, on a thread (``http.request_blocking`` says why).
+        _, headers = await asyncio.to_thread(request_blocking, "GET", url, signed, timeouts, verify_tls)
+        return headers
 
-        for hop in range(2):  # a second try only when the bucket named another region
-            try:
-                headers = await _probe_policy(deadline).call(
-                    lambda s=store: attempt(s), what=f"listing {store.where()}", budget=RetryBudget(10, 0),
-                    stats=RetryStats(),
-                )  # fmt: skip
-            except GiveUp as g:
-                region = getattr(g.last, "region", None)
-                moved = store.rerouted(region) if hop == 0 else None
-                if moved is not None:
-                    store = moved
-                    continue
-                err = classify(g, store, what, deadline)
-                if err is not None:
-                    raise err from None
-                return store
-            return store.rerouted(headers.get("x-amz-bucket-region")) or store
+    for hop in range(2):  # a second try only when the bucket named another region
+        try:
+            headers = await _probe_policy(deadline).call(
+                lambda s=store: attempt(s), what=f"listing {store.where()}", budget=RetryBudget(10, 0),
+                stats=RetryStats(),
+            )  # fmt: skip
+        except GiveUp as g:
+            region = getattr(g.last, "region", None)
+            moved = store.rerouted(region) if hop == 0 else None
+            if moved is not None:
+                store = moved
+                continue
+            err = classify(g, store, what, deadline)
+            if err is not None:
+                raise err from None
+            return store
+        return store.rerouted(headers.get("x-amz-bucket-region")) or store
     return store
 
 
