@@ -318,6 +318,7 @@ class Runner:
     """
 
     def __init__(self, timeout_s: float, enter: Callable[[], None] | None = None) -> None:
+        import compileall
         import pkgutil
         from multiprocessing import forkserver
 
@@ -325,6 +326,10 @@ class Runner:
 
         from . import modules
 
+        # asyncload's bytecode, as pip writes it when it installs the wheel: a reader process asyncload spawns
+        # is a new interpreter, which would compile every module it imports (0.1-0.25 s of CPU charged to
+        # asyncload) where PYTHONDONTWRITEBYTECODE is set, as on this project's machines.
+        compileall.compile_dir(asyncload.__path__[0], quiet=1)
         self.timeout_s = timeout_s
         self.ctx = mp.get_context("forkserver")
         # Every asyncload module, not only the package: a module imported lazily in a child would come
