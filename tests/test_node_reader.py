@@ -5,6 +5,7 @@ it ends with its last loader. The wire bytes of one node's ranks are counted at 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -19,12 +20,13 @@ from pathlib import Path
 import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource
-from asyncload.processes.nodereader import connect
+from asyncload.processes.nodereader import connect, socket_name
 
 from .conftest import ROWS, pids_gone, reader_pids
 from .remote_fixtures import seaweed  # noqa: F401 - fixture
 from .sources import CrashingSource, HandleLog
 
+ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(180)
 
 
@@ -55,14 +57,14 @@ def test_the_loaders_of_one_node_read_through_one_reader_that_ends_with_the_last
     assert "asyncload.processes.nodeserver import server_main" in _cmdline(pid) and pid not in reader_pids()
     assert set(got) == set(range(ROWS)) and len(got) == ROWS + ROWS % 2  # (an odd last row padded: ``remainder``)
     readers = tmp_path / "node" / "readers"
-    assert (readers.stat().st_mode & 0o777) == 0o700 and (readers / "reader.sock").is_socket()
+    assert (readers.stat().st_mode & 0o777) == 0o700 and (readers / socket_name()).is_socket()
     a.close()
     time.sleep(0.3)
     assert not pids_gone([pid])  # it serves b still
     assert set(_indices(b) + _indices(a)) == set(range(ROWS))  # a closed loader joins it again
     a.close()
     b.close()
-    assert _gone_soon([pid]) and not (readers / "reader.sock").exists()
+    assert _gone_soon([pid]) and not (readers / socket_name()).exists()
     off = AsyncLoader(DeepLakeSource(seg_url), 8, shared_reader=False, **opts)
     assert off._isolated.pid in reader_pids()  # a reader of its own
     off.close()
@@ -134,7 +136,7 @@ def test_the_shared_reader_admits_only_a_holder_of_the_users_key(tmp_path) -> No
     root = tmp_path / "node"
     conn, node = connect(root)
     readers = os.open(root / "readers", os.O_RDONLY | os.O_DIRECTORY)
-    address = f"/proc/self/fd/{readers}/reader.sock"
+    address = f"/proc/self/fd/{readers}/{socket_name()}"
     try:
         with pytest.raises((AuthenticationError, EOFError, ConnectionError)):
             Client(address, family="AF_UNIX", authkey=os.urandom(32))
@@ -295,3 +297,54 @@ def test_a_loader_never_reads_an_older_dataset_through_the_shared_reader(tmp_pat
     assert {int(b["images"].max()) for b in second} == {9}
     second.close()
     first.close()
+
+
+TWO_BUILDS = """
+import json, sys
+import asyncload
+from asyncload import AsyncLoader, DeepLakeSource
+loader = AsyncLoader(DeepLakeSource(sys.argv[1]), 8, shuffle=True, seed=1, cache=True, cache_dir=sys.argv[2])
+print(json.dumps({"server": loader._isolated.pid, "package": asyncload.__file__}), flush=True)
+sys.stdin.readline()
+print(json.dumps({"got": sorted(int(i) for b in loader for i in b["index"])}), flush=True)
+loader.close()
+"""
+
+
+def test_two_builds_of_asyncload_on_one_node_each_read_through_a_server_of_their_own(seg_url, tmp_path) -> None:
+    """A node where two jobs run two builds of asyncload (an upgrade while an older job reads; two checkouts):
+    each loader meets only a server that runs its own code, started on that code whatever the working
+    directory would import, and both epochs are exact. One server for both would unpickle one build's sources
+    with the other's classes and send frames the other cannot read (it did: a stall of 120 s)."""
+    import shutil
+    import subprocess
+    import sys
+
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "asyncload", other / "asyncload", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(other / "asyncload" / "processes" / "isolated.py", "a") as f:
+        f.write("# another build\n")
+    jobs = {}
+    for name, cwd in (("this", ROOT), ("other", other)):
+        argv = [sys.executable, "-c", TWO_BUILDS, seg_url, str(tmp_path / "node")]
+        jobs[name] = subprocess.Popen(argv, cwd=cwd, text=True,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        said = {name: json.loads(job.stdout.readline() or "null") for name, job in jobs.items()}
+        assert all(said.values()), {name: job.stderr.read()[-3000:] for name, job in jobs.items() if not said[name]}
+        assert said["this"]["package"].startswith(str(ROOT)) and said["other"]["package"].startswith(str(other))
+        servers = {name: s["server"] for name, s in said.items()}
+        assert servers["this"] != servers["other"], servers
+        lines = {name: _cmdline(pid) for name, pid in servers.items()}
+        assert all("asyncload.processes.nodeserver import server_main" in line for line in lines.values()), lines
+        assert str(other) in lines["other"] and str(other) not in lines["this"], lines
+        assert len(list((tmp_path / "node" / "readers").glob("reader-*.sock"))) == 2
+        for name, job in jobs.items():
+            out, err = job.communicate("\n", timeout=120)
+            assert job.returncode == 0, err[-3000:]
+            assert json.loads(out.strip().splitlines()[-1])["got"] == list(range(ROWS)), name
+    finally:
+        for job in jobs.values():
+            job.kill()
+            job.wait(10)
+    assert _gone_soon(list(servers.values()))

@@ -8,7 +8,7 @@ not hold fetches the whole page again, and each opens the dataset and reads ever
 for itself. One reader for the node holds them once.
 
 How: the first loader of a node (a node is the node store's root, ``cache_dir``) that needs a reader binds
-and listens on ``<root>/readers/reader.sock`` and starts the server with that socket (``nodeserver``: this
+and listens on ``<root>/readers/reader-<code tag>.sock`` (``code_tag``: one server per build of asyncload) and starts the server with that socket (``nodeserver``: this
 module is the loader's side); every loader connects at once (``launch``) and completes the connection once
 it has opened its own handle (``handshake``), so that no loader waits for the server's start. The socket lives in the store's private directory (``nodestore.root``: the user's,
 0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
 import logging
 import os
 import select
@@ -47,8 +49,31 @@ from ..runtime.loop import start_thread
 
 log = logging.getLogger("asyncload")
 
-SOCKET = "reader.sock"
-LOCK = "reader.lock"
+#: The package this process runs: the server a loader starts runs it too (``_start``).
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def code_tag() -> str:
+    """A digest of the asyncload code this process runs (every module of the package, by content): part of the
+    socket's and the lock's names, so that a loader only ever meets a server that runs its own code. A node
+    where two jobs run two builds of asyncload (an upgrade while an older job still reads, two checkouts)
+    then has one server per build; one server for both would unpickle one build's sources and send frames
+    the other cannot read."""
+    h = hashlib.sha256()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        h.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def socket_name() -> str:
+    return f"reader-{code_tag()}.sock"
+
+
+def lock_name() -> str:
+    return f"reader-{code_tag()}.lock"
+
+
 #: Seconds a loader waits for a new server's first word (an interpreter and its imports: ~0.2 s) before it
 #: reads in a reader of its own.
 START_S = 30.0
@@ -77,7 +102,7 @@ def readers_dir(root: Path) -> int:
 def _address(dfd: int) -> str:
     """The socket's path through this process's descriptor of its directory: short whatever the root's
     length (an AF_UNIX path has 108 bytes), and never through a name another user could have replaced."""
-    return f"/proc/self/fd/{dfd}/{SOCKET}"
+    return f"/proc/self/fd/{dfd}/{socket_name()}"
 
 
 def _peer(sock_fd: int) -> tuple[int, int]:
@@ -161,7 +186,7 @@ class Launch:
 
 def launch(root: Path, module: str = "deeplake") -> Launch:
     """Connect to the node's reader under ``root``, starting it where none listens, without waiting for it:
-    a new server's socket is bound and listening here, under ``reader.lock``, before the server starts (it is
+    a new server's socket is bound and listening here, under its lock (``lock_name``), before the server starts (it is
     handed the socket), so that every loader of the node connects at once and one server is ever started.
     ``handshake`` then waits for the server, once this loader has done its own open meanwhile. ``module``:
     what a server started here imports at once (the source's ``reader_module``)."""
@@ -170,13 +195,13 @@ def launch(root: Path, module: str = "deeplake") -> Launch:
     except OSError as exc:
         raise NodeUnavailable(f"{root}/readers: {exc}", said=True) from exc
     try:
-        lock = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        lock = os.open(lock_name(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             sock, popen = _connect(dfd), None
             if sock is None:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(SOCKET, dir_fd=dfd)  # a server that died without removing it
+                    os.unlink(socket_name(), dir_fd=dfd)  # a server that died without removing it
                 popen = _start(dfd, root / "readers", module)
                 sock = _connect(dfd)
                 if sock is None:
@@ -245,13 +270,15 @@ def _start(dfd: int, where: Path, module: str) -> subprocess.Popen[bytes]:
         listening.bind(_address(dfd))
         listening.listen(64)
         env = dict(os.environ, **{v: os.environ.get(v, "1") for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
-        code = "from asyncload.processes.nodeserver import server_main; server_main()"
+        # This process's asyncload first on the server's path, whatever its working directory or the
+        # environment would import instead: it serves this code's socket (``code_tag``).
+        code = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from asyncload.processes.nodeserver import server_main; server_main()"
         fd = listening.fileno()
-        popen = subprocess.Popen([sys.executable, "-c", code, str(where), module, str(fd)], stdin=subprocess.DEVNULL,
-                                 env=env, close_fds=True, pass_fds=(fd,))  # fmt: skip
+        popen = subprocess.Popen([sys.executable, "-c", code, str(where), module, str(fd), socket_name()],
+                                 stdin=subprocess.DEVNULL, env=env, close_fds=True, pass_fds=(fd,))  # fmt: skip
     except OSError as exc:
         with contextlib.suppress(OSError):
-            os.unlink(SOCKET, dir_fd=dfd)
+            os.unlink(socket_name(), dir_fd=dfd)
         raise NodeUnavailable(f"the node's reader could not be started: {type(exc).__name__}: {exc}") from exc
     finally:
         listening.close()  # (the server holds it now)

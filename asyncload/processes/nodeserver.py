@@ -1,5 +1,5 @@
 """The node's shared Deep Lake reader itself (``nodereader`` is the loader's side, and says why): a process
-that listens on ``<root>/readers/reader.sock``, admits this user's processes that hold the user's key, and
+that listens on ``<root>/readers/reader-<code tag>.sock``, admits this user's processes that hold the user's key, and
 reads for each what it asks, as a loader's own reader process does (``isolated``), in the same frames.
 Loaders that send the same pickled source share one opened handle, closed once its last loader has left and
 its reads have ended. It exits once its last loader has left.
@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..runtime.loop import LoopThread, start_thread
-from .nodereader import SOCKET, NodeUnavailable, _key, _peer
+from .nodereader import NodeUnavailable, _key, _peer
 
 log = logging.getLogger("asyncload")
 
@@ -60,11 +60,12 @@ def _names(source: Any) -> str | None:
 
 
 class _Server:
-    def __init__(self, dfd: int, sock: socket.socket, key: bytes) -> None:
+    def __init__(self, dfd: int, sock: socket.socket, name: str, key: bytes) -> None:
         self.key = key
         self.dfd = dfd
         self.sock = sock  # bound and listening already (``nodereader._start``)
-        self.inode = os.stat(SOCKET, dir_fd=dfd, follow_symlinks=False).st_ino  # (to remove it only if ours)
+        self.name = name  # its name in the readers directory (``nodereader.socket_name``)
+        self.inode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino  # (to remove it only if ours)
         self.lock = threading.Lock()
         self.clients = 0
         self.stopping = False
@@ -121,8 +122,8 @@ class _Server:
         started the next server on that name)."""
         self.sock.close()
         with contextlib.suppress(OSError):
-            if os.stat(SOCKET, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
-                os.unlink(SOCKET, dir_fd=self.dfd)
+            if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
+                os.unlink(self.name, dir_fd=self.dfd)
 
     def _admit(self, raw: socket.socket) -> None:
         """A new connection: the peer must be this user's and hold the key (both ways) before anything it
@@ -233,21 +234,22 @@ def _early_import(module: str) -> None:
 
 def server_main() -> None:
     """The server's entry (``python -c``): ``argv[1]`` is the readers directory, ``argv[2]`` the module to
-    import at once, ``argv[3]`` the listening socket the loader that started it made (``nodereader._start``)."""
+    import at once, ``argv[3]`` the listening socket the loader that started it made (``nodereader._start``),
+    ``argv[4]`` that socket's name there."""
     from ..runtime.procs import run_child
 
-    run_child(dict(os.environ), _serve, sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    run_child(dict(os.environ), _serve, sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
 
 
-def _serve(where: str, module: str, fd: int) -> None:
-    """Serve the node's loaders on the socket ``fd`` (bound and listening in ``where``), the first loader's
-    source module imported at once, until the last loader has left."""
+def _serve(where: str, module: str, fd: int, name: str) -> None:
+    """Serve the node's loaders on the socket ``fd`` (bound and listening in ``where`` as ``name``), the first
+    loader's source module imported at once, until the last loader has left."""
     sock = socket.socket(fileno=fd)
     dfd = os.open(where, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     st = os.fstat(dfd)
     if st.st_uid != os.getuid() or st.st_mode & 0o077:  # (the loader made it so: ``readers_dir``)
         raise NodeUnavailable(f"{where} is not this user's private directory")
-    server = _Server(dfd, sock, _key())
+    server = _Server(dfd, sock, name, _key())
     if module != "__main__":
         start_thread(_early_import, module, name="asyncload-node-reader-import")
     server.serve()
