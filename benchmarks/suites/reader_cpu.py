@@ -296,7 +296,9 @@ def _run_child(tree: str, spec: dict[str, Any], prefix: list[str]) -> dict[str, 
             k, v = kv.split("=", 1)
             env[k] = v
     cmd = [*prefix, sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
-    p = subprocess.run(cmd, env=env, cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    # In the tree: the node's shared reader that a run starts (``python -c``) imports the asyncload of its working
+    # directory, which must be the tree's, or a "before" run would read through this checkout's server.
+    p = subprocess.run(cmd, env=env, cwd=str(Path(path).resolve()), capture_output=True, text=True, timeout=600)
     lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not lines:
         return {"error": f"rc {p.returncode}: {p.stderr[-2000:]}"}
