@@ -8,8 +8,8 @@ not hold fetches the whole page again, and each opens the dataset and reads ever
 for itself. One reader for the node holds them once.
 
 How: the first loader of a node (a node is the node store's root, ``cache_dir``) that needs a reader binds
-and listens on ``<root>/readers/reader-<code tag>.sock`` (``code_tag``: one server per build of asyncload) and starts the server with that socket (``nodeserver``: this
-module is the loader's side); every loader connects at once (``launch``) and completes the connection once
+and listens on ``<root>/readers/reader-<code tag>.sock`` (``code_tag``: one server per build of asyncload)
+and starts the server with that socket (``nodeserver``: this module is the loader's side); every loader connects at once (``launch``) and completes the connection once
 it has opened its own handle (``handshake``), so that no loader waits for the server's start. The socket lives in the store's private directory (``nodestore.root``: the user's,
 0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
 ``multiprocessing.connection``, both ways) and the server checks its peer's uid (``SO_PEERCRED``) before
@@ -186,8 +186,8 @@ class Launch:
 
 def launch(root: Path, module: str = "deeplake") -> Launch:
     """Connect to the node's reader under ``root``, starting it where none listens, without waiting for it:
-    a new server's socket is bound and listening here, under its lock (``lock_name``), before the server starts (it is
-    handed the socket), so that every loader of the node connects at once and one server is ever started.
+    a new server's socket is bound and listening here, under its lock (``lock_name``), before the server
+    starts (it is handed the socket), so that every loader of the node connects at once and one server is ever started.
     ``handshake`` then waits for the server, once this loader has done its own open meanwhile. ``module``:
     what a server started here imports at once (the source's ``reader_module``)."""
     try:
