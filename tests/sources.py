@@ -208,6 +208,25 @@ class CrashingSource(DeepLakeSource):
         return await super().read(indices, raw)
 
 
+class CrashingOpen(CrashingSource):
+    """A ``CrashingSource`` whose open kills the first reader process that opens it (``once_dir``'s marker
+    ``open``), before that reader has said what it opened: the training process, which does not open it,
+    must wait for the next reader's open."""
+
+    def _open(self):
+        if os.getpid() != self.owner and self._kills_open():
+            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+            os.kill(os.getpid(), self.sig)
+        return super()._open()
+
+    def _kills_open(self) -> bool:
+        try:
+            os.close(os.open(os.path.join(str(self.once_dir), "open"), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return False
+        return True
+
+
 class ExpiringSource(CrashingSource):
     """A ``CrashingSource`` whose access can be handed to one reader process only: the next
     ``reader_copy`` fails, as a credential chain that can no longer renew its keys does."""

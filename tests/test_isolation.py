@@ -91,6 +91,19 @@ def test_the_training_process_opens_a_dataset_in_a_bucket_without_deep_lake_or_a
     assert pixels == remote_data.images[row].tolist()
 
 
+def test_a_reader_that_dies_opening_the_dataset_is_replaced_and_the_next_ones_open_answers(seg_url, tmp_path) -> None:
+    """The training process does not open Deep Lake: it waits for the reader's open. A reader killed while it
+    opens (before it said what it opened) is replaced as any dead reader is, the loader is built from the next
+    one's open, and the epoch is exact."""
+    from .sources import CrashingOpen
+
+    src = CrashingOpen(seg_url, (), once_dir=str(tmp_path))
+    with AsyncLoader(src, 16, shuffle=True, seed=5) as loader:
+        assert (tmp_path / "open").exists()  # the first reader died in its open
+        assert src._handle_obj is None and len(loader.source) == ROWS
+        assert sorted(_indices(loader)) == list(range(ROWS))
+
+
 def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_loses_nothing(
     seg_url, tmp_path
 ) -> None:
