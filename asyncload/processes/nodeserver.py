@@ -1,6 +1,7 @@
 """The node's shared Deep Lake reader itself (``nodereader`` is the loader's side, and says why): a process
-that listens on ``<root>/readers/reader-<code tag>.sock``, admits this user's processes that hold the user's key, and
-reads for each what it asks, as a loader's own reader process does (``isolated``), in the same frames.
+that listens on ``<root>/readers/reader-<code tag>.sock`` (one per build of asyncload), admits this user's
+processes that hold the user's key, and reads for each what it asks, as a loader's own reader process does
+(``isolated``), in the same frames.
 Loaders that send the same pickled source share one opened handle, closed once its last loader has left and
 its reads have ended. It exits once its last loader has left.
 """
