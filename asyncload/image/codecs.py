@@ -291,5 +291,6 @@ def _finish(got: np.ndarray, mode: Mode, out: np.ndarray | None) -> np.ndarray:
 
 
 __all__ = [
-    "LZ4_HEADER", "DecodeError", "Header", "ImageColumn", "Mode", "Role", "decode", "header", "is_stored", "lz4_header", "lz4_size", "sniff",
+    "LZ4_HEADER", "DecodeError", "Header", "ImageColumn", "Mode", "Role", "decode", "header", "is_stored",
+    "lz4_header", "lz4_size", "sniff",
 ]  # fmt: skip

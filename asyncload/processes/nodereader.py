@@ -272,7 +272,10 @@ def _start(dfd: int, where: Path, module: str) -> subprocess.Popen[bytes]:
         env = dict(os.environ, **{v: os.environ.get(v, "1") for v in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")})
         # This process's asyncload first on the server's path, whatever its working directory or the
         # environment would import instead: it serves this code's socket (``code_tag``).
-        code = f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); from asyncload.processes.nodeserver import server_main; server_main()"
+        code = (
+            f"import sys; sys.path.insert(0, {str(PACKAGE.parent)!r}); "
+            "from asyncload.processes.nodeserver import server_main; server_main()"
+        )
         fd = listening.fileno()
         popen = subprocess.Popen([sys.executable, "-c", code, str(where), module, str(fd), socket_name()],
                                  stdin=subprocess.DEVNULL, env=env, close_fds=True, pass_fds=(fd,))  # fmt: skip
