@@ -58,7 +58,7 @@ from .engine.sampler import EpochSampler, Ranges, Remainder, Shard, distributed_
 from .engine.slowest import RankBoard, exchange
 from .engine.stats import ROW, Stats, row, summed
 from .errors import ConfigError, portable
-from .loader import AsyncLoader
+from .loader import AsyncLoader, open_through, reader_for
 from .runtime.log import log_once_forked
 from .sources.base import Source
 
@@ -116,7 +116,16 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
             from .image.gpu import require_torchvision
 
             require_torchvision(self.options.decode)
-        self.source = source.open()
+        # Opened by a reader process where the source describes itself (Deep Lake: ``loader.reader_for``), which
+        # is stopped once it has said what it opened: this process, which DataLoader forks into its workers,
+        # then holds no Deep Lake runtime (which does not survive a fork), starts none of its threads and
+        # imports none of it. Each worker's loader reads through a reader of its own, or the node's.
+        reader = reader_for(source, self.options) if source.describes else None
+        try:
+            self.source = open_through(source, reader)
+        finally:
+            if reader is not None:
+                reader.close()
         if rank is None and world_size is None:  # the shard comes from the process group (``engine.ranks``)
             check_ranks_agree(
                 self.source, "dataset", node_scope=self.options.shuffle and self.options.shuffle_scope == "node"
@@ -256,7 +265,6 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         state = self.__dict__.copy()
         state["_here"] = None
         state["_board"] = None  # the process group's store is this process's: workers post nothing
-        state["_pickled"] = True  # a spawn/forkserver copy; a forked worker has the original dict
         rank, world = distributed_rank_world()
         if state["rank"] is None:
             state["rank"] = rank
@@ -307,6 +315,8 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         # DataLoader workers share the byte budget as fan-out workers do: N workers hold what one would
         budget = max(1, self.options.budget_bytes // shard.num_workers)
         options = self.options.replace(start_batch=start, memory_budget=budget)
+        # (before the loader, which may open the source in this worker)
+        forked_open = not self.source.fork_safe and self.source.opened_elsewhere()
         try:
             loader = AsyncLoader(self.source, shard=shard, options=options)
         except Exception as exc:
@@ -321,7 +331,7 @@ class AsyncIterableDataset(torch.utils.data.IterableDataset):  # type: ignore[ty
         self._here = loader
         it = iter(loader)
         if torch.utils.data.get_worker_info() is not None:
-            if not self.__dict__.get("_pickled") and not self.source.fork_safe:
+            if forked_open:
                 log_once_forked(  # once in all, not once per forked worker per epoch
                     f"fork {self.source.url}",
                     f"asyncload: DataLoader worker (pid {os.getpid()}) was forked from a process that had opened "

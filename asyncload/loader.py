@@ -208,41 +208,15 @@ class AsyncLoader:
         if o.with_index and "index" in source.columns:
             raise ConfigError("with_index=True is not allowed with a column named 'index': pass with_index=False")
         self.options = o
-        #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
-        #: this process (Deep Lake), none otherwise (``LoaderOptions.reader_processes``)
-        self.processes = o.reader_processes(source)
-        pickled = _pickled(source) if self.processes and o.processes == "auto" else None
-        if pickled is None and o.processes == "auto":
-            self.processes = 0
         #: ``processes="auto"`` on a source whose reads can crash this process: its reads, and only they,
         #: run in a reader process (``isolated``); the pipeline and the decoding stay here
-        self._isolated: IsolatedSource | None = None
-        if pickled is not None:
-            self._isolated = IsolatedSource(
-                source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
-                stall_timeout=o.stall_timeout, node_root=o.shared_reader_root(source),
-            )  # fmt: skip
-            # Now, not at the first epoch: the reader's start and its open of the store overlap with the
-            # checks here and with whatever the training script does before its first batch. A source that
-            # describes itself is opened by the reader alone, which answers for it here (``Description``);
-            # any other is opened here too, and one whose open draws its rows starts its reader once
-            # opened here, so that the reader reads those rows.
-            if source.opens_alike or source.describes:
-                self._isolated.start(early=True)
+        self._isolated = reader_for(source, o)
+        #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
+        #: this process (Deep Lake) and can be pickled into one, none otherwise (``reader_for``)
+        self.processes = o.reader_processes(source) if o.processes != "auto" or self._isolated is not None else 0
         opening = time.perf_counter()
-        try:
-            if self._isolated is not None and source.describes:
-                self._isolated.open()
-                self.source = source
-            else:
-                self.source = source.open()
-        except BaseException:
-            if self._isolated is not None:
-                self._isolated.close()
-            raise
+        self.source = open_through(source, self._isolated)
         self._open_s = time.perf_counter() - opening
-        if self._isolated is not None:
-            self._isolated.start()  # (started already, unless the open above drew the rows)
         if shard_from == PROCESS_GROUP:  # every rank builds it: they compare what they opened (``ranks``)
             try:
                 check_ranks_agree(self.source, node_scope=o.shuffle and o.shuffle_scope == "node")
@@ -443,6 +417,43 @@ class AsyncLoader:
             f"AsyncLoader({self.source!r}, batch_size={o.batch_size}, concurrency={o.concurrency}, "
             f"prefetch={o.prefetch}, read_mode={self.read_mode!r}, in_order={o.in_order})"
         )
+
+
+def reader_for(source: Source[Any], o: LoaderOptions) -> IsolatedSource | None:
+    """The reader process a loader of ``source`` with options ``o`` reads through (``processes="auto"`` on a
+    source whose reads can crash this process: ``LoaderOptions.reader_processes``), or None where it reads in
+    this process. Started now, not at the first epoch, so that its start and its open of the store overlap
+    the checks here and whatever the training script does before its first batch; but a source whose open
+    draws its rows and that does not describe itself, once opened here (``open_through``), so that the
+    reader reads those rows."""
+    pickled = _pickled(source) if o.reader_processes(source) and o.processes == "auto" else None
+    if pickled is None:
+        return None
+    reader = IsolatedSource(
+        source, needs_main=b"__main__" in pickled, max_restarts=o.max_restarts, timeout=o.shutdown_timeout,
+        stall_timeout=o.stall_timeout, node_root=o.shared_reader_root(source),
+    )  # fmt: skip
+    if source.opens_alike or source.describes:
+        reader.start(early=True)
+    return reader
+
+
+def open_through(source: Source[Any], reader: IsolatedSource | None) -> Source[Any]:
+    """``source``, opened: by ``reader``'s open alone where it describes itself (``Description``: this process
+    then never opens the store, nor imports Deep Lake), else here; then ``reader`` is started if it was not.
+    A failure stops ``reader``."""
+    try:
+        if reader is not None and source.describes:
+            reader.open()
+        else:
+            source.open()
+        if reader is not None:
+            reader.start()  # (started already, unless the open above drew the rows)
+    except BaseException:
+        if reader is not None:
+            reader.close()
+        raise
+    return source
 
 
 def _pickled(source: Source[Any]) -> bytes | None:

@@ -364,23 +364,38 @@ def test_object_store_version_is_a_digest_of_its_keys(http_images: str) -> None:
 
 
 FORKED_SCRIPT = """
-import sys
+import json, sys
 from torch.utils.data import DataLoader
 from asyncload import AsyncIterableDataset, DeepLakeSource
-ds = AsyncIterableDataset(DeepLakeSource(sys.argv[1]), batch_size=64, concurrency=8)
+ds = AsyncIterableDataset(DeepLakeSource(sys.argv[1]), batch_size=64, concurrency=8, **json.loads(sys.argv[2]))
+print("deeplake imported", "deeplake" in sys.modules, file=sys.stderr, flush=True)
 for ctx in ("fork", "spawn"):
-    n = sum(len(b["index"]) for b in DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=ctx))
-    print(ctx, n, file=sys.stderr, flush=True)
+    got = sorted(int(i) for b in DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context=ctx)
+                 for i in b["index"])
+    print(ctx, len(got), got == list(range(len(got))), file=sys.stderr, flush=True)
 """
 
 
-def test_forked_workers_of_a_deep_lake_dataset_are_warned_about(seg_url: str) -> None:
+@pytest.mark.parametrize("processes", ["auto", 0])
+def test_forked_workers_are_warned_about_only_where_this_process_opened_deep_lake(seg_url: str, processes) -> None:
+    """With a reader process (the default), the dataset is opened by a reader that stops once it has said
+    what it opened: the training process holds no Deep Lake runtime to fork (nor imports Deep Lake), and a
+    forked worker is no risk. With ``processes=0`` the training process opens it, and a forked worker, which
+    would inherit Deep Lake's runtime, is warned about once."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", FORKED_SCRIPT, seg_url], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_SCRIPT, seg_url, json.dumps({"processes": processes})],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stderr.splitlines()
+    assert f"deeplake imported {processes == 0}" in lines
+    assert f"fork {ROWS} True" in lines and f"spawn {ROWS} True" in lines
     warned = [i for i, line in enumerate(lines) if "was forked from a process that had opened" in line]
-    assert len(warned) == 1 and "multiprocessing_context='spawn' or 'forkserver'" in lines[warned[0]]
-    assert warned[0] < lines.index(f"fork {ROWS}") < lines.index(f"spawn {ROWS}")  # spawn is not warned about
+    if processes == 0:
+        assert len(warned) == 1 and "multiprocessing_context='spawn' or 'forkserver'" in lines[warned[0]]
+        assert warned[0] < lines.index(f"fork {ROWS} True") < lines.index(f"spawn {ROWS} True")  # spawn is not warned
+    else:
+        assert warned == [], lines

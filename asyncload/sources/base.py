@@ -163,6 +163,11 @@ class Source(abc.ABC, Generic[H]):
         self.handle()
         return self
 
+    def opened_elsewhere(self) -> bool:
+        """Whether this process holds a handle that another process opened: a fork's parent's, whose store
+        runtime a source that is not ``fork_safe`` cannot use here."""
+        return self._handle_obj is not None and self._handle_pid != os.getpid()
+
     def close(self) -> None:
         """Drop this process's handle. Only call when no read is in flight (the loader ensures it)."""
         with self._handle_lock:
