@@ -58,13 +58,18 @@ def main() -> None:
         for _ in range(runs):
             for name, tree in trees.items():
                 env = {**os.environ, "PYTHONPATH": tree, "ASYNCLOAD_CACHE_DIR": f"/tmp/start-cost-{os.getpid()}"}
-                p = subprocess.run([sys.executable, "-c", CHILD, url, creds], env=env, cwd=tree, capture_output=True, text=True)
+                p = subprocess.run(
+                    [sys.executable, "-c", CHILD, url, creds], env=env, cwd=tree, capture_output=True, text=True
+                )
                 if p.returncode:
                     raise SystemExit(p.stderr[-2000:])
                 got[name].append(json.loads(p.stdout.strip().splitlines()[-1]))
                 subprocess.run(["rm", "-rf", env["ASYNCLOAD_CACHE_DIR"]], check=True)
     for name, rows in got.items():
-        med = {k: statistics.median(float(r[k]) for r in rows) for k in ("cpu_s", "built_cpu_s", "rss_mb", "built_s", "first_batch_s")}
+        med = {
+            k: statistics.median(float(r[k]) for r in rows)
+            for k in ("cpu_s", "built_cpu_s", "rss_mb", "built_s", "first_batch_s")
+        }
         print(json.dumps({"tree": name, "runs": runs, **{k: round(v, 3) for k, v in med.items()},
                           "threads": rows[0]["threads"], "imported": rows[0]["imported"]}))  # fmt: skip
 
