@@ -7,6 +7,7 @@ import json
 import os
 import resource
 import signal
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -225,6 +226,18 @@ class CrashingOpen(CrashingSource):
         except FileExistsError:
             return False
         return True
+
+
+class UnsendableDescription(DeepLakeSource):
+    """A source whose open learns something that cannot be pickled: the reader's description of it cannot
+    be sent to the training process."""
+
+    learned_at_open = ("_rows", "_branch", "_learned_lock")
+
+    def _open(self):
+        handle = super()._open()
+        self._learned_lock = threading.Lock()
+        return handle
 
 
 class ExpiringSource(CrashingSource):

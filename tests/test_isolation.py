@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +103,19 @@ def test_a_reader_that_dies_opening_the_dataset_is_replaced_and_the_next_ones_op
         assert (tmp_path / "open").exists()  # the first reader died in its open
         assert src._handle_obj is None and len(loader.source) == ROWS
         assert sorted(_indices(loader)) == list(range(ROWS))
+
+
+@pytest.mark.timeout(60)
+def test_a_description_that_cannot_be_sent_fails_the_loader_at_once_naming_why(seg_url) -> None:
+    """What the reader's open said must reach the training process, which waits for it: where it cannot be
+    pickled, the loader fails with the pickling error at once, not after the open's deadline (30 s and
+    ``stall_timeout``), and its reader is stopped."""
+    from .sources import UnsendableDescription
+
+    began = time.monotonic()
+    with pytest.raises(TypeError, match="pickle"):
+        AsyncLoader(UnsendableDescription(seg_url), 16)
+    assert time.monotonic() - began < 20
 
 
 def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_loses_nothing(

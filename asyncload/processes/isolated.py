@@ -527,7 +527,9 @@ class IsolatedSource(Source[Any]):
         if kind == "refused":  # the node's reader could not take the source; it hangs up next (``_died``)
             r.refused = str(payload)
             return
-        if kind == "opened":  # the first reader's open answers for this process (``_description``)
+        # The first reader's open answers for this process (``_description``): what it said, or why what it
+        # said could not be sent ("failed" with rid 0, which no read has: ``_send_all``).
+        if kind == "opened" or (kind == "failed" and rid == 0):
             with self._lock:
                 if not self._opened.done():
                     self._opened.set_result(payload)
