@@ -305,6 +305,26 @@ def test_untrusted_certificate_is_refused_at_once_unless_explicitly_allowed(
         assert np.array_equal(batch["images"][0].numpy(), image)
 
 
+@pytest.mark.timeout(60)
+def test_a_probes_request_keeps_the_tls_policy_of_the_sessions(https_files: tuple[str, Path, np.ndarray]) -> None:
+    """A bucket's probe sends its one request with the standard library's client (``request_blocking``), not
+    aiohttp's: it verifies as the sessions do, against the system's CAs by default (the self-signed
+    certificate refused), against a given bundle alone, or not at all when told; a non-2xx answer is an
+    ``HTTPStatusError`` with its status, and headers are looked up regardless of case."""
+    from asyncload.sources.stores.http import HTTPStatusError, Timeouts, request_blocking
+
+    url, cert, _ = https_files
+    timeouts = Timeouts(connect=2.0, read=5.0, total=5.0)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        request_blocking("GET", f"{url}/images/000000.png", {}, timeouts, True)
+    for verify in (str(cert), False):
+        body, headers = request_blocking("GET", f"{url}/images/000000.png", {}, timeouts, verify)
+        assert body.startswith(b"\x89PNG") and headers.get("content-type") == "image/png"
+    with pytest.raises(HTTPStatusError) as info:
+        request_blocking("GET", f"{url}/images/missing.png", {}, timeouts, False)
+    assert info.value.status == 404
+
+
 # -- no unpickling of store data ----------------------------------------------------------------------------------
 
 PICKLE_LIKE = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal", "copyreg"}
