@@ -33,7 +33,7 @@ def test_listing_reads_every_row_once_with_original_pixels(gcs_data: EmulatedDat
     seen = check_epoch(iter(AsyncLoader(src, batch_size=8, shuffle=True, seed=1, concurrency=16)), gcs_data.images,
                        gcs_data.masks)  # fmt: skip
     assert collections.Counter(seen) == collections.Counter(range(gcs_data.rows))
-    assert src.retry_stats()["retries"] == 0
+    assert src.retry_stats()["retries"] == 0, src.retry_stats()  # (what was retried: its causes)
 
 
 def test_emulator_host_variable_is_honoured_and_requests_are_anonymous(
