@@ -190,21 +190,25 @@ class CrashingSource(DeepLakeSource):
         self.owner = os.getpid()
 
     def _kills(self, row: int) -> bool:
-        if row not in self.rows:
-            return False
-        if self.once_dir is None:
-            return True
+        return row in self.rows and (self.once_dir is None or self._first(f"row-{row}"))
+
+    def _first(self, marker: str) -> bool:
+        """Whether this process is the first to come here: it made ``marker`` in ``once_dir``."""
         try:
-            os.close(os.open(os.path.join(self.once_dir, f"row-{row}"), os.O_CREAT | os.O_EXCL))
+            os.close(os.open(os.path.join(str(self.once_dir), marker), os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return False
         return True
 
+    def _die(self) -> None:
+        """Kill this process with ``sig``, leaving no core file: ``make test`` allows cores so that a real
+        crash of the suite is explained."""
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+        os.kill(os.getpid(), self.sig)
+
     async def read(self, indices: list[int], raw: frozenset[str] = frozenset()) -> Columns:
         if os.getpid() != self.owner and any(self._kills(i) for i in indices):
-            # No core file: ``make test`` allows cores so that a real crash of the suite is explained.
-            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-            os.kill(os.getpid(), self.sig)
+            self._die()
             await asyncio.sleep(30)  # the signal ends the process before this does
         return await super().read(indices, raw)
 
@@ -215,17 +219,9 @@ class CrashingOpen(CrashingSource):
     must wait for the next reader's open."""
 
     def _open(self):
-        if os.getpid() != self.owner and self._kills_open():
-            resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-            os.kill(os.getpid(), self.sig)
+        if os.getpid() != self.owner and self._first("open"):
+            self._die()
         return super()._open()
-
-    def _kills_open(self) -> bool:
-        try:
-            os.close(os.open(os.path.join(str(self.once_dir), "open"), os.O_CREAT | os.O_EXCL))
-        except FileExistsError:
-            return False
-        return True
 
 
 class UnsendableDescription(DeepLakeSource):
