@@ -189,9 +189,10 @@ def request_blocking(
     ``connect`` seconds for the handshake and ``read`` for each answer's bytes."""
     parts = urlsplit(url)
     conn: http.client.HTTPConnection
-    if parts.scheme == "https":  # the TLS policy of ``ssl_option``: the system's CAs, a bundle's alone, or none
-        context = ssl.create_default_context(cafile=None if isinstance(verify_tls, bool) else str(verify_tls))
-        if verify_tls is False:
+    if parts.scheme == "https":  # the sessions' TLS policy (``ssl_option``), as an ``SSLContext``
+        option = ssl_option(verify_tls)
+        context = option if isinstance(option, ssl.SSLContext) else ssl.create_default_context()
+        if option is False:
             context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
         conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=timeouts.connect, context=context)
     else:
