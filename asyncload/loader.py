@@ -213,7 +213,7 @@ class AsyncLoader:
         self._isolated = reader_for(source, o)
         #: reader processes: ``processes``, or with "auto" one for a source whose failing reads can crash
         #: this process (Deep Lake) and can be pickled into one, none otherwise (``reader_for``)
-        self.processes = o.reader_processes(source) if o.processes != "auto" or self._isolated is not None else 0
+        self.processes = int(self._isolated is not None) if o.processes == "auto" else int(o.processes)
         opening = time.perf_counter()
         self.source = open_through(source, self._isolated)
         self._open_s = time.perf_counter() - opening

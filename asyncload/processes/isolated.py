@@ -942,10 +942,12 @@ def open_described(source: Source[Any]) -> Description | Failure | None:
     has not opened the source: ``IsolatedSource._description``). For any other, None: the training process
     opened it already, and a failure here is each read's to raise."""
     try:
+        if source.describes:
+            return source.describe()  # (which opens it)
         source.open()
-        return source.describe() if source.describes else None
     except Exception as exc:  # noqa: BLE001 - the training process's to raise
         return Failure(exc) if source.describes else None
+    return None
 
 
 def _serve_reads(conn: Connection, module: str) -> None:
