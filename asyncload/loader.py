@@ -35,6 +35,7 @@ from .engine.stats import Stats
 from .errors import ConfigError
 from .processes.fanout import FanoutIterator, WorkerPool
 from .processes.isolated import IsolatedSource
+from .runtime.alloc import release_spares
 from .runtime.mainmod import unreachable_from_main
 from .runtime.settings import check as _check
 from .sources.base import Source
@@ -391,13 +392,15 @@ class AsyncLoader:
     def close(self) -> None:
         """Stop the live epoch, if any (threads joined), and the worker processes of ``processes=K``.
         The loader stays usable: a later ``iter()`` starts new workers. Garbage collection of the loader
-        and interpreter exit stop the workers too (``fanout.WorkerPool``)."""
+        and interpreter exit stop the workers too (``fanout.WorkerPool``); the memory kept for batches to
+        come is freed (``runtime.alloc``)."""
         self._close_epoch()
         self._shard.close()
         if self._pool is not None:
             self._pool.close()
         if self._isolated is not None:
             self._isolated.close()
+        release_spares()
 
     def _close_epoch(self) -> None:
         """Stop the live epoch, if any; with ``processes=K`` its workers stay, idle, for the next one."""

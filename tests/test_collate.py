@@ -97,3 +97,73 @@ def test_the_default_allocator_gives_every_dtype_a_writable_contiguous_batch_ten
     t[1] = 0
     assert t.sum().item() == 40
     assert heap_empty((0, 4), dtype).numel() == 0
+
+
+def test_a_batch_memory_is_reused_only_once_nothing_views_it() -> None:
+    """A batch tensor's memory goes to the next batch of its size once the batch and every view of it are
+    gone, and not before: a row kept as a torch view, or a slice of its ``.numpy()``, keeps its pixels."""
+    from asyncload.runtime.alloc import _Spares
+
+    spares = _Spares()
+    shape = (4, 8, 8, 3)
+
+    def batch(fill: int) -> torch.Tensor:
+        t = torch.from_numpy(spares.take(shape, np.dtype(np.uint8)))
+        t.fill_(fill)
+        return t
+
+    first = batch(1)
+    where = first.data_ptr()
+    row, cut = first[2], first.numpy()[1:3]
+    del first
+    for fill in (2, 3):  # while views live, every batch is new memory
+        b = batch(fill)
+        assert b.data_ptr() != where
+        del b
+    assert (row == 1).all() and (cut == 1).all()
+    del row
+    assert batch(4).data_ptr() != where  # the slice still holds it
+    del cut
+    again = batch(5)  # nothing views the first batch now: its memory comes back
+    assert again.data_ptr() == where and (again == 5).all()
+    assert (spares.fresh, spares.reused) == (2, 3)
+
+
+def test_spare_batch_memory_is_bounded_by_size_and_in_all() -> None:
+    from asyncload.runtime.alloc import _Spares
+
+    spares = _Spares(per_size=2, limit=2560)
+    u8 = np.dtype(np.uint8)
+    held = [spares.take((1024,), u8) for _ in range(4)]
+    del held  # four of one size let go: two kept
+    assert spares._bytes == 2048 and len(spares._free[1024]) == 2
+    other = [spares.take((512,), u8) for _ in range(2)]
+    del other  # 2,048 + 512 fit the limit; the second 512 does not, and the oldest size goes
+    assert sorted((n, len(b)) for n, b in spares._free.items() if b) == [(512, 2)]
+    assert spares._bytes == 1024
+    assert spares.take((2, 256), u8).shape == (2, 256) and spares.reused == 1  # any shape of that size
+    big = spares.take((4096,), u8)  # over the limit: never kept
+    del big
+    assert 4096 not in spares._free
+
+
+def test_batches_kept_by_the_consumer_keep_their_pixels(seg_url: str) -> None:
+    """An epoch whose batches are all kept to its end has the pixels of one whose batches are dropped as
+    they come, and whose memory goes to later batches: the second of two epochs of one loader starts on
+    the memory of the first's last batches."""
+    from asyncload.runtime import alloc
+
+    def sums(b: dict) -> int:
+        return int(b["images"].sum()) + int(b["masks"].sum())
+
+    loader = AsyncLoader(DeepLakeSource(seg_url), batch_size=16, shuffle=True, seed=3, processes=0)
+    first = [sums(b) for b in loader]
+    loader.set_epoch(1)
+    reused = alloc._spares.reused
+    dropped = [sums(b) for b in loader]
+    assert alloc._spares.reused > reused
+    assert first != dropped  # two epochs, two orders
+    loader.set_epoch(1)
+    kept = list(loader)
+    assert [sums(b) for b in kept] == dropped
+    loader.close()

@@ -3,10 +3,16 @@ image decoders that write into the batch.
 
 Ordinary heap memory by default; a fan-out worker process allocates in shared memory instead
 (``set_allocator``), so that handing a batch to the training process copies no pixel data a second time.
+
+On the heap, the memory of a batch the consumer has let go of is kept for the next batch of the same size
+(``_Spares``): a fresh block of a few MB comes back from the kernel as pages that are zeroed as the decode
+first writes them (a 2 MB huge page at a time), which cost the decode threads more CPU than the lz4 masks'
+decompression (benchmarks/results/cpu/).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -28,18 +34,107 @@ _NUMPY_DTYPES: dict[torch.dtype, np.dtype[Any]] = {
 }  # fmt: skip
 
 
+class _Lease:
+    """The owner of one spare buffer while a batch tensor, or anything that views its memory, lives.
+
+    numpy takes it as the base of the array it makes from ``__array_interface__``, and views of that array
+    (numpy's, torch's, ``Tensor.numpy()``) keep the array, so the lease outlives every one of them; its
+    ``__del__`` hands the buffer back only then. Keeping the buffer in the array's own ``base`` would not do:
+    numpy makes a view's base the buffer itself, which would let a view outlive its lease."""
+
+    __slots__ = ("__array_interface__", "buf", "spares")
+
+    def __init__(self, buf: np.ndarray, shape: tuple[int, ...], dtype: np.dtype[Any], spares: _Spares) -> None:
+        self.buf, self.spares = buf, spares
+        self.__array_interface__ = {
+            "version": 3,
+            "shape": shape,
+            "typestr": dtype.str,
+            "data": (buf.ctypes.data, False),
+        }
+
+    def __del__(self) -> None:
+        self.spares.give(self.buf)
+
+
+class _Spares:
+    """Buffers of batches that nothing refers to any more, by size, for the next batch of that size.
+
+    Bounded: at most ``per_size`` buffers of one size and ``limit`` bytes in all (the oldest size goes first);
+    a batch whose size has no spare gets a new buffer. ``give`` runs in a finaliser, on whichever thread let
+    go of the batch last, so it never waits for the lock: where another thread holds it, the buffer is
+    freed instead."""
+
+    def __init__(self, per_size: int = 2, limit: int = 128 << 20) -> None:
+        self.per_size, self.limit = per_size, limit
+        self._lock = threading.Lock()
+        self._free: dict[int, list[np.ndarray]] = {}
+        self._bytes = 0
+        #: batches given a spare, and given new memory: for tests and benchmarks.
+        self.reused = self.fresh = 0
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """An uninitialised array of ``shape`` and ``dtype``: a spare's memory where one fits exactly."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes == 0 or nbytes > self.limit:
+            return np.empty(shape, dtype)
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                buf = free.pop()
+                self._bytes -= nbytes
+                self.reused += 1
+            else:
+                buf = None
+                self.fresh += 1
+        if buf is None:
+            buf = np.empty(nbytes, np.uint8)
+        return np.asarray(_Lease(buf, shape, dtype, self))
+
+    def give(self, buf: np.ndarray) -> None:
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            free = self._free.setdefault(buf.nbytes, [])
+            if len(free) >= self.per_size:
+                return
+            free.append(buf)
+            self._bytes += buf.nbytes
+            for size in list(self._free):  # the oldest sizes first, never the one just given
+                if self._bytes <= self.limit:
+                    break
+                if size != buf.nbytes:
+                    self._bytes -= size * len(self._free.pop(size))
+        finally:
+            self._lock.release()
+
+    def clear(self) -> None:
+        """Free every spare."""
+        with self._lock:
+            self._free.clear()
+            self._bytes = 0
+
+
+_spares = _Spares()
+
+
 def heap_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """The default allocator: this process's heap, through numpy wherever numpy has the dtype.
 
     A batch tensor is a few MB, allocated on a decode thread, written once, freed by the consumer. Through
     ``torch.empty`` such a block comes back in fresh pages, and the decode that writes it takes a page
-    fault every few KB; numpy's allocator reuses freed blocks and asks the kernel for transparent huge
-    pages on large ones, so the same writes fault far less often (benchmarks/results/first_epoch).
+    fault every few KB; numpy's allocator asks the kernel for transparent huge pages on large ones, so the
+    same writes fault far less often (benchmarks/results/first_epoch), and a spare (``_Spares``) not at all.
     The tensor shares the array's memory; unlike ``torch.empty``'s, its storage cannot be resized."""
     np_dtype = _NUMPY_DTYPES.get(dtype)
     if np_dtype is None:
         return torch.empty(shape, dtype=dtype)
-    return torch.from_numpy(np.empty(shape, np_dtype))
+    return torch.from_numpy(_spares.take(tuple(shape), np_dtype))
+
+
+def release_spares() -> None:
+    """Free the memory kept for batches to come (``_Spares``): when a loader closes."""
+    _spares.clear()
 
 
 _allocate: Allocator = heap_empty
@@ -66,4 +161,4 @@ def on_heap() -> bool:
     return _allocate is heap_empty
 
 
-__all__ = ["Allocator", "allocate", "heap_empty", "on_heap", "set_allocator"]
+__all__ = ["Allocator", "allocate", "heap_empty", "on_heap", "release_spares", "set_allocator"]
