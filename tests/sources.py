@@ -8,6 +8,7 @@ import os
 import resource
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -234,6 +235,20 @@ class UnsendableDescription(DeepLakeSource):
         handle = super()._open()
         self._learned_lock = threading.Lock()
         return handle
+
+
+class SilentOpen(DeepLakeSource):
+    """A source whose open never returns in a reader process (a store that accepts the connection and says
+    nothing, before the reader could say what it opened); in the process that made it, it opens as usual."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.owner = os.getpid()
+
+    def _open(self):
+        if os.getpid() != self.owner:
+            time.sleep(3600)
+        return super()._open()
 
 
 class ExpiringSource(CrashingSource):

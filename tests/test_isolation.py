@@ -24,6 +24,7 @@ from asyncload import (
     DeepLakeSource,
     ReaderCrashError,
     ReadError,
+    StallError,
     WorkerError,
 )
 from asyncload.sources.subset import RangeSource
@@ -116,6 +117,22 @@ def test_a_description_that_cannot_be_sent_fails_the_loader_at_once_naming_why(s
     with pytest.raises(TypeError, match="pickle"):
         AsyncLoader(UnsendableDescription(seg_url), 16)
     assert time.monotonic() - began < 20
+
+
+def test_a_reader_silent_at_its_open_is_stopped_at_the_opens_deadline_with_a_stall_error(seg_url, monkeypatch) -> None:
+    """A reader whose open of the dataset never answers (its store silent) holds up the loader only for a
+    start's allowance and ``stall_timeout``: then it is stopped, and a ``StallError`` names the dataset and
+    the deadline. (The allowance, 30 s, is cut to 1 s here: it is the training process's own clock.)"""
+    from asyncload.processes import isolated
+
+    from .sources import SilentOpen
+
+    monkeypatch.setattr(isolated, "_START_ALLOWANCE", 1.0)
+    began = time.monotonic()
+    with pytest.raises(StallError, match=r"did not open .*seg within 2 s \(a start's 1 s and stall_timeout=1\)"):
+        AsyncLoader(SilentOpen(seg_url), 16, stall_timeout=1.0)
+    assert 2.0 <= time.monotonic() - began < 15
+    assert no_children_left()  # the silent reader was stopped, not left asleep
 
 
 def test_a_split_of_deep_lake_is_read_in_a_reader_process_too_and_a_crash_there_loses_nothing(
