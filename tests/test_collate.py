@@ -138,10 +138,13 @@ def test_spare_batch_memory_is_bounded_by_size_and_in_all() -> None:
     del held  # four of one size let go: two kept
     assert spares._bytes == 2048 and len(spares._free[1024]) == 2
     other = [spares.take((512,), u8) for _ in range(2)]
-    del other  # 2,048 + 512 fit the limit; the second 512 does not, and the oldest size goes
-    assert sorted((n, len(b)) for n, b in spares._free.items() if b) == [(512, 2)]
-    assert spares._bytes == 1024
-    assert spares.take((2, 256), u8).shape == (2, 256) and spares.reused == 1  # any shape of that size
+    del other  # 2,048 + 512 fit the limit; the second 512 does not, and is freed
+    assert {n: len(b) for n, b in spares._free.items()} == {1024: 2, 512: 1}
+    assert spares._bytes == 2560
+    taken = spares.take((2, 256), u8)
+    assert taken.shape == (2, 256) and spares.reused == 1  # any shape of that size
+    assert 512 not in spares._free and spares._bytes == 2048  # (a size with no spare left is forgotten)
+    del taken
     big = spares.take((4096,), u8)  # over the limit: never kept
     del big
     assert 4096 not in spares._free
