@@ -4,6 +4,7 @@ memory from numpy's heap as before (``before``) and from ``runtime.alloc``'s spa
 six times: decode-thread CPU per sample, their page faults per sample, and the batches given a spare. Run
 from the repository root: ``.venv/bin/python benchmarks/results/cpu/batch_spares.py``."""
 
+import asyncio
 import queue
 import resource
 import statistics
@@ -20,14 +21,13 @@ from asyncload.image import decode as D
 from asyncload.runtime import alloc
 from asyncload.sources.deeplake import DeepLakeSource
 
-src = DeepLakeSource("data/bench/photos-4000-jpg")
-src.open()
-ds = src.handle()
-idx = list(range(0, 4000, 2))[:1920]
-imgs = ds["images"].get_bytes(idx)
-masks = ds["masks"].get_bytes(idx)
-stage = D.decode_stage(src, LoaderOptions())
 B = 32
+idx = list(range(0, 4000, 2))[:1920]
+source = DeepLakeSource("data/bench/photos-4000-jpg")
+stage = D.decode_stage(source, LoaderOptions())
+# the stored bytes as the loader's reads return them (``Source.read`` with both columns raw)
+read = asyncio.run(source.read(idx, frozenset({"images", "masks"})))
+imgs, masks = read["images"], read["masks"]
 
 
 def before(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
