@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import numpy as np
 import pytest
 import torch
@@ -170,3 +173,19 @@ def test_batches_kept_by_the_consumer_keep_their_pixels(seg_url: str) -> None:
     kept = list(loader)
     assert [sums(b) for b in kept] == dropped
     loader.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_another_thread_takes_a_spare_allocates_batches() -> None:
+    """A process forked while one of its threads held the spares' lock (a decode thread taking memory as a
+    DataLoader forks its workers) must not inherit it held: its own batches would wait for ever."""
+    from asyncload.runtime import alloc
+
+    with alloc._spares._lock:  # as a decode thread would hold it, at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # the child: one batch tensor, or SIGALRM's death within 5 s
+            signal.alarm(5)
+            t = alloc.heap_empty((4, 8), torch.uint8)
+            os._exit(0 if t.shape == (4, 8) else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -12,6 +12,7 @@ decompression (benchmarks/results/cpu/).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -114,8 +115,16 @@ class _Spares:
             self._free.clear()
             self._bytes = 0
 
+    def after_fork(self) -> None:
+        """In a forked child: a lock of its own (the parent's may have been held by a thread the child does
+        not have) and no spares (the parent's, copied on write, are not worth the copies)."""
+        self._lock = threading.Lock()
+        self._free = {}
+        self._bytes = 0
+
 
 _spares = _Spares()
+os.register_at_fork(after_in_child=_spares.after_fork)
 
 
 def heap_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
