@@ -49,7 +49,11 @@ def epoch() -> tuple[float, float]:
         c = time.thread_time()
         f = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
         for s in range(k * B, len(idx), 2 * B):
-            q.put(D.run(stage, ["images", "masks"], {"images": imgs[s : s + B], "masks": masks[s : s + B]}, idx[s : s + B]))
+            q.put(
+                D.run(
+                    stage, ["images", "masks"], {"images": imgs[s : s + B], "masks": masks[s : s + B]}, idx[s : s + B]
+                )
+            )
         cpu[k] = time.thread_time() - c
         faults[k] = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f
 
