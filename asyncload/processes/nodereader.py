@@ -9,9 +9,10 @@ for itself. One reader for the node holds them once.
 
 How: the first loader of a node (a node is the node store's root, ``cache_dir``) that needs a reader binds
 and listens on ``<root>/readers/reader-<code tag>.sock`` (``code_tag``: one server per build of asyncload)
-and starts the server with that socket (``nodeserver``: this module is the loader's side); every loader connects at once (``launch``) and completes the connection once
-it has opened its own handle (``handshake``), so that no loader waits for the server's start. The socket lives in the store's private directory (``nodestore.root``: the user's,
-0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
+and starts the server with that socket (``nodeserver``: this module is the loader's side); every loader
+connects at once (``launch``) and completes the connection once it has opened its own handle
+(``handshake``), so that no loader waits for the server's start. The socket lives in the store's private
+directory (``nodestore.root``: the user's, 0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
 ``multiprocessing.connection``, both ways) and the server checks its peer's uid (``SO_PEERCRED``) before
 anything is unpickled. A loader then speaks to it as to its own reader process (``isolated``): its source
 first, then reads, answered in the same frames. Loaders that send the same source (the same pickled bytes:
