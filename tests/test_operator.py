@@ -4,8 +4,9 @@ node to ``make gpu-check``'s results folder, on a node that has nothing but what
 
 The node is simulated as closely as one machine allows: its Python is this test's base interpreter, whose
 system site-packages are replaced (a bind mount in a mount namespace of the test's own) by a folder
-holding only the "has" list (the CPU torch 2.13.0 standing for the node's CUDA build, ``opencv-python``
-where OpenCV is a choice: the build asyncload does not ask for by name); the network is cut (a network
+holding only the "has" list and what it requires (the CPU torch 2.13.0 standing for the node's CUDA build,
+``opencv-python`` where OpenCV is a choice: the build asyncload does not ask for by name; linked from this
+environment where it has them); the network is cut (a network
 namespace: no DNS, no index, nothing), pip's configuration ignored (``PIP_CONFIG_FILE=/dev/null``,
 ``PIP_NO_INDEX=1``, a fresh ``HOME``). On the connected side the wheelhouse is built for this Python from
 PyPI (once per session) and the checkout packed with the page's own ``tar`` line. Then the page's node
@@ -15,6 +16,7 @@ which every part ran and the GPU parts are said to be skipped. Needs root (``uns
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -47,19 +49,62 @@ def namespaces_allowed() -> bool:
     return shutil.which("unshare") is not None and subprocess.run(["unshare", "-m", "-n", "true"]).returncode == 0
 
 
+def installed_closure(names: list[str]) -> tuple[list[importlib.metadata.Distribution], list[str]]:
+    """Of ``names`` (distributions), those installed in this environment with every distribution they
+    require here, transitively (markers evaluated, extras not followed); and the names not installed."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    here = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
+    found: dict[str, importlib.metadata.Distribution] = {}
+    missing = [n for n in names if canonicalize_name(n) not in here]
+    todo = [canonicalize_name(n) for n in names if canonicalize_name(n) in here]
+    while todo:
+        name = todo.pop()
+        if name in found:
+            continue
+        found[name] = here[name]
+        for line in here[name].requires or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                dep = canonicalize_name(req.name)
+                assert dep in here, f"{name} requires {req}, which this environment lacks"
+                todo.append(dep)
+    return list(found.values()), missing
+
+
+def link_installed(dists: list[importlib.metadata.Distribution], site: Path) -> None:
+    """Each of ``dists``' top-level entries (packages, modules, its .dist-info folder) as a link in ``site``:
+    installed as this environment has them, without unpacking and compiling them again (torch alone is
+    1.2 GB of files)."""
+    owner: dict[str, str] = {}
+    for d in dists:
+        for top in {Path(str(f)).parts[0] for f in d.files or []} - {"..", "__pycache__"}:  # (bin/; bytecode)
+            name = d.metadata["Name"]
+            assert owner.setdefault(top, name) == name, f"{top} is both {owner[top]}'s and {name}'s"
+            src = Path(str(d.locate_file(top)))
+            if src.exists() and not (site / top).exists():
+                (site / top).symlink_to(src)
+
+
 @pytest.fixture(scope="session")
 def node_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The node's own packages: every line of the "has" list (its first name where a line gives a choice),
-    torch pinned as CI pins it, installed from this machine's usual sources into a bare folder."""
+    torch pinned as CI pins it. Those this environment has, with what they require, are linked from it
+    (the same files an install would write); the others (``opencv-python``, torchvision) are installed from
+    this machine's usual sources, without their dependencies, which the linked ones are."""
     site = tmp_path_factory.mktemp("node-site")
     has = ROOT / "configs" / "gpu_node_has.txt"
-    names = [line.split("#")[0].split("|")[0].strip() for line in has.read_text().splitlines()]
-    got = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--target", str(site), "-c", str(ROOT / "constraints.txt"),
-         *[n for n in names if n]],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert got.returncode == 0, got.stderr[-3000:]
+    names = [n for n in (line.split("#")[0].split("|")[0].strip() for line in has.read_text().splitlines()) if n]
+    dists, missing = installed_closure(names)
+    link_installed(dists, site)
+    if missing:
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), "-c",
+             str(ROOT / "constraints.txt"), *missing],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        assert got.returncode == 0, got.stderr[-3000:]
     return site
 
 
