@@ -17,6 +17,7 @@ which every part ran and the GPU parts are said to be skipped. Needs root (``uns
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -92,18 +93,27 @@ def node_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The node's own packages: every line of the "has" list (its first name where a line gives a choice),
     torch pinned as CI pins it. Those this environment has, with what they require, are linked from it
     (the same files an install would write); the others (``opencv-python``, torchvision) are installed from
-    this machine's usual sources, without their dependencies, which the linked ones are."""
+    this machine's usual sources at the versions pip resolves for the whole list, without their
+    dependencies, which the linked ones are."""
     site = tmp_path_factory.mktemp("node-site")
     has = ROOT / "configs" / "gpu_node_has.txt"
     names = [n for n in (line.split("#")[0].split("|")[0].strip() for line in has.read_text().splitlines()) if n]
     dists, missing = installed_closure(names)
     link_installed(dists, site)
-    if missing:
+    if missing:  # at the versions pip picks for the whole list (torchvision's latest may want a newer torch)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints.txt")]
+        plan = subprocess.run(
+            [*pip, "--dry-run", "--ignore-installed", "--report", "-", *names],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert plan.returncode == 0, plan.stderr[-3000:]
+        versions = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(plan.stdout)["install"]}
+        pinned = [f"{n}=={versions[n.lower()]}" for n in missing]
         got = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), "-c",
-             str(ROOT / "constraints.txt"), *missing],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+            [*pip, "--no-deps", "--target", str(site), *pinned], capture_output=True, text=True, timeout=600
+        )
         assert got.returncode == 0, got.stderr[-3000:]
     return site
 
