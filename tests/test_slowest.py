@@ -38,7 +38,10 @@ def _rank_main(rank: int, world: int, port: int, slow: str, out: str) -> None:
         slowed = rank == world - 1
         delay = 0.02 if slowed and slow == "store" else 0.0
         if slow == "workers":  # the adapter, its reads in a DataLoader worker
-            ds = AsyncIterableDataset(Rows(N, delay=0.03 if slowed else 0.0), BATCH, processes=0, concurrency=8)
+            # 80 ms a read: a batch every ~80 ms, well behind what the training process takes even on a loaded
+            # machine. At 30 ms, a suite run once found rank 2's worker waiting on its DataLoader's main
+            # process, which then was the slower side and was rightly named ("training").
+            ds = AsyncIterableDataset(Rows(N, delay=0.08 if slowed else 0.0), BATCH, processes=0, concurrency=8)
             dl = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="forkserver")
             n = sum(len(b["x"]) for b in dl)
             ds.set_epoch(1)  # the next epoch: every rank posts the one that ended
