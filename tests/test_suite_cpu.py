@@ -30,7 +30,8 @@ def test_sleeps():
 def test_a_run_charges_each_test_its_childrens_cpu_and_the_summary_ranks_them(tmp_path: Path) -> None:
     (tmp_path / "test_tiny.py").write_text(TESTS)
     out = tmp_path / "cpu"
-    env = {**os.environ, "ASYNCLOAD_TEST_CPU": str(out), "PYTHONPATH": str(ROOT)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # (not an xdist worker's name)
+    env |= {"ASYNCLOAD_TEST_CPU": str(out), "PYTHONPATH": str(ROOT)}
     ran = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "harness.suite_cpu", "-p", "no:xdist",
          str(tmp_path / "test_tiny.py")],
