@@ -53,9 +53,11 @@ def namespaces_allowed() -> bool:
 def installed_closure(names: list[str]) -> tuple[list[importlib.metadata.Distribution], list[str]]:
     """Of ``names`` (distributions), those installed in this environment with every distribution they
     require here, transitively (markers evaluated, extras not followed); and the names not installed."""
-    from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
+    from harness.wheelhouse import wanted
+
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
     here = {canonicalize_name(d.metadata["Name"]): d for d in importlib.metadata.distributions()}
     found: dict[str, importlib.metadata.Distribution] = {}
     missing = [n for n in names if canonicalize_name(n) not in here]
@@ -66,8 +68,8 @@ def installed_closure(names: list[str]) -> tuple[list[importlib.metadata.Distrib
             continue
         found[name] = here[name]
         for line in here[name].requires or []:
-            req = Requirement(line)
-            if req.marker is None or req.marker.evaluate({"extra": ""}):
+            req = wanted(line, python)
+            if req is not None:
                 dep = canonicalize_name(req.name)
                 assert dep in here, f"{name} requires {req}, which this environment lacks"
                 todo.append(dep)
@@ -80,8 +82,8 @@ def link_installed(dists: list[importlib.metadata.Distribution], site: Path) -> 
     1.2 GB of files)."""
     owner: dict[str, str] = {}
     for d in dists:
+        name = d.metadata["Name"]
         for top in {Path(str(f)).parts[0] for f in d.files or []} - {"..", "__pycache__"}:  # (bin/; bytecode)
-            name = d.metadata["Name"]
             assert owner.setdefault(top, name) == name, f"{top} is both {owner[top]}'s and {name}'s"
             src = Path(str(d.locate_file(top)))
             if src.exists() and not (site / top).exists():
