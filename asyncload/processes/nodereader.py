@@ -12,11 +12,12 @@ and listens on ``<root>/readers/reader-<code tag>.sock`` (``code_tag``: one serv
 and starts the server with that socket (``nodeserver``: this module is the loader's side); every loader
 connects at once (``launch``) and completes the connection once it has opened its own handle
 (``handshake``), so that no loader waits for the server's start. The socket lives in the store's private
-directory (``nodestore.root``: the user's, 0700), each side proves it holds the user's key (``nodestore.values.user_key``, the challenge of
-``multiprocessing.connection``, both ways) and the server checks its peer's uid (``SO_PEERCRED``) before
-anything is unpickled. A loader then speaks to it as to its own reader process (``isolated``): its source
-first, then reads, answered in the same frames. Loaders that send the same source (the same pickled bytes:
-one dataset, one selection, one set of keys) share one opened handle, and so Deep Lake's pages.
+directory (``nodestore.root``: the user's, 0700), each side proves it holds the user's key
+(``nodestore.values.user_key``, the challenge of ``multiprocessing.connection``, both ways) and the server
+checks its peer's uid (``SO_PEERCRED``) before anything is unpickled. A loader then speaks to it as to its
+own reader process (``isolated``): its source first, then reads, answered in the same frames. Loaders that
+send the same source (the same pickled bytes: one dataset, one selection, one set of keys) share one opened
+handle, and so Deep Lake's pages.
 
 What it does not change: a loader that loses the node's reader (it died, or was killed stuck) handles that as
 the death of its own reader (``isolated``: reads in flight read again, alone, in a reader process of its own)
