@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 
 from asyncload import AsyncLoader, DeepLakeSource
-from asyncload.processes.nodereader import connect, socket_name
+from asyncload.processes.nodereader import (
+    Launch,
+    _connect,
+    connect,
+    handshake,
+    held,
+    lock_name,
+    readers_dir,
+    socket_name,
+)
 
 from .conftest import ROWS, pids_gone, reader_pids
 from .remote_fixtures import seaweed  # noqa: F401 - fixture
@@ -165,6 +174,30 @@ def test_the_shared_reader_admits_only_a_holder_of_the_users_key(tmp_path) -> No
         conn.close()
         node.leave()
     assert _gone_soon([node.pid])
+
+
+def test_a_loader_that_connects_as_the_last_one_leaves_is_served_not_reset(tmp_path) -> None:
+    """The server stops only under the node's start lock, after a last look for a loader queued on its socket;
+    a loader connects under that lock (``launch``). So a loader that connects as the last one leaves is served
+    by that server. Before, the server closed its listener with the loader queued: reset in its handshake, it
+    read in a process of its own (seen in CI as an extra warning)."""
+    root = tmp_path / "node"
+    conn, node = connect(root)
+    readers = readers_dir(root)
+    try:
+        with held(readers, lock_name()):  # as a loader in ``launch`` holds it
+            conn.close()  # the last loader leaves: the server, idle, would stop now
+            node.leave()
+            time.sleep(0.5)
+            sock = _connect(readers)
+            assert sock is not None, "the server stopped listening without the start lock"
+        again, node2 = handshake(Launch(sock, None))
+        assert node2.pid == node.pid
+        again.close()
+        node2.leave()
+    finally:
+        os.close(readers)
+    assert _gone_soon([node.pid]) and not (root / "readers" / socket_name()).exists()
 
 
 @pytest.mark.xdist_group("process_storms")

@@ -42,6 +42,7 @@ import socket
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import AuthenticationError
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
@@ -72,8 +73,23 @@ def socket_name() -> str:
     return f"reader-{code_tag()}.sock"
 
 
-def lock_name() -> str:
-    return f"reader-{code_tag()}.lock"
+def lock_name(sock: str | None = None) -> str:
+    """The start lock of the server on socket ``sock`` (this build's by default): ``held`` by a loader from its
+    connect to the start of a server, and by a server from its last look for a queued loader to the removal of
+    its socket."""
+    return (sock or socket_name()).removesuffix(".sock") + ".lock"
+
+
+@contextlib.contextmanager
+def held(dfd: int, name: str) -> Iterator[None]:
+    """The lock file ``name`` in the readers directory ``dfd``, held (``flock``) for the block: released at
+    its end, and by the kernel if the holder dies."""
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
 
 
 #: Seconds a loader waits for a new server's first word (an interpreter and its imports: ~0.2 s) before it
@@ -188,18 +204,18 @@ class Launch:
 
 def launch(root: Path, module: str = "deeplake") -> Launch:
     """Connect to the node's reader under ``root``, starting it where none listens, without waiting for it:
-    a new server's socket is bound and listening here, under its lock (``lock_name``), before the server
-    starts (it is handed the socket), so that every loader of the node connects at once and one server is ever started.
-    ``handshake`` then waits for the server, once this loader has done its own open meanwhile. ``module``:
-    what a server started here imports at once (the source's ``reader_module``)."""
+    a new server's socket is bound and listening here, under the start lock (``lock_name``), before the server
+    starts (it is handed the socket), so that every loader of the node connects at once and one server is ever
+    started. A server stops under that lock too (``nodeserver``), after a last look for a loader queued on its
+    socket: a loader either connects before that look and is served, or finds no socket and starts the next
+    server. ``handshake`` then waits for the server, once this loader has done its own open meanwhile.
+    ``module``: what a server started here imports at once (the source's ``reader_module``)."""
     try:
         dfd = readers_dir(root)
     except OSError as exc:
         raise NodeUnavailable(f"{root}/readers: {exc}", said=True) from exc
     try:
-        lock = os.open(lock_name(), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with held(dfd, lock_name()):
             sock, popen = _connect(dfd), None
             if sock is None:
                 with contextlib.suppress(FileNotFoundError):
@@ -208,8 +224,6 @@ def launch(root: Path, module: str = "deeplake") -> Launch:
                 sock = _connect(dfd)
                 if sock is None:
                     raise NodeUnavailable(f"the node's reader (pid {popen.pid}) refused a connection")
-        finally:
-            os.close(lock)  # (releases the lock)
     finally:
         os.close(dfd)
     return Launch(sock, popen)
@@ -236,7 +250,7 @@ def handshake(got: Launch) -> tuple[Connection, NodeReader]:
         ValueError,
         AuthenticationError,
         TimeoutError,
-    ) as exc:  # a server stopping as we came, or another key
+    ) as exc:  # a server that died as we came, or another key
         conn.close()
         raise NodeUnavailable(f"the node's reader did not accept this loader: {type(exc).__name__}: {exc}") from exc
     if uid != os.getuid():  # in a private directory only the user or root could listen: refuse root too

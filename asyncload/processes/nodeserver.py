@@ -27,7 +27,7 @@ from multiprocessing.connection import Connection, answer_challenge, deliver_cha
 from typing import Any
 
 from ..runtime.loop import LoopThread, start_thread
-from .nodereader import NodeUnavailable, _key, _peer
+from .nodereader import NodeUnavailable, _key, _peer, held, lock_name
 
 log = logging.getLogger("asyncload")
 
@@ -69,7 +69,6 @@ class _Server:
         self.inode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_ino  # (to remove it only if ours)
         self.lock = threading.Lock()
         self.clients = 0
-        self.stopping = False
         self.left_at = time.monotonic() + FIRST_IDLE_S - IDLE_S  # no loader yet: wait longer for the first
         self.sources: dict[str, _Shared] = {}  # the shared handle of each source (pickled bytes' digest)
         self.opening: dict[str, threading.Lock] = {}
@@ -83,9 +82,9 @@ class _Server:
         while True:
             readable, _, _ = select.select([self.sock], [], [], 0.05)
             with self.lock:
-                if not readable and not self.clients and time.monotonic() - self.left_at >= IDLE_S:
-                    self.stopping = True  # (under the lock: a loader accepted from now on is refused)
-                    break
+                idle = not readable and not self.clients and time.monotonic() - self.left_at >= IDLE_S
+            if idle and self._stopped():
+                break
             self._close_unused()
             if not readable:
                 continue
@@ -96,7 +95,6 @@ class _Server:
             with self.lock:  # counted now, so that the loop does not stop under a loader being admitted
                 self.clients += 1
             start_thread(self._admit, raw, name="asyncload-node-reader-client")
-        self._close_listener()
         # never leave a Deep Lake read running
         concurrent.futures.wait([f for shared in self.opened for f in list(shared.reads)], timeout=30)
         self.lt.stop()
@@ -118,13 +116,20 @@ class _Server:
             with contextlib.suppress(Exception):
                 shared.source.close()
 
-    def _close_listener(self) -> None:
-        """Stop listening; remove the socket's name only if it is still ours (a loader may already have
-        started the next server on that name)."""
-        self.sock.close()
-        with contextlib.suppress(OSError):
-            if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
-                os.unlink(self.name, dir_fd=self.dfd)
+    def _stopped(self) -> bool:
+        """Stop listening unless a loader is queued on the socket: under the node's start lock, which a loader
+        holds from its connect on (``nodereader.launch``), so that a loader either queued before this last look
+        (and is served) or finds no socket and starts the next server. A listener closed with a loader queued
+        would reset it (``ConnectionResetError`` in its handshake: it read in a process of its own). The
+        socket's name is removed only if it is still ours, as a check (only this server listens on it)."""
+        with held(self.dfd, lock_name(self.name)):
+            if select.select([self.sock], [], [], 0)[0]:
+                return False
+            self.sock.close()
+            with contextlib.suppress(OSError):
+                if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
+                    os.unlink(self.name, dir_fd=self.dfd)
+        return True
 
     def _admit(self, raw: socket.socket) -> None:
         """A new connection: the peer must be this user's and hold the key (both ways) before anything it
