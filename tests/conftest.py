@@ -14,6 +14,21 @@ import pytest
 from asyncload import EpochSampler, LoaderOptions, Shard, make_dataset
 from asyncload.sources.deeplake import BLOCK_ROWS
 
+# The servers' fixtures, registered here once for every module (each still starts only when a test asks
+# for it). Imported into a test module instead, a session fixture is that module's own: each module that
+# imported ``seaweed`` started a SeaweedFS server and wrote ``remote_data`` again, and kept both to the end
+# of the session (42 servers in one pass).
+from .remote_fixtures import (  # noqa: F401 - fixtures
+    aws_files,
+    azure_data,
+    azurite,
+    gcs_data,
+    gcs_emulator,
+    remote_data,
+    running_seaweed,
+    seaweed,
+)
+
 ROWS = 203  # prime-ish: exercises short last batches and uneven shards
 
 # How the suite's DataLoader workers start where the start method is not what a test is about: forked

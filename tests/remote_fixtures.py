@@ -1,11 +1,10 @@
 """Fixtures for tests against a real S3 server (SeaweedFS ``weed mini`` on loopback).
 
-Import them explicitly in a test module (they are not in conftest, so suites that do not need a server
-never start one)::
+``tests/conftest.py`` registers the fixtures for every module; a server starts only when a test asks for
+it. Never import a fixture into a test module: pytest makes it that module's own, and a session fixture
+then starts once per module (a server for each, kept to the session's end).
 
-    from .remote_fixtures import remote_data, seaweed  # noqa: F401
-
-``seaweed`` is started once per session and always stopped (the context manager runs on any outcome,
+``seaweed`` is started once per test process and always stopped (the context manager runs on any outcome,
 and a finaliser in the server object kills it if the interpreter gets there first). ``remote_data``
 writes the synthetic dataset twice into one bucket: as a Deep Lake dataset at ``s3://<bucket>/seg`` and
 as plain PNG files ``s3://<bucket>/files/{images,masks}/<stem>.png`` for the object-store source, and

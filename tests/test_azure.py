@@ -19,9 +19,8 @@ from asyncload import AsyncLoader, DatasetNotFoundError, ObjectStoreSource, Read
 from asyncload.sources.stores.azure import AzureContainer, resolve_azure
 from asyncload.sources.stores.store import BucketNotFoundError, StoreAccessError
 
-from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, azure_data, azurite, check_epoch, reply, serving
+from .remote_fixtures import AZURITE_ACCOUNT, EmulatedData, check_epoch, reply, serving
 
-FIXTURES = (azure_data, azurite)
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL_S = 5.0
 WRONG_KEY = "V1JPTkcta2V5LW5vdC10aGUtb25l" + "A" * 60  # base64, the right length class, not the key

@@ -15,11 +15,9 @@ import pytest
 from asyncload import AsyncLoader, DeepLakeSource, make_dataset
 from asyncload.tools.cli import main
 
-from .remote_fixtures import remote_data, seaweed
 from .sources import DelayedSource
 
 ROOT = Path(__file__).resolve().parents[1]
-FIXTURES = (remote_data, seaweed)
 pytestmark = pytest.mark.timeout(120)
 
 

@@ -36,19 +36,8 @@ from asyncload import AsyncLoader, ObjectStoreSource, SourceError
 from asyncload.sources.stores.probe import S3AccessError, probe_s3_url
 from harness.seaweed import _free_ports
 
-from .remote_fixtures import (
-    PROFILE,
-    WRONG_SECRET,
-    RemoteData,
-    aws_files,
-    read_epoch,
-    remote_data,
-    reply,
-    seaweed,
-    serving,
-)
+from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, read_epoch, reply, serving
 
-FIXTURES = (aws_files, remote_data, seaweed)
 pytestmark = pytest.mark.timeout(60)
 
 

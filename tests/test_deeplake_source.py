@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader
 from asyncload import AsyncIterableDataset, AsyncLoader, ConfigError, DeepLakeSource, SourceError, make_dataset
 
 from .conftest import WORKER_START
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .resume import check_resume
 
 pytestmark = pytest.mark.timeout(180)
@@ -400,7 +399,7 @@ def test_the_storage_pool_is_sized_before_the_dataset_opens(setting: str, pool: 
     assert after == (before if pool is None else pool)
 
 
-def test_auto_raises_the_storage_pool_to_128_before_a_dataset_in_a_store_opens(remote_data) -> None:  # noqa: F811
+def test_auto_raises_the_storage_pool_to_128_before_a_dataset_in_a_store_opens(remote_data) -> None:
     """A dataset in a store (S3 here): "auto" raises the pool to 128 before it opens, since a dataset's
     connections are fixed at its open (benchmarks/results/wan/deeplake.md)."""
     before, after, rows = _pool(remote_data.deeplake_url, "auto", remote_data.creds())

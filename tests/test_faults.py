@@ -38,10 +38,8 @@ from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer
 
 from .conftest import wait_no_loop_threads
-from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed, stem
+from .remote_fixtures import RemoteData, read_epoch, stem
 from .timing import within
-
-FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names
 
 OBJECTS = "/files/"  # every object GET of the files dataset (listing requests carry it only in the query)
 # A policy that gives up quickly, for the permanent-failure rows (the defaults take ~20 s to give up).

@@ -17,9 +17,8 @@ from torch.utils.data import DataLoader
 from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource, ObjectStoreSource
 
 from .conftest import ROWS, WORKER_START
-from .remote_fixtures import RemoteData, png_bytes, remote_data, seaweed, stem, upload_files
+from .remote_fixtures import RemoteData, png_bytes, stem, upload_files
 
-FIXTURES = (remote_data, seaweed)
 pytestmark = pytest.mark.timeout(120)
 
 
@@ -42,7 +41,7 @@ def epoch_rows(loader: Any) -> Counter[int]:
     ],
     ids=["store-off", "decode-store", "store-on", "manifest"],
 )
-def test_remote_bytes_are_the_object_bytes_received_on_every_path(remote_data: RemoteData, how: dict) -> None:  # noqa: F811
+def test_remote_bytes_are_the_object_bytes_received_on_every_path(remote_data: RemoteData, how: dict) -> None:
     settings = dict(how)
     manifest = [stem(i) for i in range(remote_data.rows)] if settings.pop("manifest", False) else None
     src = ObjectStoreSource(remote_data.files_url, creds=remote_data.creds(), manifest=manifest)
@@ -53,7 +52,7 @@ def test_remote_bytes_are_the_object_bytes_received_on_every_path(remote_data: R
     loader.close()
 
 
-def test_a_warm_object_store_epoch_receives_no_object_bytes(remote_data: RemoteData) -> None:  # noqa: F811
+def test_a_warm_object_store_epoch_receives_no_object_bytes(remote_data: RemoteData) -> None:
     loader = AsyncLoader(ObjectStoreSource(remote_data.files_url, creds=remote_data.creds()), batch_size=16, hedge=None)
     for epoch in range(2):
         loader.set_epoch(epoch)
@@ -85,7 +84,7 @@ def test_with_dataloader_workers_hits_and_misses_add_up_to_the_rows_read(seg_url
 
 
 def test_a_manifest_source_says_it_is_not_kept_for_want_of_etags(
-    remote_data: RemoteData,  # noqa: F811
+    remote_data: RemoteData,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     prefix = f"files-manifest-{os.getpid()}"
@@ -107,7 +106,7 @@ def test_a_manifest_source_says_it_is_not_kept_for_want_of_etags(
         assert said == [(level, why)]
 
 
-def test_a_store_key_names_the_class_without_a_digest_of_no_code(seg_url: str, remote_data: RemoteData) -> None:  # noqa: F811
+def test_a_store_key_names_the_class_without_a_digest_of_no_code(seg_url: str, remote_data: RemoteData) -> None:
     """asyncload's own classes are named; a user's subclass that changes ``read`` carries its code's digest."""
     src = DeepLakeSource(seg_url)
     src.open()

@@ -20,9 +20,8 @@ from asyncload.sources.stores.gcs import GCSBucket, resolve_gcs
 from asyncload.sources.stores.store import BucketNotFoundError, StoreEndpointError
 from harness.seaweed import _free_ports
 
-from .remote_fixtures import EmulatedData, check_epoch, gcs_data, gcs_emulator, reply, serving
+from .remote_fixtures import EmulatedData, check_epoch, reply, serving
 
-FIXTURES = (gcs_data, gcs_emulator)
 pytestmark = pytest.mark.timeout(60)
 FAST_FAIL_S = 5.0
 

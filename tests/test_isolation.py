@@ -30,7 +30,6 @@ from asyncload import (
 from asyncload.sources.subset import RangeSource
 
 from .conftest import ROWS, no_children_left, pids_gone, reader_threads
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import CrashingSource, ExpiringSource, FailingSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,7 +71,7 @@ print(json.dumps({"got": got, "imported": imported, "len": len(src), "version": 
 """
 
 
-def test_the_training_process_opens_a_dataset_in_a_bucket_without_deep_lake_or_an_http_client(remote_data) -> None:  # noqa: F811
+def test_the_training_process_opens_a_dataset_in_a_bucket_without_deep_lake_or_an_http_client(remote_data) -> None:
     """With a reader process (the default), the training process probes the bucket with the standard
     library's client and takes the dataset's length, version and columns from the reader's open: it imports
     neither Deep Lake nor aiohttp, and opens nothing itself, and the epoch is every row once, each the row

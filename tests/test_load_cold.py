@@ -13,9 +13,6 @@ import pytest
 
 from asyncload.tools.cli import main
 
-from .remote_fixtures import remote_data, seaweed
-
-FIXTURES = (remote_data, seaweed)
 pytestmark = pytest.mark.timeout(180)
 
 

@@ -32,7 +32,6 @@ from asyncload.processes.nodereader import (
 )
 
 from .conftest import ROWS, pids_gone, reader_pids
-from .remote_fixtures import seaweed  # noqa: F401 - fixture
 from .sources import CrashingSource, HandleLog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -202,7 +201,7 @@ def test_a_loader_that_connects_as_the_last_one_leaves_is_served_not_reset(tmp_p
 
 @pytest.mark.xdist_group("process_storms")
 @pytest.mark.timeout(420)
-def test_four_ranks_of_one_node_pull_deep_lakes_pages_once(seaweed, tmp_path) -> None:  # noqa: F811
+def test_four_ranks_of_one_node_pull_deep_lakes_pages_once(seaweed, tmp_path) -> None:
     """4 ranks × 2 epochs on one node, a node store and one endpoint, as in a real job: what the S3 server's
     port sees is within 5% of one process's single epoch, and no page is fetched twice; each rank with a
     reader of its own (``shared_reader=False``, the control) fetches pages again."""

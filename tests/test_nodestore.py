@@ -26,7 +26,6 @@ from asyncload.nodestore import NodeStore
 from asyncload.nodestore.index import LOG_ROOM
 
 from .conftest import ROWS, WORKER_START
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import RecordingSource
 
 pytestmark = pytest.mark.timeout(180)
@@ -402,7 +401,7 @@ def test_without_the_store_rows_read_ahead_stay_within_the_budget(seg_url) -> No
     assert (s["node_hits"], s["node_misses"]) == (0, 0) and s["remote_bytes"] > 0  # no store: no hit, no miss
 
 
-def test_a_remote_deep_lake_dataset_is_kept_by_default(remote_data) -> None:  # noqa: F811 - the fixture
+def test_a_remote_deep_lake_dataset_is_kept_by_default(remote_data) -> None:
     src = DeepLakeSource(remote_data.deeplake_url, creds=remote_data.creds())
     loader = AsyncLoader(src, batch_size=16, shuffle=True)
     for epoch in range(2):
@@ -413,7 +412,7 @@ def test_a_remote_deep_lake_dataset_is_kept_by_default(remote_data) -> None:  # 
     loader.close()
 
 
-def test_an_object_store_prefix_is_kept_and_a_rewritten_file_is_read_again(remote_data) -> None:  # noqa: F811
+def test_an_object_store_prefix_is_kept_and_a_rewritten_file_is_read_again(remote_data) -> None:
     from asyncload import ObjectStoreSource
 
     from .remote_fixtures import png_bytes, stem, upload_files

@@ -24,7 +24,6 @@ from asyncload import AsyncIterableDataset, AsyncLoader, DeepLakeSource
 from asyncload.nodestore import CorruptPart, NodeStore
 
 from .conftest import ROWS, WORKER_START
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,7 +61,7 @@ def check_exact(batches, images: np.ndarray, masks: np.ndarray, rows: int) -> No
     assert seen == Counter(range(rows))
 
 
-def test_corrupt_parts_of_a_remote_dataset_are_fetched_again_in_every_shuffled_epoch(remote_data) -> None:  # noqa: F811
+def test_corrupt_parts_of_a_remote_dataset_are_fetched_again_in_every_shuffled_epoch(remote_data) -> None:
     """The issue's case: a remote Deep Lake dataset on S3 one epoch into the store, 16 bytes flipped in the
     largest parts, then new shuffled epochs (read through the reader process). Before the fix a request
     whose rows lay in a part that a request beside it had just dropped failed with ``KeyError: <row>``."""

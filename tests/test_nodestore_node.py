@@ -19,7 +19,6 @@ import pytest
 
 from asyncload.nodestore import NodeStore
 
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import RecordingSource
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("process_storms")]
@@ -105,7 +104,7 @@ def every_row_once_per_epoch(outs: list[list[list[int]]], rows: int, epochs: int
         assert set(seen) == set(range(rows)), e
 
 
-def test_four_ranks_over_two_epochs_fetch_each_row_once(remote_data, tmp_path) -> None:  # noqa: F811
+def test_four_ranks_over_two_epochs_fetch_each_row_once(remote_data, tmp_path) -> None:
     log = tmp_path / "reads.jsonl"
     outs = run_ranks(remote_data, log, 4, epochs=2)
     every_row_once_per_epoch(outs, remote_data.rows, 2)
@@ -113,7 +112,7 @@ def test_four_ranks_over_two_epochs_fetch_each_row_once(remote_data, tmp_path) -
     assert fetched == Counter(range(remote_data.rows))  # one fetch per row for the node, over both epochs
 
 
-def test_two_simulated_nodes_fetch_each_row_once_for_the_cluster(remote_data, tmp_path) -> None:  # noqa: F811
+def test_two_simulated_nodes_fetch_each_row_once_for_the_cluster(remote_data, tmp_path) -> None:
     """2 nodes × 2 ranks (a node store each, torchrun's variables): with node-stable epochs (the default)
     each node keeps its part, so over 2 epochs every row is fetched once for the whole cluster; a global
     shuffle fetches rows again on the other node."""
@@ -135,7 +134,7 @@ def disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
-def test_two_ranks_of_four_workers_keep_the_node_within_its_limit(remote_data, tmp_path) -> None:  # noqa: F811
+def test_two_ranks_of_four_workers_keep_the_node_within_its_limit(remote_data, tmp_path) -> None:
     root = Path(os.environ["ASYNCLOAD_CACHE_DIR"])
     probe = run_ranks(remote_data, tmp_path / "probe.jsonl", 1, epochs=1, cache_dir=str(tmp_path / "whole"))
     every_row_once_per_epoch(probe, remote_data.rows, 1)

@@ -12,13 +12,13 @@ from PIL import Image
 from asyncload import AsyncLoader, ObjectStoreSource, RandomHorizontalFlip, RandomResizedCrop, ReadError
 from tests.photo_data import encode, sample
 
-from .remote_fixtures import BUCKET, RemoteData, remote_data, seaweed  # noqa: F401
+from .remote_fixtures import BUCKET, RemoteData
 
 ROWS = 24
 
 
 @pytest.fixture(scope="module")
-def jpeg_files(remote_data: RemoteData) -> tuple[str, list[np.ndarray], list[np.ndarray]]:  # noqa: F811
+def jpeg_files(remote_data: RemoteData) -> tuple[str, list[np.ndarray], list[np.ndarray]]:
     """``jpeg/images/<i>.jpg`` (photo-like, sizes 50-120) and ``jpeg/masks/<i>.png``; file 7 is cut short."""
     images, masks = [], []
     for i in range(ROWS):
@@ -33,14 +33,14 @@ def jpeg_files(remote_data: RemoteData) -> tuple[str, list[np.ndarray], list[np.
     return f"s3://{BUCKET}/jpeg", images, masks
 
 
-def source(url: str, remote_data: RemoteData) -> ObjectStoreSource:  # noqa: F811
+def source(url: str, remote_data: RemoteData) -> ObjectStoreSource:
     return ObjectStoreSource(url, creds=remote_data.creds())
 
 
 @pytest.mark.parametrize("decode", ["cpu", "store"])
 def test_jpeg_files_decode_to_the_reference_pixels_and_a_bad_one_is_named(
     jpeg_files: tuple[str, list, list],
-    remote_data: RemoteData,  # noqa: F811
+    remote_data: RemoteData,
     decode: str,
 ) -> None:
     url, images, masks = jpeg_files
@@ -61,7 +61,7 @@ def test_jpeg_files_decode_to_the_reference_pixels_and_a_bad_one_is_named(
 
 def test_object_store_files_augment_with_their_masks(
     jpeg_files: tuple[str, list, list],
-    remote_data: RemoteData,  # noqa: F811
+    remote_data: RemoteData,
 ) -> None:
     url, _, _ = jpeg_files
     ops = [RandomResizedCrop(32, scale=(0.3, 1.0)), RandomHorizontalFlip()]

@@ -12,11 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from .remote_fixtures import seaweed
 from .user_photos import photo_folder, to_deeplake
 
 ASYNCLOAD = str(Path(sys.executable).with_name("asyncload"))  # the installed console script
-FIXTURES = (seaweed,)
 pytestmark = pytest.mark.timeout(180)
 
 

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from .remote_fixtures import seaweed
 from .user_photos import CLASS_NAMES, photo_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 ASYNCLOAD = str(Path(sys.executable).with_name("asyncload"))  # the installed console script
-FIXTURES = (seaweed,)
 
 
 def recipe() -> tuple[str, list[str]]:

@@ -27,11 +27,9 @@ from asyncload.sources.stores.sigv4 import Credentials, SigV4Signer
 from harness.seaweed import SeaweedServer, WeedNotFoundError, _free_ports
 
 from .conftest import wait_no_loop_threads
-from .remote_fixtures import RemoteData, originals, read_epoch, remote_data, running_seaweed, seaweed, upload_files
+from .remote_fixtures import RemoteData, originals, read_epoch, upload_files
 
 # pytest finds fixtures among a module's names; naming them here also tells linters the import is used.
-FIXTURES = (remote_data, running_seaweed, seaweed)
-
 pytestmark = pytest.mark.timeout(60)
 
 FAST_FAIL_S = 5.0  # "fails fast": what an open or a permanent read error may take

@@ -15,7 +15,7 @@ from asyncload.sources.stores.sigv4 import Credentials, SigV4Signer
 from harness.s3log import RequestLog
 from harness.seaweed import SeaweedServer
 
-from .remote_fixtures import RemoteData, remote_data, seaweed  # noqa: F401 - fixtures
+from .remote_fixtures import RemoteData
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -41,7 +41,7 @@ def raw_get(server: SeaweedServer, port: int, path: str, headers: dict[str, str]
     return got
 
 
-def test_each_request_is_logged_under_its_port_with_its_range_and_bytes(seaweed: SeaweedServer) -> None:  # noqa: F811
+def test_each_request_is_logged_under_its_port_with_its_range_and_bytes(seaweed: SeaweedServer) -> None:
     seaweed.create_bucket("s3log")
     seaweed.put_object("s3log", "ds/a/bc/object", bytes(range(256)) * 400)  # 102,400 bytes
     with RequestLog(("127.0.0.1", seaweed.port), ["p0", "p1"]) as proxy:
@@ -58,7 +58,7 @@ def test_each_request_is_logged_under_its_port_with_its_range_and_bytes(seaweed:
         assert e.length is not None and 0 < e.received - e.length < 1000
 
 
-def test_a_deep_lake_read_through_it_shows_the_open_the_header_and_the_pages(remote_data: RemoteData) -> None:  # noqa: F811
+def test_a_deep_lake_read_through_it_shows_the_open_the_header_and_the_pages(remote_data: RemoteData) -> None:
     import deeplake
 
     from benchmarks.suites.per_process_reads import kind

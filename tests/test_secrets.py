@@ -46,21 +46,7 @@ from asyncload.sources.stores.retry import RetryPolicy
 from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer, _free_ports
 
-from .remote_fixtures import (
-    PROFILE,
-    EmulatedData,
-    RemoteData,
-    aws_files,
-    azure_data,
-    azurite,
-    png_bytes,
-    remote_data,
-    running_seaweed,
-    seaweed,
-    stem,
-)
-
-FIXTURES = (aws_files, azure_data, azurite, remote_data, running_seaweed, seaweed)  # found among module names
+from .remote_fixtures import PROFILE, EmulatedData, RemoteData, png_bytes, stem
 
 WRONG_SECRET = "WRONG-secret-" + "q" * 27
 

@@ -47,10 +47,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ROWS
-from .remote_fixtures import remote_data, running_seaweed, seaweed
 from .timing import within
-
-FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names (stall case)
 
 PARALLEL = 4
 # Below shutdown_timeout (10 s, what a stuck stop would wait), above what a 2-core machine at load 10-16

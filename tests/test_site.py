@@ -19,13 +19,11 @@ import pytest
 import asyncload
 from asyncload import make_dataset
 
-from .remote_fixtures import originals, seaweed, upload_files
+from .remote_fixtures import originals, upload_files
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "_build" not in p.parts)]
-FIXTURES = (seaweed,)
-
 # exactly what `make docs` runs (the Makefile's SPHINXOPTS), into a folder of the test's own
 STRICT = ["-W", "--keep-going", "-n", "-E", "-q"]
 RUN = re.compile(r"^<!-- run -->\n```python\n(.*?)^```", re.S | re.M)

@@ -49,10 +49,9 @@ from harness.faults import Fault, FaultProxy
 from harness.seaweed import SeaweedServer
 
 from .conftest import loop_threads, wait_no_loop_threads
-from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
+from .remote_fixtures import RemoteData, read_epoch
 from .timing import within
 
-FIXTURES = (remote_data, running_seaweed, seaweed)  # pytest finds fixtures among the module's names
 # Short request deadlines, so that a silent server fails requests (and opens the breaker) within a test.
 QUICK = Timeouts(connect=1.0, read=1.5, total=10.0)
 

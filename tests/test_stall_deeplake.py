@@ -22,10 +22,8 @@ import pytest
 from asyncload import AsyncLoader, DeepLakeSource, LoaderClosedError, StallError
 
 from .conftest import forked_workers, no_children_left, pids_gone, reader_pids, reader_threads, worker_pids
-from .remote_fixtures import RemoteData, read_epoch, remote_data, running_seaweed, seaweed
+from .remote_fixtures import RemoteData, read_epoch
 from .timing import within
-
-FIXTURES = (remote_data, running_seaweed, seaweed)
 
 
 @contextlib.contextmanager

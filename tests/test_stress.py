@@ -17,8 +17,6 @@ import pytest
 
 from asyncload import make_dataset
 
-from .remote_fixtures import seaweed  # noqa: F401
-
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = 600
 RUNS = 12
@@ -59,7 +57,7 @@ def test_fresh_processes_read_whole_photo_epochs_locally_with_no_crash(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_fresh_processes_read_whole_photo_epochs_on_seaweedfs_with_no_crash(seaweed) -> None:  # noqa: F811
+def test_fresh_processes_read_whole_photo_epochs_on_seaweedfs_with_no_crash(seaweed) -> None:
     seaweed.create_bucket("stress")
     creds = seaweed.creds("stress")
     url = make_dataset(

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from .remote_fixtures import remote_data, seaweed  # noqa: F401 - fixtures
 from .sources import RecordingSource
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("process_storms")]
@@ -52,7 +51,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_torchrun_two_agents_read_exact_node_stable_epochs_fetching_each_row_once(remote_data, tmp_path) -> None:  # noqa: F811
+def test_torchrun_two_agents_read_exact_node_stable_epochs_fetching_each_row_once(remote_data, tmp_path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.format(epochs=EPOCHS))
     log, out = tmp_path / "reads.jsonl", tmp_path / "out"
