@@ -178,8 +178,9 @@ def test_the_shared_reader_admits_only_a_holder_of_the_users_key(tmp_path) -> No
 def test_a_loader_that_connects_as_the_last_one_leaves_is_served_not_reset(tmp_path) -> None:
     """The server stops only under the node's start lock, after a last look for a loader queued on its socket;
     a loader connects under that lock (``launch``). So a loader that connects as the last one leaves is served
-    by that server. Before, the server closed its listener with the loader queued: reset in its handshake, it
-    read in a process of its own (seen in CI as an extra warning)."""
+    by that server, and served while it still holds the lock: the server only tries the lock (a loader that
+    holds it may be waiting for the server's accept). Before, the server closed its listener with the loader
+    queued: reset in its handshake, it read in a process of its own (seen in CI as an extra warning)."""
     root = tmp_path / "node"
     conn, node = connect(root)
     readers = readers_dir(root)
@@ -190,7 +191,9 @@ def test_a_loader_that_connects_as_the_last_one_leaves_is_served_not_reset(tmp_p
             time.sleep(0.5)
             sock = _connect(readers)
             assert sock is not None, "the server stopped listening without the start lock"
-        again, node2 = handshake(Launch(sock, None))
+            # and it serves while the lock is held: it never waits for the lock (a loader holding it may be
+            # waiting for the server's accept)
+            again, node2 = handshake(Launch(sock, None))
         assert node2.pid == node.pid
         again.close()
         node2.leave()

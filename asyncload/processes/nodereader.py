@@ -81,12 +81,13 @@ def lock_name(sock: str | None = None) -> str:
 
 
 @contextlib.contextmanager
-def held(dfd: int, name: str) -> Iterator[None]:
+def held(dfd: int, name: str, *, wait: bool = True) -> Iterator[None]:
     """The lock file ``name`` in the readers directory ``dfd``, held (``flock``) for the block: released at
-    its end, and by the kernel if the holder dies."""
+    its end, and by the kernel if the holder dies. ``wait=False``: ``BlockingIOError`` at once where another
+    process holds it."""
     fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield
     finally:
         os.close(fd)  # (releases the lock)

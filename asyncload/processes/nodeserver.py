@@ -120,15 +120,20 @@ class _Server:
         """Stop listening unless a loader is queued on the socket: under the node's start lock, which a loader
         holds from its connect on (``nodereader.launch``), so that a loader either queued before this last look
         (and is served) or finds no socket and starts the next server. A listener closed with a loader queued
-        would reset it (``ConnectionResetError`` in its handshake: it read in a process of its own). The
+        would reset it (``ConnectionResetError`` in its handshake: it read in a process of its own). The lock
+        is only tried: where a loader holds it, that loader is connecting, and is served first (waiting for
+        it here could wait on a loader whose connect waits for this server's accept, the backlog full). The
         socket's name is removed only if it is still ours, as a check (only this server listens on it)."""
-        with held(self.dfd, lock_name(self.name)):
-            if select.select([self.sock], [], [], 0)[0]:
-                return False
-            self.sock.close()
-            with contextlib.suppress(OSError):
-                if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
-                    os.unlink(self.name, dir_fd=self.dfd)
+        try:
+            with held(self.dfd, lock_name(self.name), wait=False):
+                if select.select([self.sock], [], [], 0)[0]:
+                    return False
+                self.sock.close()
+                with contextlib.suppress(OSError):
+                    if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
+                        os.unlink(self.name, dir_fd=self.dfd)
+        except BlockingIOError:
+            return False
         return True
 
     def _admit(self, raw: socket.socket) -> None:
