@@ -110,6 +110,49 @@ def test_a_hedge_reads_its_rows_alone_past_a_stuck_block_read() -> None:
     asyncio.run(go())
 
 
+def test_rows_a_request_fetches_itself_are_not_read_again_by_a_block_read_started_meanwhile() -> None:
+    """A request whose block read found no room fetches its rows itself (through the node store's fill); a
+    request that starts that block's read while the fetch is on the wire (room freed meanwhile) must not
+    read those rows too: they would be fetched twice and held for ever (no batch asks for them again),
+    their bytes counted against the hold limit to the epoch's end."""
+    gate = asyncio.Event()
+
+    class Gated:
+        cancel_safe = True
+        columns = ("x",)
+        url = "gated://x"
+        calls: list[list[int]] = []
+
+        async def read(self, indices, raw=frozenset()):
+            self.calls.append(list(indices))
+            if indices == [0]:  # the request's own fetch: on the wire until released
+                await gate.wait()
+            return {"x": [bytes([i]) * 100 for i in indices]}
+
+    class FullStore:  # the node store, full: nothing found, nothing kept
+        off = False
+
+        def lookup(self, want, raw):
+            return {}
+
+    async def go():
+        src = Gated()
+        reads = BlockReads(src, 4, [7, 6, 5, 4, 3, 2, 1, 0], n=8, shelf=FullStore(), hold_limit=400, full=True)
+        assert (await reads.read([7]))["x"] == [bytes([7]) * 100]  # block 1 read whole: 6, 5, 4 held (300 B)
+        own = asyncio.ensure_future(reads.read([0]))  # block 0 would hold 400 B more: no room, fetched alone
+        while src.calls[-1] != [0]:
+            await asyncio.sleep(0.01)
+        await reads.read([6, 5, 4])  # room again
+        assert (await reads.read([1]))["x"] == [b"\1" * 100]  # block 0 read now, without row 0
+        gate.set()
+        assert (await own)["x"] == [b"\0" * 100]
+        assert (await reads.read([3, 2]))["x"] == [b"\3" * 100, b"\2" * 100]
+        assert sorted(sorted(c) for c in src.calls) == [[0], [1, 2, 3], [4, 5, 6, 7]]
+        assert (reads._held, reads.held_bytes) == ({}, 0)  # noqa: SLF001 - nothing left behind
+
+    asyncio.run(go())
+
+
 def test_a_full_shuffle_reads_batch_by_batch(seg_url, tmp_path) -> None:
     src = RecordingSource(seg_url, tmp_path / "reads.jsonl")
     got = ids(list(AsyncLoader(src, batch_size=16, seed=3, shuffle=True, shuffle_block=1)))

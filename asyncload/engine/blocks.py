@@ -163,8 +163,10 @@ class BlockReads:
             todo = [i for i in indices if i not in ready]
         fetched: dict[int, dict[str, Any]] = {}
         if todo and self.shelf is not None:  # rows-only reads (block None), or a part that failed or was cut
+            # Read by this request from now on: a part read started while the fill is on the wire (room freed
+            # meanwhile) must not fetch them again, and hold them for ever.
+            self._undue(todo)
             fetched = await self._fill(todo, raw, keep=False, lock=False)  # (rows no other process asks for)
-            self._undue(list(fetched))
             todo = [i for i in todo if i not in fetched and i not in self._ready([i])]
         try:
             return await self._gather(indices, raw, todo, fetched)
