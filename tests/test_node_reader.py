@@ -202,6 +202,22 @@ def test_a_loader_that_connects_as_the_last_one_leaves_is_served_not_reset(tmp_p
     assert _gone_soon([node.pid]) and not (root / "readers" / socket_name()).exists()
 
 
+def test_a_server_whose_directory_was_removed_stops_cleanly_when_its_last_loader_leaves(tmp_path) -> None:
+    """A job that removes its cache directory while the node's reader still runs (a benchmark's cold store, a
+    test's temporary directory): the server can no longer make its start lock there, and no loader can find
+    its socket, so it stops all the same, with exit code 0. Before, its last look for a queued loader raised
+    ``FileNotFoundError`` and it ended on a traceback (exit code 1)."""
+    import shutil
+
+    root = tmp_path / "node"
+    conn, node = connect(root)
+    assert node.popen is not None  # started here: its exit code can be read
+    shutil.rmtree(root)
+    conn.close()
+    node.leave()
+    assert node.popen.wait(timeout=30) == 0
+
+
 @pytest.mark.xdist_group("process_storms")
 @pytest.mark.timeout(420)
 def test_four_ranks_of_one_node_pull_deep_lakes_pages_once(seaweed, tmp_path) -> None:

@@ -123,18 +123,25 @@ class _Server:
         would reset it (``ConnectionResetError`` in its handshake: it read in a process of its own). The lock
         is only tried: where a loader holds it, that loader is connecting, and is served first (waiting for
         it here could wait on a loader whose connect waits for this server's accept, the backlog full). The
-        socket's name is removed only if it is still ours, as a check (only this server listens on it)."""
+        socket's name is removed only if it is still ours, as a check (only this server listens on it).
+        Where the lock cannot be had at all (the node's directory removed under the server, as by a job's
+        clean-up of its cache directory: no loader can find the socket then), it stops without it."""
         try:
             with held(self.dfd, lock_name(self.name), wait=False):
                 if select.select([self.sock], [], [], 0)[0]:
                     return False
-                self.sock.close()
-                with contextlib.suppress(OSError):
-                    if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
-                        os.unlink(self.name, dir_fd=self.dfd)
+                self._unlisten()
         except BlockingIOError:
             return False
+        except OSError:
+            self._unlisten()
         return True
+
+    def _unlisten(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(OSError):
+            if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
+                os.unlink(self.name, dir_fd=self.dfd)
 
     def _admit(self, raw: socket.socket) -> None:
         """A new connection: the peer must be this user's and hold the key (both ways) before anything it
