@@ -138,6 +138,7 @@ class _Server:
         return True
 
     def _unlisten(self) -> None:
+        """Close the listener and remove the socket's name, if it is still this server's."""
         self.sock.close()
         with contextlib.suppress(OSError):
             if os.stat(self.name, dir_fd=self.dfd, follow_symlinks=False).st_ino == self.inode:
