@@ -48,3 +48,37 @@ def test_a_run_charges_each_test_its_childrens_cpu_and_the_summary_ranks_them(tm
     assert text.startswith("2 tests, ") and "min on 2 cores at the least" in text, text
     by_test = text.split("by test")[1].splitlines()[1:]
     assert by_test[0].endswith("test_tiny.py::test_child_burns"), text
+
+
+def _imported_fixtures(path: Path) -> list[str]:
+    """The pytest fixtures that the test module at ``path`` imports from a module of this package (``from
+    .remote_fixtures import seaweed``): pytest makes such a fixture the importing module's own, so a
+    "session" fixture imported into 24 modules started 24 servers a pass (42 SeaweedFS servers and as many
+    uploads until 2026-11-30). Fixtures are registered once, in ``conftest.py``."""
+    import ast
+    import importlib
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        if node.level == 1:
+            name = f"tests.{node.module}"
+        elif node.module.startswith("tests."):
+            name = node.module
+        else:
+            continue
+        module = importlib.import_module(name)
+        for alias in node.names:
+            if hasattr(getattr(module, alias.name, None), "_fixture_function_marker"):
+                found.append(f"{path.name}: {alias.name} from {name}")
+    return found
+
+
+def test_no_test_module_imports_a_fixture_which_would_make_it_that_modules_own(tmp_path: Path) -> None:
+    modules = sorted((ROOT / "tests").glob("test_*.py"))
+    assert len(modules) > 50
+    assert [f for p in modules for f in _imported_fixtures(p)] == []
+    planted = tmp_path / "test_planted.py"  # the check itself finds one
+    planted.write_text("from .remote_fixtures import seaweed, REMOTE_ROWS\nfrom .conftest import ROWS\n")
+    assert _imported_fixtures(planted) == ["test_planted.py: seaweed from tests.remote_fixtures"]
