@@ -35,7 +35,9 @@ from tests.sources import RecordingSource
 rank, world, workers, epochs = {rank}, {world}, {workers}, {epochs}
 src = RecordingSource({url!r}, {log!r}, creds={creds!r})
 out = []
-if workers:
+if workers:  # (their forkserver imports torch and asyncload once, for every worker: as a user's script would)
+    import multiprocessing
+    multiprocessing.set_forkserver_preload(["torch", "asyncload", "tests.sources"])
     ds = AsyncIterableDataset(src, rank=rank, world_size=world, **{opts!r})
     for epoch in range(epochs):
         ds.set_epoch(epoch)
