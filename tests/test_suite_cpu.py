@@ -53,8 +53,10 @@ def test_a_run_charges_each_test_its_childrens_cpu_and_the_summary_ranks_them(tm
 def _imported_fixtures(path: Path) -> list[str]:
     """The pytest fixtures that the test module at ``path`` imports from a module of this package (``from
     .remote_fixtures import seaweed``): pytest makes such a fixture the importing module's own, so a
-    "session" fixture imported into 24 modules started 24 servers a pass (42 SeaweedFS servers and as many
-    uploads until 2026-11-30). Fixtures are registered once, in ``conftest.py``."""
+    "session" server started once per module that imported it (42 SeaweedFS servers a pass, with as many
+    uploads, until 2026-11-30). Fixtures are registered once, in ``conftest.py``. (``_fixture_function_marker``
+    marks a fixture in pytest 9; where it would not, the planted import below is not found and the test
+    fails.)"""
     import ast
     import importlib
 
