@@ -36,7 +36,7 @@ from asyncload import AsyncLoader, ObjectStoreSource, SourceError
 from asyncload.sources.stores.probe import S3AccessError, probe_s3_url
 from harness.seaweed import _free_ports
 
-from .remote_fixtures import BACKLOG, PROFILE, WRONG_SECRET, RemoteData, read_epoch, reply, serving
+from .remote_fixtures import PROFILE, WRONG_SECRET, RemoteData, read_epoch, reply, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,7 +166,6 @@ class RegionProxy(ThreadingHTTPServer):
     every answer, 400 ``AuthorizationHeaderMalformed`` for a request signed for another region."""
 
     daemon_threads = True
-    request_queue_size = BACKLOG  # (a loader's many connections at once: socketserver's 5 drops SYNs)
 
     def __init__(self, upstream: tuple[str, int], region: str) -> None:
         self.upstream, self.region, self.scopes = upstream, region, []
