@@ -16,6 +16,9 @@ dataset) is over and can be counted apart, then reads one whole epoch. From ``/p
   last batch: the epoch's loop, lane and CPU pool end with it);
 - samples/s over the epoch (first ``next()`` to the last batch).
 
+``--later N`` reads N more epochs after the first, each reported apart (samples/s, the tree's CPU a sample,
+rows read back from the node store): what the store's writes of the first epoch buy.
+
 Runs alternate between trees within a repetition, so a change in load hits both. ``--where s3`` serves the
 dataset from a SeaweedFS server on loopback (``harness.seaweed``; no emulated latency: loopback round trips);
 ``local`` reads the directory under ``data/bench``; ``--where wan`` (alone: it leaves the orchestrator in the
@@ -42,7 +45,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-DATASETS = {"png": "data/bench/photos-1000-png", "jpeg": "data/bench/photos-4000-jpg"}
+DATASETS = {
+    "png": "data/bench/photos-1000-png",
+    "jpeg": "data/bench/photos-4000-jpg",
+    "jpeg20k": "data/bench/photos-20000x4000-jpg",
+}
 TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -221,6 +228,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         r_after = {k: sampler.snapshot(k) for k in readers}
         ticks_after = {k: _thread_ticks(k) for k in readers}
         stats = loader.stats()
+        later = [_later_epoch(loader, e, me, readers) for e in range(1, 1 + spec.get("later", 0))]
         if perf is not None:
             perf.send_signal(signal.SIGINT)
             perf.wait(30)
@@ -252,6 +260,33 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "retries": stats.get("retries"),
         "peak_rss_mb": hwm,
         "load": os.getloadavg()[0],
+        "later": later,
+    }
+
+
+def _later_epoch(loader: Any, epoch: int, me: int, readers: list[int]) -> dict[str, float]:
+    """One more whole epoch of ``loader`` (``set_epoch(epoch)``): samples/s and the tree's CPU a sample (this
+    process by ``getrusage``, its reader processes from ``/proc``), rows read from the node store."""
+    import resource
+
+    loader.set_epoch(epoch)
+    pids = list(dict.fromkeys(readers + _children(me)))
+    r0 = {k: _proc_cpu(k) for k in pids}
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    n = sum(len(b["index"]) for b in loader)
+    t1 = time.perf_counter()
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    pids += [k for k in _children(me) if k not in pids]
+    reader = sum(_proc_cpu(k) - r0.get(k, 0.0) for k in pids)
+    own = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+    return {
+        "epoch": epoch,
+        "rows": n,
+        "samples_per_s": n / (t1 - t0),
+        "tree_cpu_ms_per_sample": 1000 * (own + reader) / max(n, 1),
+        "reader_cpu_ms_per_sample": 1000 * reader / max(n, 1),
+        "node_hits": loader.stats().get("node_hits", 0),  # (``stats()`` is the epoch's own)
     }
 
 
@@ -314,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rtt", type=float, default=50.0, help="round trip of --where wan, ms")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--settle", type=float, default=4.0)
+    ap.add_argument("--later", type=int, default=0, help="epochs read after the first, each reported apart")
     ap.add_argument("--set", action="append", default=[], help="loader option key=value (json value)")
     ap.add_argument("--out", help="a folder for report.md and results.json")
     ap.add_argument("--label", default="run")
@@ -379,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 url, creds = urls[(d, w)]
                 for rep in range(a.reps):
                     for tree in trees:
-                        spec = {"url": url, "creds": creds, "settle": a.settle, "options": options,
+                        spec = {"url": url, "creds": creds, "settle": a.settle, "options": options, "later": a.later,
                                 "pyspy": a.pyspy, "perf": a.perf, "profile": a.profile}  # fmt: skip
                         r = _run_child(tree, spec, prefix.get(w, []))
                         r.update(dataset=d, where=w, tree=tree, rep=rep)
@@ -430,8 +466,9 @@ def _line(r: dict[str, Any]) -> str:
 
 def _table(results: list[dict[str, Any]], trees: list[str]) -> str:
     rows = ["| dataset | where | tree | samples/s | reader start-up CPU s | reader ms/sample (epoch) | reader ms/sample "
-            "(start-up + epoch) | training process ms/sample | tree ms/sample (start-up + epoch) | runs |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "(start-up + epoch) | training process ms/sample | tree ms/sample (start-up + epoch) | later epochs: "
+            "samples/s, tree ms/sample | runs |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     keyed: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in results:
         if "error" not in r:
@@ -447,9 +484,19 @@ def _table(results: list[dict[str, Any]], trees: list[str]) -> str:
             f"| {m(lambda r: 1000 * (r['reader_epoch_cpu_s'] + r['reader_startup_cpu_s']) / r['rows']):.2f} "
             f"| {m(lambda r: _per(r, 'main_epoch_cpu_s')):.2f} "
             f"| {m(lambda r: 1000 * (r['reader_epoch_cpu_s'] + r['reader_startup_cpu_s'] + r['main_epoch_cpu_s']) / r['rows']):.2f} "
-            f"| {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)}) |"
+            f"| {_later_cell(rs)} | {len(rs)} ({', '.join(format(r['samples_per_s'], '.0f') for r in rs)}) |"
         )
     return "\n".join(rows)
+
+
+def _later_cell(rs: list[dict[str, Any]]) -> str:
+    """Per later epoch, the medians of its samples/s and tree CPU a sample over ``rs``; ``-`` where none."""
+    cells = []
+    for k in range(min(len(r.get("later") or []) for r in rs)):
+        sps = statistics.median(r["later"][k]["samples_per_s"] for r in rs)
+        cpu = statistics.median(r["later"][k]["tree_cpu_ms_per_sample"] for r in rs)
+        cells.append(f"{sps:,.0f}, {cpu:.2f}")
+    return "; ".join(cells) or "-"
 
 
 def summarize(results: list[dict[str, Any]]) -> str:
