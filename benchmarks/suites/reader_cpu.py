@@ -17,7 +17,8 @@ dataset) is over and can be counted apart, then reads one whole epoch. From ``/p
 - samples/s over the epoch (first ``next()`` to the last batch).
 
 ``--later N`` reads N more epochs after the first, each reported apart (samples/s, the tree's CPU a sample,
-rows read back from the node store): what the store's writes of the first epoch buy.
+rows read back from the node store): what the store's writes of the first epoch buy. ``--tree
+.@READER_CPU_PEER=bytes`` runs the hand-written reader (``peers.bytes_jpeg``) over the same epochs instead.
 
 Runs alternate between trees within a repetition, so a change in load hits both. ``--where s3`` serves the
 dataset from a SeaweedFS server on loopback (``harness.seaweed``; no emulated latency: loopback round trips);
@@ -188,6 +189,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One measured run in this (fresh) process."""
     import resource
 
+    if os.environ.get("READER_CPU_PEER") == "bytes":
+        return _peer_child(spec)
+
     from asyncload import AsyncLoader, DeepLakeSource
     from asyncload.tools.coldstore import cold_cache_dir
 
@@ -262,6 +266,46 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "load": os.getloadavg()[0],
         "later": later,
     }
+
+
+def _peer_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """The hand-written reader (``peers.bytes_jpeg``: ``get_bytes_async``, simplejpeg and lz4 on 2 threads) over
+    the same epochs as ``child`` (``--tree .@READER_CPU_PEER=bytes``): each epoch a new shuffled order, the
+    dataset opened by the reader as ``make bench`` runs it (Deep Lake imported first, before the clock)."""
+    import resource
+
+    import deeplake  # noqa: F401 - (before the clock, as asyncload's reader process's start is counted apart)
+    import numpy as np
+
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.peers import bytes_jpeg
+    from benchmarks.peers.common import open_dataset
+
+    peer = {"url": spec["url"], "creds": spec.get("creds"), "options": {"masks": "bytes"}}
+    n = len(open_dataset(peer))
+    epochs = []
+    for e in range(1 + spec.get("later", 0)):
+        order = [int(i) for i in np.random.default_rng(e).permutation(n)]
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        rows = sum(int(b["images"].shape[0]) for b in bytes_jpeg.batches(peer, order))
+        t1 = time.perf_counter()
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+        epochs.append({"epoch": e, "rows": rows, "samples_per_s": rows / (t1 - t0), "cpu_s": cpu})
+    first = epochs[0]
+    later = [
+        {"epoch": x["epoch"], "rows": x["rows"], "samples_per_s": x["samples_per_s"],
+         "tree_cpu_ms_per_sample": 1000 * x["cpu_s"] / x["rows"], "reader_cpu_ms_per_sample": 0.0, "node_hits": 0}
+        for x in epochs[1:]
+    ]  # fmt: skip
+    return {
+        "rows": first["rows"], "epoch_s": first["rows"] / first["samples_per_s"], "open_s": 0.0,
+        "samples_per_s": first["samples_per_s"], "readers": 0, "children": {}, "reader_startup_cpu_s": 0.0,
+        "reader_epoch_cpu_s": 0.0, "main_epoch_cpu_s": first["cpu_s"], "reader_threads_s": {},
+        "reader_threads_ticks_s": {}, "main_threads_s": {}, "retries": None, "load": os.getloadavg()[0],
+        "later": later,
+    }  # fmt: skip
 
 
 def _later_epoch(loader: Any, epoch: int, me: int, readers: list[int]) -> dict[str, float]:
