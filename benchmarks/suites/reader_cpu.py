@@ -271,7 +271,8 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
 def _peer_child(spec: dict[str, Any]) -> dict[str, Any]:
     """The hand-written reader (``peers.bytes_jpeg``: ``get_bytes_async``, simplejpeg and lz4 on 2 threads) over
     the same epochs as ``child`` (``--tree .@READER_CPU_PEER=bytes``): each epoch a new shuffled order, the
-    dataset opened by the reader as ``make bench`` runs it (Deep Lake imported first, before the clock)."""
+    dataset opened by the reader as ``make bench`` runs it, again at each epoch's start (``batches`` opens it;
+    Deep Lake imported first, before the clock)."""
     import resource
 
     import deeplake  # noqa: F401 - (before the clock, as asyncload's reader process's start is counted apart)
