@@ -11,8 +11,6 @@ import os
 import shutil
 import sqlite3
 import subprocess
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from asyncload import AsyncLoader, DeepLakeSource
 from asyncload.nodestore.index import LOG_ROOM
 from asyncload.nodestore.store import margin
 
-from .conftest import ROWS
+from .conftest import ROWS, wait_no_loop_threads
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,8 +57,7 @@ def free(path: Path) -> int:
 
 def fill(path: Path, leave: int) -> None:
     """A file that takes the file system's free space down to ``leave`` bytes (0: to the last block)."""
-    name = f"filler-{len(list(path.glob('filler-*')))}"
-    with (path / name).open("wb") as f:
+    with (path / f"filler-{len(list(path.glob('filler-*')))}").open("wb") as f:
         room = free(path) - leave
         if not leave:  # the file's own extent blocks come out of the same space: all of it would fail now and
             room -= 256 << 10  # then (ENOSPC, as the free space lay), so the last of it goes block by block
@@ -71,26 +68,6 @@ def fill(path: Path, leave: int) -> None:
                 while True:  # (whatever fallocate left: block by block)
                     os.write(f.fileno(), b"\0" * 4096)
                     os.fsync(f.fileno())
-    if not leave:
-        # One block could stay free after the loop (once in ~10 suite runs: ext4 holds a block back where a buffered
-        # write may need one more for the file's extents); a new one-block file needs none (its extent is in its inode)
-        for k in range(16):
-            if free(path) == 0:
-                break
-            with contextlib.suppress(OSError), (path / f"{name}-{k}").open("wb") as last:
-                last.write(b"\0" * 4096)
-                last.flush()
-                os.fsync(last.fileno())
-
-
-def lanes_done(timeout: float = 30.0) -> None:
-    """Wait for the ended epochs' lane threads (``runtime.loop.in_lane``): a loop that ends lets its lane finish
-    the store calls queued on it (a block read ahead, written after the epoch's last batch) without waiting for
-    them, and a part written or dropped while the disk is being filled would move its free space."""
-    deadline = time.monotonic() + timeout
-    while lanes := [t for t in threading.enumerate() if t.name.startswith("asyncload-lane")]:
-        assert time.monotonic() < deadline, f"the store's lane threads are still running: {lanes}"
-        time.sleep(0.01)
 
 
 def rows_stored(root: Path) -> int:
@@ -117,7 +94,9 @@ def test_a_full_disk_keeps_its_margin_and_the_rows_stored_are_still_read(small_f
     check_exact(loader, seg_arrays)
     s = loader.stats()
     loader.close()
-    lanes_done()
+    # The ended epoch's lane finishes the store calls queued on it without the loop waiting (``runtime.loop``):
+    # a part it wrote or dropped while the disk is filled below would move the free space the test sets.
+    wait_no_loop_threads(30.0)
     stored = rows_stored(root)
     assert 0 < stored < ROWS and s["node_not_kept"] > 0
     assert free(small_fs) >= keep  # the margin is never written into
