@@ -273,8 +273,6 @@ def _peer_child(spec: dict[str, Any]) -> dict[str, Any]:
     the same epochs as ``child`` (``--tree .@READER_CPU_PEER=bytes``): each epoch a new shuffled order, the
     dataset opened by the reader as ``make bench`` runs it, again at each epoch's start (``batches`` opens it;
     Deep Lake imported first, before the clock)."""
-    import resource
-
     import deeplake  # noqa: F401 - (before the clock, as asyncload's reader process's start is counted apart)
     import numpy as np
 
@@ -287,12 +285,9 @@ def _peer_child(spec: dict[str, Any]) -> dict[str, Any]:
     epochs = []
     for e in range(1 + spec.get("later", 0)):
         order = [int(i) for i in np.random.default_rng(e).permutation(n)]
-        ru0 = resource.getrusage(resource.RUSAGE_SELF)
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()  # (process_time: this process's user + system CPU)
         rows = sum(int(b["images"].shape[0]) for b in bytes_jpeg.batches(peer, order))
-        t1 = time.perf_counter()
-        ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
+        t1, cpu = time.perf_counter(), time.process_time() - c0
         epochs.append({"epoch": e, "rows": rows, "samples_per_s": rows / (t1 - t0), "cpu_s": cpu})
     first = epochs[0]
     later = [
@@ -311,20 +306,15 @@ def _peer_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _later_epoch(loader: Any, epoch: int, me: int, readers: list[int]) -> dict[str, float]:
     """One more whole epoch of ``loader`` (``set_epoch(epoch)``): samples/s and the tree's CPU a sample (this
-    process by ``getrusage``, its reader processes from ``/proc``), rows read from the node store."""
-    import resource
-
+    process's own, its reader processes' from ``/proc``), rows read from the node store."""
     loader.set_epoch(epoch)
     pids = list(dict.fromkeys(readers + _children(me)))
     r0 = {k: _proc_cpu(k) for k in pids}
-    ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     n = sum(len(b["index"]) for b in loader)
-    t1 = time.perf_counter()
-    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    t1, own = time.perf_counter(), time.process_time() - c0
     pids += [k for k in _children(me) if k not in pids]
     reader = sum(_proc_cpu(k) - r0.get(k, 0.0) for k in pids)
-    own = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     return {
         "epoch": epoch,
         "rows": n,
